@@ -386,3 +386,62 @@ fn calls_from_exit_handlers_do_not_panic() {
     assert!(stderr.contains("AT EXIT 0"), "the exit handler's call must work: {stderr}");
     assert!(!stderr.contains("panicked"), "no panic may show: {stderr}");
 }
+
+/// A cuDNN graph execution the way torch's SDPA makes one: a variant pack per call,
+/// created, filled, finalized, executed and destroyed. The client names the packs, so the
+/// whole loop costs no round trip; a descriptor the session never made is refused.
+const CUDNN_VARIANT_PACKS: &str = r#"
+#include <stdio.h>
+typedef void *desc_t;
+int cudnnCreate(void **handle);
+int cudnnBackendCreateDescriptor(int type, desc_t *d);
+int cudnnBackendSetAttribute(desc_t d, int name, int type, long long count, const void *elements);
+int cudnnBackendFinalize(desc_t d);
+int cudnnBackendExecute(void *handle, desc_t plan, desc_t pack);
+int cudnnBackendDestroyDescriptor(desc_t d);
+int main(void) {
+  void *h = 0;
+  desc_t plan = 0, tensor = 0;
+  if (cudnnCreate(&h) || cudnnBackendCreateDescriptor(5, &plan) || cudnnBackendFinalize(plan)) return 2;
+  for (int i = 0; i < 100; i++) {
+    desc_t pack = 0;
+    long long ids[1] = {1};
+    if (cudnnBackendCreateDescriptor(16, &pack)) return 3;
+    if (cudnnBackendSetAttribute(pack, 1002, 5, 1, ids)) return 4;
+    if (cudnnBackendFinalize(pack) || cudnnBackendExecute(h, plan, pack)) return 5;
+    if (cudnnBackendDestroyDescriptor(pack)) return 6;
+  }
+  /* A waiting call: it reports any failure of the calls sent without waiting. */
+  int sync = cudnnBackendCreateDescriptor(17, &tensor);
+  int foreign = cudnnBackendFinalize((desc_t)0x1234);
+  printf("sync=%d foreign=%d\n", sync, foreign);
+  return 0;
+}
+"#;
+
+#[test]
+fn cudnn_variant_packs_cost_no_round_trip() {
+    let server = server();
+    let dir = chidori_tests::scratch("cudnn-packs");
+    let src = dir.join("packs.c");
+    std::fs::write(&src, CUDNN_VARIANT_PACKS).unwrap();
+    let exe = dir.join("packs");
+    chidori_tests::cc(&src, &exe, &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libcudnn.so.9"]);
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    // The deferred packs all worked (the waiting call reports none failed); the foreign
+    // descriptor is CUDNN_STATUS_BAD_PARAM.
+    assert_eq!(stdout.trim(), "sync=0 foreign=2000", "{stderr}");
+    let row = |f: &str| -> Vec<String> {
+        let line = stderr.lines().find(|l| l.starts_with(f)).unwrap_or_else(|| panic!("no {f} row: {stderr}"));
+        line.split_whitespace().skip(1).take(2).map(str::to_owned).collect()
+    };
+    // Round trips: the plan's create and the final one; the plan's finalize and the foreign one.
+    assert_eq!(row("cudnnBackendCreateDescriptor"), ["102", "2"], "{stderr}");
+    assert_eq!(row("cudnnBackendFinalize"), ["102", "2"], "{stderr}");
+    assert_eq!(row("cudnnBackendExecute"), ["100", "0"], "{stderr}");
+    assert_eq!(row("cudnnBackendDestroyDescriptor"), ["100", "0"], "{stderr}");
+}

@@ -156,30 +156,30 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnAdvVersionCheck() -> u32 {
             as u32
     }
 }
-///`cudnnBackendCreateDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnBackendCreateDescriptor` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu118(
     descriptorType: u32,
     descriptor: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu118,
-            &[(descriptorType) as u64, (descriptor) as usize as u64],
-        ) as u32
+        crate::custom::cudnn::cudnnBackendCreateDescriptor__cu118(
+            descriptorType,
+            descriptor,
+        )
     }
 }
-///`cudnnBackendCreateDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnBackendCreateDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu126(
     descriptorType: u32,
     descriptor: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu126,
-            &[(descriptorType) as u64, (descriptor) as usize as u64],
-        ) as u32
+        crate::custom::cudnn::cudnnBackendCreateDescriptor__cu126(
+            descriptorType,
+            descriptor,
+        )
     }
 }
 ///`cudnnBackendDestroyDescriptor` for CUDA 11.8, 12.1 (async).
@@ -242,29 +242,19 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendExecute__cu126(
         ) as u32
     }
 }
-///`cudnnBackendFinalize` for CUDA 11.8, 12.1 (sync).
+///`cudnnBackendFinalize` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu118(
     descriptor: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu118,
-            &[(descriptor) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnBackendFinalize__cu118(descriptor) }
 }
-///`cudnnBackendFinalize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnBackendFinalize` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu126(
     descriptor: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu126,
-            &[(descriptor) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnBackendFinalize__cu126(descriptor) }
 }
 ///`cudnnBackendGetAttribute` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
@@ -314,6 +304,50 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu126(
         ) as u32
     }
 }
+///`cudnnBackendInitialize` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendInitialize__cu118(
+    descriptor: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendInitialize__cu118,
+            &[(descriptor) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnBackendInitialize` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendInitialize__cu126(
+    descriptor: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendInitialize__cu126,
+            &[(descriptor) as usize as u64],
+        ) as u32
+    }
+}
+///`cudnnBackendPopulateCudaGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendPopulateCudaGraph(
+    handle: *mut c_void,
+    executionPlan: *mut c_void,
+    variantPack: *mut c_void,
+    graph: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendPopulateCudaGraph,
+            &[
+                (handle) as usize as u64,
+                (executionPlan) as usize as u64,
+                (variantPack) as usize as u64,
+                (graph) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudnnBackendSetAttribute` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu118(
@@ -350,6 +384,26 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
             elementCount,
             arrayOfElements,
         )
+    }
+}
+///`cudnnBackendUpdateCudaGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendUpdateCudaGraph(
+    handle: *mut c_void,
+    executionPlan: *mut c_void,
+    variantPack: *mut c_void,
+    graph: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudnn::cudnnBackendUpdateCudaGraph,
+            &[
+                (handle) as usize as u64,
+                (executionPlan) as usize as u64,
+                (variantPack) as usize as u64,
+                (graph) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudnnBatchNormalizationBackwardEx` for CUDA 11.8, 12.1 (async).

@@ -57,10 +57,7 @@ cudnnBackendGetAttribute:
     .globl cudnnBackendInitialize
     .type cudnnBackendInitialize, @function
 cudnnBackendInitialize:
-    leaq .Lname1(%rip), %rdi
-    movq $9, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendInitialize__cu118@PLT
     .size cudnnBackendInitialize, .-cudnnBackendInitialize
     .globl cudnnBackendSetAttribute
     .type cudnnBackendSetAttribute, @function
@@ -70,7 +67,7 @@ cudnnBackendSetAttribute:
     .globl cudnnBatchNormalizationBackward
     .type cudnnBatchNormalizationBackward, @function
 cudnnBatchNormalizationBackward:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -103,7 +100,7 @@ cudnnBuildRNNDynamic:
     .globl cudnnCTCLoss
     .type cudnnCTCLoss, @function
 cudnnCTCLoss:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -126,7 +123,7 @@ cudnnCnnTrainVersionCheck:
     .globl cudnnConvolutionBackwardBias
     .type cudnnConvolutionBackwardBias, @function
 cudnnConvolutionBackwardBias:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -399,7 +396,7 @@ cudnnDestroyTensorTransformDescriptor:
     .globl cudnnDivisiveNormalizationBackward
     .type cudnnDivisiveNormalizationBackward, @function
 cudnnDivisiveNormalizationBackward:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -407,7 +404,7 @@ cudnnDivisiveNormalizationBackward:
     .globl cudnnDivisiveNormalizationForward
     .type cudnnDivisiveNormalizationForward, @function
 cudnnDivisiveNormalizationForward:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -435,7 +432,7 @@ cudnnDropoutGetStatesSize:
     .globl cudnnFindConvolutionBackwardDataAlgorithm
     .type cudnnFindConvolutionBackwardDataAlgorithm, @function
 cudnnFindConvolutionBackwardDataAlgorithm:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -448,7 +445,7 @@ cudnnFindConvolutionBackwardDataAlgorithmEx:
     .globl cudnnFindConvolutionBackwardFilterAlgorithm
     .type cudnnFindConvolutionBackwardFilterAlgorithm, @function
 cudnnFindConvolutionBackwardFilterAlgorithm:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -461,7 +458,7 @@ cudnnFindConvolutionBackwardFilterAlgorithmEx:
     .globl cudnnFindConvolutionForwardAlgorithm
     .type cudnnFindConvolutionForwardAlgorithm, @function
 cudnnFindConvolutionForwardAlgorithm:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -474,7 +471,7 @@ cudnnFindConvolutionForwardAlgorithmEx:
     .globl cudnnFindRNNBackwardDataAlgorithmEx
     .type cudnnFindRNNBackwardDataAlgorithmEx, @function
 cudnnFindRNNBackwardDataAlgorithmEx:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -482,7 +479,7 @@ cudnnFindRNNBackwardDataAlgorithmEx:
     .globl cudnnFindRNNBackwardWeightsAlgorithmEx
     .type cudnnFindRNNBackwardWeightsAlgorithmEx, @function
 cudnnFindRNNBackwardWeightsAlgorithmEx:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -490,7 +487,7 @@ cudnnFindRNNBackwardWeightsAlgorithmEx:
     .globl cudnnFindRNNForwardInferenceAlgorithmEx
     .type cudnnFindRNNForwardInferenceAlgorithmEx, @function
 cudnnFindRNNForwardInferenceAlgorithmEx:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -498,7 +495,7 @@ cudnnFindRNNForwardInferenceAlgorithmEx:
     .globl cudnnFindRNNForwardTrainingAlgorithmEx
     .type cudnnFindRNNForwardTrainingAlgorithmEx, @function
 cudnnFindRNNForwardTrainingAlgorithmEx:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -521,7 +518,7 @@ cudnnGetActivationDescriptorSwishBeta:
     .globl cudnnGetAlgorithmDescriptor
     .type cudnnGetAlgorithmDescriptor, @function
 cudnnGetAlgorithmDescriptor:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -539,7 +536,7 @@ cudnnGetAlgorithmSpaceSize:
     .globl cudnnGetAttnDescriptor
     .type cudnnGetAttnDescriptor, @function
 cudnnGetAttnDescriptor:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -547,7 +544,7 @@ cudnnGetAttnDescriptor:
     .globl cudnnGetBackdoor
     .type cudnnGetBackdoor, @function
 cudnnGetBackdoor:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -580,7 +577,7 @@ cudnnGetCTCLossDescriptorEx:
     .globl cudnnGetCTCLossDescriptor_v8
     .type cudnnGetCTCLossDescriptor_v8, @function
 cudnnGetCTCLossDescriptor_v8:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -588,7 +585,7 @@ cudnnGetCTCLossDescriptor_v8:
     .globl cudnnGetCTCLossWorkspaceSize
     .type cudnnGetCTCLossWorkspaceSize, @function
 cudnnGetCTCLossWorkspaceSize:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -601,7 +598,7 @@ cudnnGetCTCLossWorkspaceSize_v8:
     .globl cudnnGetCallback
     .type cudnnGetCallback, @function
 cudnnGetCallback:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -674,7 +671,7 @@ cudnnGetConvolutionMathType:
     .globl cudnnGetConvolutionNdDescriptor
     .type cudnnGetConvolutionNdDescriptor, @function
 cudnnGetConvolutionNdDescriptor:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -727,7 +724,7 @@ cudnnGetFoldedConvBackwardDataDescriptors:
     .globl cudnnGetFusedOpsConstParamPackAttribute
     .type cudnnGetFusedOpsConstParamPackAttribute, @function
 cudnnGetFusedOpsConstParamPackAttribute:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -735,7 +732,7 @@ cudnnGetFusedOpsConstParamPackAttribute:
     .globl cudnnGetFusedOpsVariantParamPackAttribute
     .type cudnnGetFusedOpsVariantParamPackAttribute, @function
 cudnnGetFusedOpsVariantParamPackAttribute:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -753,7 +750,7 @@ cudnnGetMaxDeviceVersion:
     .globl cudnnGetMultiHeadAttnBuffers
     .type cudnnGetMultiHeadAttnBuffers, @function
 cudnnGetMultiHeadAttnBuffers:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -761,7 +758,7 @@ cudnnGetMultiHeadAttnBuffers:
     .globl cudnnGetMultiHeadAttnWeights
     .type cudnnGetMultiHeadAttnWeights, @function
 cudnnGetMultiHeadAttnWeights:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -829,7 +826,7 @@ cudnnGetRNNBiasMode:
     .globl cudnnGetRNNDataDescriptor
     .type cudnnGetRNNDataDescriptor, @function
 cudnnGetRNNDataDescriptor:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -837,7 +834,7 @@ cudnnGetRNNDataDescriptor:
     .globl cudnnGetRNNDescriptor_v6
     .type cudnnGetRNNDescriptor_v6, @function
 cudnnGetRNNDescriptor_v6:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -845,7 +842,7 @@ cudnnGetRNNDescriptor_v6:
     .globl cudnnGetRNNDescriptor_v8
     .type cudnnGetRNNDescriptor_v8, @function
 cudnnGetRNNDescriptor_v8:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -853,7 +850,7 @@ cudnnGetRNNDescriptor_v8:
     .globl cudnnGetRNNDropoutLocationsInternal
     .type cudnnGetRNNDropoutLocationsInternal, @function
 cudnnGetRNNDropoutLocationsInternal:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -871,7 +868,7 @@ cudnnGetRNNForwardTrainingAlgorithmMaxCount:
     .globl cudnnGetRNNLinLayerBiasParams
     .type cudnnGetRNNLinLayerBiasParams, @function
 cudnnGetRNNLinLayerBiasParams:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -879,7 +876,7 @@ cudnnGetRNNLinLayerBiasParams:
     .globl cudnnGetRNNLinLayerMatrixParams
     .type cudnnGetRNNLinLayerMatrixParams, @function
 cudnnGetRNNLinLayerMatrixParams:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -902,7 +899,7 @@ cudnnGetRNNParamsSize:
     .globl cudnnGetRNNProjectionLayers
     .type cudnnGetRNNProjectionLayers, @function
 cudnnGetRNNProjectionLayers:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -915,7 +912,7 @@ cudnnGetRNNTempSpaceSizes:
     .globl cudnnGetRNNTrainingReserveSize
     .type cudnnGetRNNTrainingReserveSize, @function
 cudnnGetRNNTrainingReserveSize:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -933,7 +930,7 @@ cudnnGetRNNWeightSpaceSize:
     .globl cudnnGetRNNWorkspaceSize
     .type cudnnGetRNNWorkspaceSize, @function
 cudnnGetRNNWorkspaceSize:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -956,7 +953,7 @@ cudnnGetReductionWorkspaceSize:
     .globl cudnnGetSeqDataDescriptor
     .type cudnnGetSeqDataDescriptor, @function
 cudnnGetSeqDataDescriptor:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -994,7 +991,7 @@ cudnnGetVersion:
     .globl cudnnIm2Col
     .type cudnnIm2Col, @function
 cudnnIm2Col:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1022,7 +1019,7 @@ cudnnMakeFusedOpsPlan:
     .globl cudnnMultiHeadAttnBackwardData
     .type cudnnMultiHeadAttnBackwardData, @function
 cudnnMultiHeadAttnBackwardData:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1030,7 +1027,7 @@ cudnnMultiHeadAttnBackwardData:
     .globl cudnnMultiHeadAttnBackwardWeights
     .type cudnnMultiHeadAttnBackwardWeights, @function
 cudnnMultiHeadAttnBackwardWeights:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1038,7 +1035,7 @@ cudnnMultiHeadAttnBackwardWeights:
     .globl cudnnMultiHeadAttnForward
     .type cudnnMultiHeadAttnForward, @function
 cudnnMultiHeadAttnForward:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1046,7 +1043,7 @@ cudnnMultiHeadAttnForward:
     .globl cudnnNormalizationBackward
     .type cudnnNormalizationBackward, @function
 cudnnNormalizationBackward:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1054,7 +1051,7 @@ cudnnNormalizationBackward:
     .globl cudnnNormalizationForwardInference
     .type cudnnNormalizationForwardInference, @function
 cudnnNormalizationForwardInference:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1062,7 +1059,7 @@ cudnnNormalizationForwardInference:
     .globl cudnnNormalizationForwardTraining
     .type cudnnNormalizationForwardTraining, @function
 cudnnNormalizationForwardTraining:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1070,7 +1067,7 @@ cudnnNormalizationForwardTraining:
     .globl cudnnOpTensor
     .type cudnnOpTensor, @function
 cudnnOpTensor:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1103,7 +1100,7 @@ cudnnQueryRuntimeError:
     .globl cudnnRNNBackwardData
     .type cudnnRNNBackwardData, @function
 cudnnRNNBackwardData:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1111,7 +1108,7 @@ cudnnRNNBackwardData:
     .globl cudnnRNNBackwardDataEx
     .type cudnnRNNBackwardDataEx, @function
 cudnnRNNBackwardDataEx:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,7 +1121,7 @@ cudnnRNNBackwardData_v8:
     .globl cudnnRNNBackwardWeights
     .type cudnnRNNBackwardWeights, @function
 cudnnRNNBackwardWeights:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1147,7 +1144,7 @@ cudnnRNNForward:
     .globl cudnnRNNForwardInference
     .type cudnnRNNForwardInference, @function
 cudnnRNNForwardInference:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1155,7 +1152,7 @@ cudnnRNNForwardInference:
     .globl cudnnRNNForwardInferenceEx
     .type cudnnRNNForwardInferenceEx, @function
 cudnnRNNForwardInferenceEx:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1163,7 +1160,7 @@ cudnnRNNForwardInferenceEx:
     .globl cudnnRNNForwardTraining
     .type cudnnRNNForwardTraining, @function
 cudnnRNNForwardTraining:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1171,7 +1168,7 @@ cudnnRNNForwardTraining:
     .globl cudnnRNNForwardTrainingEx
     .type cudnnRNNForwardTrainingEx, @function
 cudnnRNNForwardTrainingEx:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1199,7 +1196,7 @@ cudnnRNNSetClip_v8:
     .globl cudnnReduceTensor
     .type cudnnReduceTensor, @function
 cudnnReduceTensor:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1207,7 +1204,7 @@ cudnnReduceTensor:
     .globl cudnnReorderFilterAndBias
     .type cudnnReorderFilterAndBias, @function
 cudnnReorderFilterAndBias:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1215,7 +1212,7 @@ cudnnReorderFilterAndBias:
     .globl cudnnRestoreAlgorithm
     .type cudnnRestoreAlgorithm, @function
 cudnnRestoreAlgorithm:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1228,7 +1225,7 @@ cudnnRestoreDropoutDescriptor:
     .globl cudnnSaveAlgorithm
     .type cudnnSaveAlgorithm, @function
 cudnnSaveAlgorithm:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1266,7 +1263,7 @@ cudnnSetAttnDescriptor:
     .globl cudnnSetBackdoor
     .type cudnnSetBackdoor, @function
 cudnnSetBackdoor:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1274,7 +1271,7 @@ cudnnSetBackdoor:
     .globl cudnnSetBackdoorEx
     .type cudnnSetBackdoorEx, @function
 cudnnSetBackdoorEx:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1297,7 +1294,7 @@ cudnnSetCTCLossDescriptor_v8:
     .globl cudnnSetCallback
     .type cudnnSetCallback, @function
 cudnnSetCallback:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1345,7 +1342,7 @@ cudnnSetFilterNdDescriptor:
     .globl cudnnSetFusedOpsConstParamPackAttribute
     .type cudnnSetFusedOpsConstParamPackAttribute, @function
 cudnnSetFusedOpsConstParamPackAttribute:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1353,7 +1350,7 @@ cudnnSetFusedOpsConstParamPackAttribute:
     .globl cudnnSetFusedOpsVariantParamPackAttribute
     .type cudnnSetFusedOpsVariantParamPackAttribute, @function
 cudnnSetFusedOpsVariantParamPackAttribute:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1381,7 +1378,7 @@ cudnnSetPooling2dDescriptor:
     .globl cudnnSetPoolingNdDescriptor
     .type cudnnSetPoolingNdDescriptor, @function
 cudnnSetPoolingNdDescriptor:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1434,7 +1431,7 @@ cudnnSetReduceTensorDescriptor:
     .globl cudnnSetSeqDataDescriptor
     .type cudnnSetSeqDataDescriptor, @function
 cudnnSetSeqDataDescriptor:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1452,7 +1449,7 @@ cudnnSetStream:
     .globl cudnnSetTensor
     .type cudnnSetTensor, @function
 cudnnSetTensor:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1475,7 +1472,7 @@ cudnnSetTensorNdDescriptor:
     .globl cudnnSetTensorNdDescriptorEx
     .type cudnnSetTensorNdDescriptorEx, @function
 cudnnSetTensorNdDescriptorEx:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1483,7 +1480,7 @@ cudnnSetTensorNdDescriptorEx:
     .globl cudnnSetTensorTransformDescriptor
     .type cudnnSetTensorTransformDescriptor, @function
 cudnnSetTensorTransformDescriptor:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1521,7 +1518,7 @@ cudnnSpatialTfSamplerForward:
     .globl cudnnTransformFilter
     .type cudnnTransformFilter, @function
 cudnnTransformFilter:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1534,7 +1531,7 @@ cudnnTransformTensor:
     .globl cudnnTransformTensorEx
     .type cudnnTransformTensorEx, @function
 cudnnTransformTensorEx:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $9, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1543,133 +1540,131 @@ cudnnTransformTensorEx:
 .Lname0:
     .asciz "cudnnAddTensor"
 .Lname1:
-    .asciz "cudnnBackendInitialize"
-.Lname2:
     .asciz "cudnnBatchNormalizationBackward"
-.Lname3:
+.Lname2:
     .asciz "cudnnCTCLoss"
-.Lname4:
+.Lname3:
     .asciz "cudnnConvolutionBackwardBias"
-.Lname5:
+.Lname4:
     .asciz "cudnnDivisiveNormalizationBackward"
-.Lname6:
+.Lname5:
     .asciz "cudnnDivisiveNormalizationForward"
-.Lname7:
+.Lname6:
     .asciz "cudnnFindConvolutionBackwardDataAlgorithm"
-.Lname8:
+.Lname7:
     .asciz "cudnnFindConvolutionBackwardFilterAlgorithm"
-.Lname9:
+.Lname8:
     .asciz "cudnnFindConvolutionForwardAlgorithm"
-.Lname10:
+.Lname9:
     .asciz "cudnnFindRNNBackwardDataAlgorithmEx"
-.Lname11:
+.Lname10:
     .asciz "cudnnFindRNNBackwardWeightsAlgorithmEx"
-.Lname12:
+.Lname11:
     .asciz "cudnnFindRNNForwardInferenceAlgorithmEx"
-.Lname13:
+.Lname12:
     .asciz "cudnnFindRNNForwardTrainingAlgorithmEx"
-.Lname14:
+.Lname13:
     .asciz "cudnnGetAlgorithmDescriptor"
-.Lname15:
+.Lname14:
     .asciz "cudnnGetAttnDescriptor"
-.Lname16:
+.Lname15:
     .asciz "cudnnGetBackdoor"
-.Lname17:
+.Lname16:
     .asciz "cudnnGetCTCLossDescriptor_v8"
-.Lname18:
+.Lname17:
     .asciz "cudnnGetCTCLossWorkspaceSize"
-.Lname19:
+.Lname18:
     .asciz "cudnnGetCallback"
-.Lname20:
+.Lname19:
     .asciz "cudnnGetConvolutionNdDescriptor"
-.Lname21:
+.Lname20:
     .asciz "cudnnGetFusedOpsConstParamPackAttribute"
-.Lname22:
+.Lname21:
     .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
-.Lname23:
+.Lname22:
     .asciz "cudnnGetMultiHeadAttnBuffers"
-.Lname24:
+.Lname23:
     .asciz "cudnnGetMultiHeadAttnWeights"
-.Lname25:
+.Lname24:
     .asciz "cudnnGetRNNDataDescriptor"
-.Lname26:
+.Lname25:
     .asciz "cudnnGetRNNDescriptor_v6"
-.Lname27:
+.Lname26:
     .asciz "cudnnGetRNNDescriptor_v8"
-.Lname28:
+.Lname27:
     .asciz "cudnnGetRNNDropoutLocationsInternal"
-.Lname29:
+.Lname28:
     .asciz "cudnnGetRNNLinLayerBiasParams"
-.Lname30:
+.Lname29:
     .asciz "cudnnGetRNNLinLayerMatrixParams"
-.Lname31:
+.Lname30:
     .asciz "cudnnGetRNNProjectionLayers"
-.Lname32:
+.Lname31:
     .asciz "cudnnGetRNNTrainingReserveSize"
-.Lname33:
+.Lname32:
     .asciz "cudnnGetRNNWorkspaceSize"
-.Lname34:
+.Lname33:
     .asciz "cudnnGetSeqDataDescriptor"
-.Lname35:
+.Lname34:
     .asciz "cudnnIm2Col"
-.Lname36:
+.Lname35:
     .asciz "cudnnMultiHeadAttnBackwardData"
-.Lname37:
+.Lname36:
     .asciz "cudnnMultiHeadAttnBackwardWeights"
-.Lname38:
+.Lname37:
     .asciz "cudnnMultiHeadAttnForward"
-.Lname39:
+.Lname38:
     .asciz "cudnnNormalizationBackward"
-.Lname40:
+.Lname39:
     .asciz "cudnnNormalizationForwardInference"
-.Lname41:
+.Lname40:
     .asciz "cudnnNormalizationForwardTraining"
-.Lname42:
+.Lname41:
     .asciz "cudnnOpTensor"
-.Lname43:
+.Lname42:
     .asciz "cudnnRNNBackwardData"
-.Lname44:
+.Lname43:
     .asciz "cudnnRNNBackwardDataEx"
-.Lname45:
+.Lname44:
     .asciz "cudnnRNNBackwardWeights"
-.Lname46:
+.Lname45:
     .asciz "cudnnRNNForwardInference"
-.Lname47:
+.Lname46:
     .asciz "cudnnRNNForwardInferenceEx"
-.Lname48:
+.Lname47:
     .asciz "cudnnRNNForwardTraining"
-.Lname49:
+.Lname48:
     .asciz "cudnnRNNForwardTrainingEx"
-.Lname50:
+.Lname49:
     .asciz "cudnnReduceTensor"
-.Lname51:
+.Lname50:
     .asciz "cudnnReorderFilterAndBias"
-.Lname52:
+.Lname51:
     .asciz "cudnnRestoreAlgorithm"
-.Lname53:
+.Lname52:
     .asciz "cudnnSaveAlgorithm"
-.Lname54:
+.Lname53:
     .asciz "cudnnSetBackdoor"
-.Lname55:
+.Lname54:
     .asciz "cudnnSetBackdoorEx"
-.Lname56:
+.Lname55:
     .asciz "cudnnSetCallback"
-.Lname57:
+.Lname56:
     .asciz "cudnnSetFusedOpsConstParamPackAttribute"
-.Lname58:
+.Lname57:
     .asciz "cudnnSetFusedOpsVariantParamPackAttribute"
-.Lname59:
+.Lname58:
     .asciz "cudnnSetPoolingNdDescriptor"
-.Lname60:
+.Lname59:
     .asciz "cudnnSetSeqDataDescriptor"
-.Lname61:
+.Lname60:
     .asciz "cudnnSetTensor"
-.Lname62:
+.Lname61:
     .asciz "cudnnSetTensorNdDescriptorEx"
-.Lname63:
+.Lname62:
     .asciz "cudnnSetTensorTransformDescriptor"
-.Lname64:
+.Lname63:
     .asciz "cudnnTransformFilter"
-.Lname65:
+.Lname64:
     .asciz "cudnnTransformTensorEx"
     .section .note.GNU-stack,"",@progbits

@@ -52,18 +52,12 @@ cudnnBackendGetAttribute:
     .globl cudnnBackendInitialize
     .type cudnnBackendInitialize, @function
 cudnnBackendInitialize:
-    leaq .Lname1(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendInitialize__cu126@PLT
     .size cudnnBackendInitialize, .-cudnnBackendInitialize
     .globl cudnnBackendPopulateCudaGraph
     .type cudnnBackendPopulateCudaGraph, @function
 cudnnBackendPopulateCudaGraph:
-    leaq .Lname2(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendPopulateCudaGraph@PLT
     .size cudnnBackendPopulateCudaGraph, .-cudnnBackendPopulateCudaGraph
     .globl cudnnBackendSetAttribute
     .type cudnnBackendSetAttribute, @function
@@ -73,15 +67,12 @@ cudnnBackendSetAttribute:
     .globl cudnnBackendUpdateCudaGraph
     .type cudnnBackendUpdateCudaGraph, @function
 cudnnBackendUpdateCudaGraph:
-    leaq .Lname3(%rip), %rdi
-    movq $3000, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudnn_cudnnBackendUpdateCudaGraph@PLT
     .size cudnnBackendUpdateCudaGraph, .-cudnnBackendUpdateCudaGraph
     .globl cudnnBatchNormalizationBackward
     .type cudnnBatchNormalizationBackward, @function
 cudnnBatchNormalizationBackward:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -114,7 +105,7 @@ cudnnBuildRNNDynamic:
     .globl cudnnCTCLoss
     .type cudnnCTCLoss, @function
 cudnnCTCLoss:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -132,7 +123,7 @@ cudnnCnnVersionCheck:
     .globl cudnnConvolutionBackwardBias
     .type cudnnConvolutionBackwardBias, @function
 cudnnConvolutionBackwardBias:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -370,7 +361,7 @@ cudnnDestroyTensorTransformDescriptor:
     .globl cudnnDivisiveNormalizationBackward
     .type cudnnDivisiveNormalizationBackward, @function
 cudnnDivisiveNormalizationBackward:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -378,7 +369,7 @@ cudnnDivisiveNormalizationBackward:
     .globl cudnnDivisiveNormalizationForward
     .type cudnnDivisiveNormalizationForward, @function
 cudnnDivisiveNormalizationForward:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -406,7 +397,7 @@ cudnnDropoutGetStatesSize:
     .globl cudnnFindConvolutionBackwardDataAlgorithm
     .type cudnnFindConvolutionBackwardDataAlgorithm, @function
 cudnnFindConvolutionBackwardDataAlgorithm:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -419,7 +410,7 @@ cudnnFindConvolutionBackwardDataAlgorithmEx:
     .globl cudnnFindConvolutionBackwardFilterAlgorithm
     .type cudnnFindConvolutionBackwardFilterAlgorithm, @function
 cudnnFindConvolutionBackwardFilterAlgorithm:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -432,7 +423,7 @@ cudnnFindConvolutionBackwardFilterAlgorithmEx:
     .globl cudnnFindConvolutionForwardAlgorithm
     .type cudnnFindConvolutionForwardAlgorithm, @function
 cudnnFindConvolutionForwardAlgorithm:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -460,7 +451,7 @@ cudnnGetActivationDescriptorSwishBeta:
     .globl cudnnGetAttnDescriptor
     .type cudnnGetAttnDescriptor, @function
 cudnnGetAttnDescriptor:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -468,7 +459,7 @@ cudnnGetAttnDescriptor:
     .globl cudnnGetBackdoor
     .type cudnnGetBackdoor, @function
 cudnnGetBackdoor:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -501,7 +492,7 @@ cudnnGetCTCLossDescriptorEx:
     .globl cudnnGetCTCLossDescriptor_v8
     .type cudnnGetCTCLossDescriptor_v8, @function
 cudnnGetCTCLossDescriptor_v8:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -509,7 +500,7 @@ cudnnGetCTCLossDescriptor_v8:
     .globl cudnnGetCTCLossDescriptor_v9
     .type cudnnGetCTCLossDescriptor_v9, @function
 cudnnGetCTCLossDescriptor_v9:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -517,7 +508,7 @@ cudnnGetCTCLossDescriptor_v9:
     .globl cudnnGetCTCLossWorkspaceSize
     .type cudnnGetCTCLossWorkspaceSize, @function
 cudnnGetCTCLossWorkspaceSize:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -530,7 +521,7 @@ cudnnGetCTCLossWorkspaceSize_v8:
     .globl cudnnGetCallback
     .type cudnnGetCallback, @function
 cudnnGetCallback:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -603,7 +594,7 @@ cudnnGetConvolutionMathType:
     .globl cudnnGetConvolutionNdDescriptor
     .type cudnnGetConvolutionNdDescriptor, @function
 cudnnGetConvolutionNdDescriptor:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -656,7 +647,7 @@ cudnnGetFoldedConvBackwardDataDescriptors:
     .globl cudnnGetFusedOpsConstParamPackAttribute
     .type cudnnGetFusedOpsConstParamPackAttribute, @function
 cudnnGetFusedOpsConstParamPackAttribute:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -664,7 +655,7 @@ cudnnGetFusedOpsConstParamPackAttribute:
     .globl cudnnGetFusedOpsVariantParamPackAttribute
     .type cudnnGetFusedOpsVariantParamPackAttribute, @function
 cudnnGetFusedOpsVariantParamPackAttribute:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -687,7 +678,7 @@ cudnnGetMaxDeviceVersion:
     .globl cudnnGetMultiHeadAttnBuffers
     .type cudnnGetMultiHeadAttnBuffers, @function
 cudnnGetMultiHeadAttnBuffers:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -695,7 +686,7 @@ cudnnGetMultiHeadAttnBuffers:
     .globl cudnnGetMultiHeadAttnWeights
     .type cudnnGetMultiHeadAttnWeights, @function
 cudnnGetMultiHeadAttnWeights:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -748,7 +739,7 @@ cudnnGetProperty:
     .globl cudnnGetRNNDataDescriptor
     .type cudnnGetRNNDataDescriptor, @function
 cudnnGetRNNDataDescriptor:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -756,7 +747,7 @@ cudnnGetRNNDataDescriptor:
     .globl cudnnGetRNNDescriptor_v8
     .type cudnnGetRNNDescriptor_v8, @function
 cudnnGetRNNDescriptor_v8:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -764,7 +755,7 @@ cudnnGetRNNDescriptor_v8:
     .globl cudnnGetRNNDropoutLocationsInternal
     .type cudnnGetRNNDropoutLocationsInternal, @function
 cudnnGetRNNDropoutLocationsInternal:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -802,7 +793,7 @@ cudnnGetReductionWorkspaceSize:
     .globl cudnnGetSeqDataDescriptor
     .type cudnnGetSeqDataDescriptor, @function
 cudnnGetSeqDataDescriptor:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -845,7 +836,7 @@ cudnnGraphVersionCheck:
     .globl cudnnIm2Col
     .type cudnnIm2Col, @function
 cudnnIm2Col:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -873,7 +864,7 @@ cudnnMakeFusedOpsPlan:
     .globl cudnnMultiHeadAttnBackwardData
     .type cudnnMultiHeadAttnBackwardData, @function
 cudnnMultiHeadAttnBackwardData:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -881,7 +872,7 @@ cudnnMultiHeadAttnBackwardData:
     .globl cudnnMultiHeadAttnBackwardWeights
     .type cudnnMultiHeadAttnBackwardWeights, @function
 cudnnMultiHeadAttnBackwardWeights:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -889,7 +880,7 @@ cudnnMultiHeadAttnBackwardWeights:
     .globl cudnnMultiHeadAttnForward
     .type cudnnMultiHeadAttnForward, @function
 cudnnMultiHeadAttnForward:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -897,7 +888,7 @@ cudnnMultiHeadAttnForward:
     .globl cudnnNormalizationBackward
     .type cudnnNormalizationBackward, @function
 cudnnNormalizationBackward:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -905,7 +896,7 @@ cudnnNormalizationBackward:
     .globl cudnnNormalizationForwardInference
     .type cudnnNormalizationForwardInference, @function
 cudnnNormalizationForwardInference:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -913,7 +904,7 @@ cudnnNormalizationForwardInference:
     .globl cudnnNormalizationForwardTraining
     .type cudnnNormalizationForwardTraining, @function
 cudnnNormalizationForwardTraining:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -921,7 +912,7 @@ cudnnNormalizationForwardTraining:
     .globl cudnnOpTensor
     .type cudnnOpTensor, @function
 cudnnOpTensor:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -984,7 +975,7 @@ cudnnRNNSetClip_v9:
     .globl cudnnReduceTensor
     .type cudnnReduceTensor, @function
 cudnnReduceTensor:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -992,7 +983,7 @@ cudnnReduceTensor:
     .globl cudnnReorderFilterAndBias
     .type cudnnReorderFilterAndBias, @function
 cudnnReorderFilterAndBias:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1025,7 +1016,7 @@ cudnnSetAttnDescriptor:
     .globl cudnnSetBackdoor
     .type cudnnSetBackdoor, @function
 cudnnSetBackdoor:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1033,7 +1024,7 @@ cudnnSetBackdoor:
     .globl cudnnSetBackdoorEx
     .type cudnnSetBackdoorEx, @function
 cudnnSetBackdoorEx:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1061,7 +1052,7 @@ cudnnSetCTCLossDescriptor_v9:
     .globl cudnnSetCallback
     .type cudnnSetCallback, @function
 cudnnSetCallback:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1109,7 +1100,7 @@ cudnnSetFilterNdDescriptor:
     .globl cudnnSetFusedOpsConstParamPackAttribute
     .type cudnnSetFusedOpsConstParamPackAttribute, @function
 cudnnSetFusedOpsConstParamPackAttribute:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1117,7 +1108,7 @@ cudnnSetFusedOpsConstParamPackAttribute:
     .globl cudnnSetFusedOpsVariantParamPackAttribute
     .type cudnnSetFusedOpsVariantParamPackAttribute, @function
 cudnnSetFusedOpsVariantParamPackAttribute:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1140,7 +1131,7 @@ cudnnSetPooling2dDescriptor:
     .globl cudnnSetPoolingNdDescriptor
     .type cudnnSetPoolingNdDescriptor, @function
 cudnnSetPoolingNdDescriptor:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1163,7 +1154,7 @@ cudnnSetReduceTensorDescriptor:
     .globl cudnnSetSeqDataDescriptor
     .type cudnnSetSeqDataDescriptor, @function
 cudnnSetSeqDataDescriptor:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1181,7 +1172,7 @@ cudnnSetStream:
     .globl cudnnSetTensor
     .type cudnnSetTensor, @function
 cudnnSetTensor:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,7 +1195,7 @@ cudnnSetTensorNdDescriptor:
     .globl cudnnSetTensorNdDescriptorEx
     .type cudnnSetTensorNdDescriptorEx, @function
 cudnnSetTensorNdDescriptorEx:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1212,7 +1203,7 @@ cudnnSetTensorNdDescriptorEx:
     .globl cudnnSetTensorTransformDescriptor
     .type cudnnSetTensorTransformDescriptor, @function
 cudnnSetTensorTransformDescriptor:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1250,7 +1241,7 @@ cudnnSpatialTfSamplerForward:
     .globl cudnnTransformFilter
     .type cudnnTransformFilter, @function
 cudnnTransformFilter:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1263,7 +1254,7 @@ cudnnTransformTensor:
     .globl cudnnTransformTensorEx
     .type cudnnTransformTensorEx, @function
 cudnnTransformTensorEx:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $3000, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1272,99 +1263,93 @@ cudnnTransformTensorEx:
 .Lname0:
     .asciz "cudnnAddTensor"
 .Lname1:
-    .asciz "cudnnBackendInitialize"
-.Lname2:
-    .asciz "cudnnBackendPopulateCudaGraph"
-.Lname3:
-    .asciz "cudnnBackendUpdateCudaGraph"
-.Lname4:
     .asciz "cudnnBatchNormalizationBackward"
-.Lname5:
+.Lname2:
     .asciz "cudnnCTCLoss"
-.Lname6:
+.Lname3:
     .asciz "cudnnConvolutionBackwardBias"
-.Lname7:
+.Lname4:
     .asciz "cudnnDivisiveNormalizationBackward"
-.Lname8:
+.Lname5:
     .asciz "cudnnDivisiveNormalizationForward"
-.Lname9:
+.Lname6:
     .asciz "cudnnFindConvolutionBackwardDataAlgorithm"
-.Lname10:
+.Lname7:
     .asciz "cudnnFindConvolutionBackwardFilterAlgorithm"
-.Lname11:
+.Lname8:
     .asciz "cudnnFindConvolutionForwardAlgorithm"
-.Lname12:
+.Lname9:
     .asciz "cudnnGetAttnDescriptor"
-.Lname13:
+.Lname10:
     .asciz "cudnnGetBackdoor"
-.Lname14:
+.Lname11:
     .asciz "cudnnGetCTCLossDescriptor_v8"
-.Lname15:
+.Lname12:
     .asciz "cudnnGetCTCLossDescriptor_v9"
-.Lname16:
+.Lname13:
     .asciz "cudnnGetCTCLossWorkspaceSize"
-.Lname17:
+.Lname14:
     .asciz "cudnnGetCallback"
-.Lname18:
+.Lname15:
     .asciz "cudnnGetConvolutionNdDescriptor"
-.Lname19:
+.Lname16:
     .asciz "cudnnGetFusedOpsConstParamPackAttribute"
-.Lname20:
+.Lname17:
     .asciz "cudnnGetFusedOpsVariantParamPackAttribute"
-.Lname21:
+.Lname18:
     .asciz "cudnnGetMultiHeadAttnBuffers"
-.Lname22:
+.Lname19:
     .asciz "cudnnGetMultiHeadAttnWeights"
-.Lname23:
+.Lname20:
     .asciz "cudnnGetRNNDataDescriptor"
-.Lname24:
+.Lname21:
     .asciz "cudnnGetRNNDescriptor_v8"
-.Lname25:
+.Lname22:
     .asciz "cudnnGetRNNDropoutLocationsInternal"
-.Lname26:
+.Lname23:
     .asciz "cudnnGetSeqDataDescriptor"
-.Lname27:
+.Lname24:
     .asciz "cudnnIm2Col"
-.Lname28:
+.Lname25:
     .asciz "cudnnMultiHeadAttnBackwardData"
-.Lname29:
+.Lname26:
     .asciz "cudnnMultiHeadAttnBackwardWeights"
-.Lname30:
+.Lname27:
     .asciz "cudnnMultiHeadAttnForward"
-.Lname31:
+.Lname28:
     .asciz "cudnnNormalizationBackward"
-.Lname32:
+.Lname29:
     .asciz "cudnnNormalizationForwardInference"
-.Lname33:
+.Lname30:
     .asciz "cudnnNormalizationForwardTraining"
-.Lname34:
+.Lname31:
     .asciz "cudnnOpTensor"
-.Lname35:
+.Lname32:
     .asciz "cudnnReduceTensor"
-.Lname36:
+.Lname33:
     .asciz "cudnnReorderFilterAndBias"
-.Lname37:
+.Lname34:
     .asciz "cudnnSetBackdoor"
-.Lname38:
+.Lname35:
     .asciz "cudnnSetBackdoorEx"
-.Lname39:
+.Lname36:
     .asciz "cudnnSetCallback"
-.Lname40:
+.Lname37:
     .asciz "cudnnSetFusedOpsConstParamPackAttribute"
-.Lname41:
+.Lname38:
     .asciz "cudnnSetFusedOpsVariantParamPackAttribute"
-.Lname42:
+.Lname39:
     .asciz "cudnnSetPoolingNdDescriptor"
-.Lname43:
+.Lname40:
     .asciz "cudnnSetSeqDataDescriptor"
-.Lname44:
+.Lname41:
     .asciz "cudnnSetTensor"
-.Lname45:
+.Lname42:
     .asciz "cudnnSetTensorNdDescriptorEx"
-.Lname46:
+.Lname43:
     .asciz "cudnnSetTensorTransformDescriptor"
-.Lname47:
+.Lname44:
     .asciz "cudnnTransformFilter"
-.Lname48:
+.Lname45:
     .asciz "cudnnTransformTensorEx"
     .section .note.GNU-stack,"",@progbits

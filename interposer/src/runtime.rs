@@ -156,11 +156,20 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
     Prepared { call: Call { args, lens }, bulk, outs }
 }
 
+/// The tag in the top 16 bits of every handle name the client makes.
+const NAME_TAG: u64 = 0xc1d0_0000_0000_0000;
+
 /// A new name for a handle the client names itself: a tagged counter, never a user-space
 /// address, so it cannot collide with a handle the library made.
 fn next_handle_name() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    0xc1d0_0000_0000_0000 | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    NAME_TAG | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether `handle` is a name this client made (not a handle the library returned: those
+/// are user-space addresses, below the tag).
+pub fn is_client_name(handle: u64) -> bool {
+    handle & 0xffff_0000_0000_0000 == NAME_TAG
 }
 
 /// Forward one call described by `desc` with its raw arguments; returns the raw result.

@@ -39,6 +39,9 @@ struct State {
     streams: HashSet<u64>,
     events: HashMap<u64, Option<Instant>>,
     contexts: HashSet<u64>,
+    /// cuDNN backend descriptors: (type, finalized).
+    descriptors: HashMap<u64, (u64, bool)>,
+    cudnn_handles: HashSet<u64>,
     next_handle: u64,
 }
 
@@ -352,6 +355,57 @@ impl Backend for Emulated {
                     put_u32(a[1], 0);
                     put_u32(a[2], 1);
                     SUCCESS
+                }
+                // cuDNN's backend API, as far as its descriptor lifecycle goes (cuDNN 9 codes:
+                // BAD_PARAM 2000, NOT_SUPPORTED 3000): an execution needs finalized
+                // descriptors of the right types; no graph runs.
+                ("cudnn", "cudnnCreate") => {
+                    let h = self.state().handle();
+                    self.state().cudnn_handles.insert(h);
+                    put_u64(a[0], h);
+                    SUCCESS
+                }
+                ("cudnn", "cudnnDestroy") => {
+                    if self.state().cudnn_handles.remove(&a[0]) {
+                        SUCCESS
+                    } else {
+                        2000
+                    }
+                }
+                ("cudnn", "cudnnBackendCreateDescriptor") => {
+                    let mut s = self.state();
+                    let h = s.handle();
+                    s.descriptors.insert(h, (a[0], false));
+                    put_u64(a[1], h);
+                    SUCCESS
+                }
+                ("cudnn", "cudnnBackendSetAttribute") => match self.state().descriptors.get(&a[0]) {
+                    Some((_, false)) => SUCCESS,
+                    _ => 2000,
+                },
+                ("cudnn", "cudnnBackendFinalize") => match self.state().descriptors.get_mut(&a[0]) {
+                    Some((_, finalized @ false)) => {
+                        *finalized = true;
+                        SUCCESS
+                    }
+                    _ => 2000,
+                },
+                ("cudnn", "cudnnBackendExecute") => {
+                    let s = self.state();
+                    let finalized = |d: u64, ty: u64| s.descriptors.get(&d) == Some(&(ty, true));
+                    // CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR and _VARIANT_PACK_DESCRIPTOR.
+                    if s.cudnn_handles.contains(&a[0]) && finalized(a[1], 5) && finalized(a[2], 16) {
+                        SUCCESS
+                    } else {
+                        2000
+                    }
+                }
+                ("cudnn", "cudnnBackendDestroyDescriptor") => {
+                    if self.state().descriptors.remove(&a[0]).is_some() {
+                        SUCCESS
+                    } else {
+                        2000
+                    }
                 }
                 ("driver", "cuCtxGetCurrent") => {
                     let ctx = self.state().contexts.iter().next().copied().unwrap_or(0);

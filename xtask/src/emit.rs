@@ -152,7 +152,7 @@ impl<'a> Emitter<'a> {
                 for (variant, form, d) in forms {
                     if let Disposition::Forward { params, .. } = d {
                         for w in params {
-                            if let Wire::Handle { kind, .. } | Wire::OutHandle { kind } = w {
+                            if let Wire::Handle { kind, .. } | Wire::OutHandle { kind, .. } = w {
                                 handles.insert(kind.clone());
                             }
                         }
@@ -320,9 +320,9 @@ impl<'a> Emitter<'a> {
                 let b = *bytes as u32;
                 quote!(Wire::ByValRecord { bytes: #b })
             }
-            Wire::OutHandle { kind } => {
+            Wire::OutHandle { kind, named } => {
                 let k = self.handles[kind];
-                let named = self.named.contains(kind);
+                let named = *named || self.named.contains(kind);
                 quote!(Wire::OutHandle { kind: #k, named: #named })
             }
             Wire::Buf { dir, elem, len, record } => {
@@ -376,7 +376,8 @@ impl<'a> Emitter<'a> {
             let wires: Vec<_> = params.iter().map(|w| self.wire(w, statics, &prefix)).collect();
             if *class == Class::Async {
                 for w in params {
-                    if let Wire::OutHandle { kind } = w
+                    if let Wire::OutHandle { kind, named } = w
+                        && !named
                         && !self.named.contains(kind)
                     {
                         bail!("{} is async but creates a {kind}, which the client does not name", e.function);

@@ -22,6 +22,8 @@ pub struct TypeEnv {
     pub records: BTreeMap<String, Record>,
     pub enums: BTreeMap<String, crate::ir::Enum>,
     pub opaques: BTreeSet<String>,
+    /// `void *` typedefs whose values are handles (`[handle.X] typedef = true`).
+    pub handle_typedefs: BTreeSet<String>,
     /// Enum value by variant name.
     pub values: BTreeMap<String, i64>,
 }
@@ -105,6 +107,14 @@ impl TypeEnv {
 
     /// What a value of this type is, for classification.
     pub fn kind(&self, ty: &Ty) -> Kind {
+        // A handle typedef names the kind before resolving hides it.
+        match ty {
+            Ty::Named(n) if self.handle_typedefs.contains(n) => return Kind::Handle { kind: handle_kind(n) },
+            Ty::Ptr { mutable, to } if matches!(&**to, Ty::Named(n) if self.handle_typedefs.contains(n)) => {
+                return Kind::Pointer { mutable: *mutable, pointee: Box::new(self.kind(to)) };
+            }
+            _ => {}
+        }
         match self.resolve(ty) {
             Ty::Void => Kind::Void,
             Ty::Prim(p) => Kind::Scalar { bytes: prim_size(p) as u8, float: p.starts_with('f') },
@@ -238,8 +248,8 @@ pub enum Wire {
     Device,
     /// A record passed by value.
     ByValRecord { bytes: u64, record: String },
-    /// Pointer to one handle the callee creates.
-    OutHandle { kind: String },
+    /// Pointer to one handle the callee creates; `named`: the client names it (spec `named`).
+    OutHandle { kind: String, named: bool },
     /// Host buffer: `len` elements (None: one) of `elem` bytes.
     Buf { dir: Dir, elem: u64, len: Option<Len>, record: Option<String> },
     /// NUL-terminated input string.
@@ -395,9 +405,13 @@ impl Model {
         mut specs: BTreeMap<String, SpecFile>,
     ) -> Result<Model> {
         let versions: Vec<String> = all.keys().cloned().collect();
+        let handle_typedefs: BTreeSet<String> =
+            specs.values().flat_map(|s| s.handle.iter().filter(|(_, h)| h.typedef).map(|(k, _)| k.clone())).collect();
         let mut envs = BTreeMap::new();
         for (v, libs) in all {
-            envs.insert(v.clone(), TypeEnv::build(libs));
+            let mut env = TypeEnv::build(libs);
+            env.handle_typedefs = handle_typedefs.clone();
+            envs.insert(v.clone(), env);
         }
         let mut libs = Vec::new();
         for lib in &libraries.libraries {
@@ -876,7 +890,7 @@ fn classify(
                 if let Kind::Pointer { pointee, .. } = &kind
                     && let (Kind::Handle { kind: h }, ParamSpec::Out) = (&**pointee, s)
                 {
-                    return Ok(Ok(Wire::OutHandle { kind: h.clone() }));
+                    return Ok(Ok(Wire::OutHandle { kind: h.clone(), named: false }));
                 }
                 let elem = pointee_size(&kind, &ty).context("pointee has no size")?;
                 let dir = if *s == ParamSpec::Out { Dir::Out } else { Dir::InOut };
@@ -894,6 +908,13 @@ fn classify(
             },
             ParamSpec::Str => Wire::Str,
             ParamSpec::Null => Wire::Null,
+            ParamSpec::Named => match &kind {
+                Kind::Pointer { pointee, mutable: true } if matches!(&**pointee, Kind::Handle { .. }) => {
+                    let Kind::Handle { kind: h } = &**pointee else { unreachable!("matched above") };
+                    Wire::OutHandle { kind: h.clone(), named: true }
+                }
+                other => bail!("{}: `named` needs a pointer to a handle, not {other:?}", p.name),
+            },
             ParamSpec::Destroy => match kind {
                 Kind::Handle { kind } => Wire::Handle { kind, destroy: true },
                 other => bail!("{}: `destroy` needs a handle, not {other:?}", p.name),
@@ -948,7 +969,7 @@ fn classify(
                     Ok(Wire::Str)
                 }
             }
-            (Kind::Handle { kind }, true) => Ok(Wire::OutHandle { kind }),
+            (Kind::Handle { kind }, true) => Ok(Wire::OutHandle { kind, named: false }),
             (Kind::Scalar { bytes: 1, .. }, true) => Err("char buffer: how long?".into()),
             (Kind::Scalar { .. }, true) if counted => Err("pointer to scalar beside a length: array?".into()),
             (Kind::Scalar { bytes, .. }, true) if lib.infer_scalar_out => {

@@ -42,6 +42,9 @@
 //! accepts = ["cublasContext"]
 //! client_named = true              # new handles are named by the client: creates need no reply
 //!
+//! [handle.cudnnBackendDescriptor_t] # a `void *` typedef whose values are handles
+//! typedef = true
+//!
 //! [hidden.__cudaRegisterFatBinary] # exported but declared in no public header
 //! ret = "*mut *mut void"
 //! params = [["fatCubin", "*mut void"]]
@@ -51,7 +54,8 @@
 //! Parameter kinds: `in` (value, or a single element behind a const pointer), `out`
 //! (a single element written by the callee), `inout`, `device` (a device address passed by
 //! value), `value` (a pointer sent as an opaque 64-bit token, never dereferenced), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `destroy`
-//! (a handle released by the call), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
+//! (a handle released by the call), `named` (a handle the call creates, named by the client so
+//! the call needs no reply; for one wire form of a custom function), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
 //! whose length in elements of the pointee type (bytes for `void`) is an expression over
 //! other parameters: names, integer literals, `+`, `*` and parentheses. `scalar@h`,
 //! `scalar_out@h` and `scalar_inout@h`: a BLAS scalar (alpha, beta, a dot product's result), a host value or a
@@ -118,6 +122,10 @@ pub struct HandleSpec {
     /// for kinds that never travel inside other structures.
     #[serde(default)]
     pub client_named: bool,
+    /// The kind is a `void *` typedef of this name (cuDNN's `cudnnBackendDescriptor_t`),
+    /// not a pointer to an opaque struct: parameters of the typedef are handles.
+    #[serde(default)]
+    pub typedef: bool,
 }
 
 /// A library convention: parameter kinds (and a class) for every function it matches.
@@ -201,6 +209,9 @@ pub enum ParamSpec {
     Str,
     Null,
     Destroy,
+    /// A handle the call creates and the client names (this wire form only; see
+    /// `client_named` for a whole kind).
+    Named,
     InBuf(LenExpr),
     OutBuf(LenExpr),
     InOutBuf(LenExpr),
@@ -252,6 +263,7 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         "str" => Some(ParamSpec::Str),
         "null" => Some(ParamSpec::Null),
         "destroy" => Some(ParamSpec::Destroy),
+        "named" => Some(ParamSpec::Named),
         _ => None,
     };
     if let Some(p) = simple {

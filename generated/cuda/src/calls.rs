@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 5350262047618065010u64;
+pub const SCHEMA_HASH: u64 = 11298731034146426079u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2258usize] = [
+pub static FUNCTIONS: [&str; 2261usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -838,7 +838,10 @@ pub static FUNCTIONS: [&str; 2258usize] = [
     "cudnnBackendExecute",
     "cudnnBackendFinalize",
     "cudnnBackendGetAttribute",
+    "cudnnBackendInitialize",
+    "cudnnBackendPopulateCudaGraph",
     "cudnnBackendSetAttribute",
+    "cudnnBackendUpdateCudaGraph",
     "cudnnBatchNormalizationBackwardEx",
     "cudnnBatchNormalizationForwardInference",
     "cudnnBatchNormalizationForwardTraining",
@@ -2267,7 +2270,7 @@ pub static FUNCTIONS: [&str; 2258usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2258usize] = [
+pub static LIBRARY_OF: [&str; 2261usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -3089,6 +3092,9 @@ pub static LIBRARY_OF: [&str; 2258usize] = [
     "cudart",
     "cudart",
     "cudart",
+    "cudnn",
+    "cudnn",
+    "cudnn",
     "cudnn",
     "cudnn",
     "cudnn",
@@ -5751,18 +5757,26 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnAdvInferVersionCheck,
     &cudnn::cudnnAdvTrainVersionCheck,
     &cudnn::cudnnAdvVersionCheck,
-    &cudnn::cudnnBackendCreateDescriptor__cu118,
-    &cudnn::cudnnBackendCreateDescriptor__cu126,
+    &cudnn::cudnnBackendCreateDescriptor__cu118__call,
+    &cudnn::cudnnBackendCreateDescriptor__cu118__named,
+    &cudnn::cudnnBackendCreateDescriptor__cu126__call,
+    &cudnn::cudnnBackendCreateDescriptor__cu126__named,
     &cudnn::cudnnBackendDestroyDescriptor__cu118,
     &cudnn::cudnnBackendDestroyDescriptor__cu126,
     &cudnn::cudnnBackendExecute__cu118,
     &cudnn::cudnnBackendExecute__cu126,
-    &cudnn::cudnnBackendFinalize__cu118,
-    &cudnn::cudnnBackendFinalize__cu126,
+    &cudnn::cudnnBackendFinalize__cu118__async,
+    &cudnn::cudnnBackendFinalize__cu118__call,
+    &cudnn::cudnnBackendFinalize__cu126__async,
+    &cudnn::cudnnBackendFinalize__cu126__call,
     &cudnn::cudnnBackendGetAttribute__cu118,
     &cudnn::cudnnBackendGetAttribute__cu126,
+    &cudnn::cudnnBackendInitialize__cu118,
+    &cudnn::cudnnBackendInitialize__cu126,
+    &cudnn::cudnnBackendPopulateCudaGraph,
     &cudnn::cudnnBackendSetAttribute__cu118__call,
     &cudnn::cudnnBackendSetAttribute__cu126__call,
+    &cudnn::cudnnBackendUpdateCudaGraph,
     &cudnn::cudnnBatchNormalizationBackwardEx__cu118,
     &cudnn::cudnnBatchNormalizationBackwardEx__cu126,
     &cudnn::cudnnBatchNormalizationForwardInference__cu118,
@@ -46122,7 +46136,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -46136,17 +46150,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46157,7 +46171,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46181,7 +46195,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -46195,17 +46209,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46216,7 +46230,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46240,7 +46254,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -46254,7 +46268,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46265,7 +46279,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46289,7 +46303,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -46303,7 +46317,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46314,7 +46328,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46382,11 +46396,11 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendCreateDescriptor__cu118: CallDesc = CallDesc {
+    pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
         wire: 1222u32,
         call: 1188u32,
         name: "cudnnBackendCreateDescriptor",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -46395,11 +46409,9 @@ pub mod cudnn {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
+            Wire::OutHandle {
+                kind: 55u16,
+                named: false,
             },
         ],
         ret: Ret::Status,
@@ -46411,11 +46423,38 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendCreateDescriptor__cu126: CallDesc = CallDesc {
+    pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
         wire: 1223u32,
         call: 1188u32,
         name: "cudnnBackendCreateDescriptor",
-        form: None,
+        form: Some("named"),
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::OutHandle {
+                kind: 55u16,
+                named: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
+        wire: 1224u32,
+        call: 1188u32,
+        name: "cudnnBackendCreateDescriptor",
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46424,11 +46463,36 @@ pub mod cudnn {
                 bytes: 4u8,
                 float: false,
             },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
+            Wire::OutHandle {
+                kind: 55u16,
+                named: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
+        wire: 1225u32,
+        call: 1188u32,
+        name: "cudnnBackendCreateDescriptor",
+        form: Some("named"),
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::OutHandle {
+                kind: 55u16,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -46441,7 +46505,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1224u32,
+        wire: 1226u32,
         call: 1189u32,
         name: "cudnnBackendDestroyDescriptor",
         form: None,
@@ -46449,9 +46513,9 @@ pub mod cudnn {
         versions: &["11.8", "12.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: true,
             },
         ],
         ret: Ret::Status,
@@ -46464,7 +46528,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1225u32,
+        wire: 1227u32,
         call: 1189u32,
         name: "cudnnBackendDestroyDescriptor",
         form: None,
@@ -46472,9 +46536,9 @@ pub mod cudnn {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: true,
             },
         ],
         ret: Ret::Status,
@@ -46487,7 +46551,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1226u32,
+        wire: 1228u32,
         call: 1190u32,
         name: "cudnnBackendExecute",
         form: None,
@@ -46496,16 +46560,16 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
         ],
         ret: Ret::Status,
@@ -46518,7 +46582,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1227u32,
+        wire: 1229u32,
         call: 1190u32,
         name: "cudnnBackendExecute",
         form: None,
@@ -46527,16 +46591,16 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
         ],
         ret: Ret::Status,
@@ -46548,18 +46612,18 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendFinalize__cu118: CallDesc = CallDesc {
-        wire: 1228u32,
+    pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
+        wire: 1230u32,
         call: 1191u32,
         name: "cudnnBackendFinalize",
-        form: None,
+        form: Some("async"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
         ],
         ret: Ret::Status,
@@ -46571,18 +46635,64 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendFinalize__cu126: CallDesc = CallDesc {
-        wire: 1229u32,
+    pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
+        wire: 1231u32,
         call: 1191u32,
         name: "cudnnBackendFinalize",
-        form: None,
+        form: Some("call"),
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
+        wire: 1232u32,
+        call: 1191u32,
+        name: "cudnnBackendFinalize",
+        form: Some("async"),
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
+        wire: 1233u32,
+        call: 1191u32,
+        name: "cudnnBackendFinalize",
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
         ],
         ret: Ret::Status,
@@ -46595,7 +46705,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 1230u32,
+        wire: 1234u32,
         call: 1192u32,
         name: "cudnnBackendGetAttribute",
         form: None,
@@ -46603,9 +46713,9 @@ pub mod cudnn {
         versions: &["11.8", "12.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -46642,7 +46752,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 1231u32,
+        wire: 1235u32,
         call: 1192u32,
         name: "cudnnBackendGetAttribute",
         form: None,
@@ -46650,9 +46760,9 @@ pub mod cudnn {
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -46688,18 +46798,99 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1232u32,
+    pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
+        wire: 1236u32,
         call: 1193u32,
+        name: "cudnnBackendInitialize",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
+        wire: 1237u32,
+        call: 1193u32,
+        name: "cudnnBackendInitialize",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
+        wire: 1238u32,
+        call: 1194u32,
+        name: "cudnnBackendPopulateCudaGraph",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 12u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
+        wire: 1239u32,
+        call: 1195u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -46730,17 +46921,17 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1193u32,
+        wire: 1240u32,
+        call: 1195u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Async,
         params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
             },
             Wire::Val {
                 bytes: 4u8,
@@ -46770,9 +46961,44 @@ pub mod cudnn {
         },
         only_waits: false,
     };
+    pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
+        wire: 1241u32,
+        call: 1196u32,
+        name: "cudnnBackendUpdateCudaGraph",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 12u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1194u32,
+        wire: 1242u32,
+        call: 1197u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -46780,7 +47006,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -46816,32 +47042,32 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46879,8 +47105,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1194u32,
+        wire: 1243u32,
+        call: 1197u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -46888,7 +47114,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -46924,32 +47150,32 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46987,8 +47213,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1195u32,
+        wire: 1244u32,
+        call: 1198u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -46996,7 +47222,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47016,17 +47242,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47048,8 +47274,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1195u32,
+        wire: 1245u32,
+        call: 1198u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -47057,7 +47283,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47077,17 +47303,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47109,8 +47335,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1196u32,
+        wire: 1246u32,
+        call: 1199u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -47118,7 +47344,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47138,17 +47364,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47176,8 +47402,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1196u32,
+        wire: 1247u32,
+        call: 1199u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -47185,7 +47411,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47205,17 +47431,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47243,8 +47469,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1197u32,
+        wire: 1248u32,
+        call: 1200u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -47252,7 +47478,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47276,22 +47502,22 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47333,8 +47559,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1197u32,
+        wire: 1249u32,
+        call: 1200u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -47342,7 +47568,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47366,22 +47592,22 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47423,8 +47649,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1198u32,
+        wire: 1250u32,
+        call: 1201u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -47432,11 +47658,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47454,8 +47680,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1198u32,
+        wire: 1251u32,
+        call: 1201u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -47463,11 +47689,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47485,8 +47711,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1199u32,
+        wire: 1252u32,
+        call: 1202u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -47494,7 +47720,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47502,11 +47728,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47515,7 +47741,7 @@ pub mod cudnn {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47535,8 +47761,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1199u32,
+        wire: 1253u32,
+        call: 1202u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -47544,7 +47770,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47552,11 +47778,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47565,7 +47791,7 @@ pub mod cudnn {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47585,8 +47811,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1200u32,
+        wire: 1254u32,
+        call: 1203u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -47603,8 +47829,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1201u32,
+        wire: 1255u32,
+        call: 1204u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -47621,8 +47847,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1202u32,
+        wire: 1256u32,
+        call: 1205u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -47639,8 +47865,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1203u32,
+        wire: 1257u32,
+        call: 1206u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -47648,7 +47874,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -47658,17 +47884,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47687,7 +47913,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47702,8 +47928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1203u32,
+        wire: 1258u32,
+        call: 1206u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -47711,7 +47937,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -47721,17 +47947,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47750,7 +47976,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47765,8 +47991,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1204u32,
+        wire: 1259u32,
+        call: 1207u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -47774,7 +48000,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -47784,17 +48010,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47813,7 +48039,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47828,8 +48054,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1204u32,
+        wire: 1260u32,
+        call: 1207u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -47837,7 +48063,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -47847,17 +48073,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47876,7 +48102,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47891,8 +48117,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1205u32,
+        wire: 1261u32,
+        call: 1208u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -47900,7 +48126,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -47910,17 +48136,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47939,12 +48165,12 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47953,7 +48179,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47968,8 +48194,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1205u32,
+        wire: 1262u32,
+        call: 1208u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -47977,7 +48203,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -47987,17 +48213,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48016,12 +48242,12 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48030,7 +48256,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48045,8 +48271,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1206u32,
+        wire: 1263u32,
+        call: 1209u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -48054,7 +48280,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48064,17 +48290,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48093,7 +48319,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48108,8 +48334,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1206u32,
+        wire: 1264u32,
+        call: 1209u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -48117,7 +48343,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48127,17 +48353,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48156,7 +48382,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48171,8 +48397,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1207u32,
+        wire: 1265u32,
+        call: 1210u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -48198,8 +48424,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1208u32,
+        wire: 1266u32,
+        call: 1211u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -48207,7 +48433,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 56u16,
+                kind: 57u16,
                 named: false,
             },
         ],
@@ -48221,8 +48447,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1208u32,
+        wire: 1267u32,
+        call: 1211u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -48230,7 +48456,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 56u16,
+                kind: 57u16,
                 named: false,
             },
         ],
@@ -48244,8 +48470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1209u32,
+        wire: 1268u32,
+        call: 1212u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -48267,8 +48493,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1209u32,
+        wire: 1269u32,
+        call: 1212u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -48290,8 +48516,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1210u32,
+        wire: 1270u32,
+        call: 1213u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -48313,8 +48539,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1211u32,
+        wire: 1271u32,
+        call: 1214u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -48340,8 +48566,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1212u32,
+        wire: 1272u32,
+        call: 1215u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -48363,8 +48589,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1212u32,
+        wire: 1273u32,
+        call: 1215u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -48386,8 +48612,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1213u32,
+        wire: 1274u32,
+        call: 1216u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -48395,7 +48621,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 55u16,
+                kind: 56u16,
                 named: false,
             },
         ],
@@ -48409,8 +48635,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1213u32,
+        wire: 1275u32,
+        call: 1216u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -48418,7 +48644,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 55u16,
+                kind: 56u16,
                 named: false,
             },
         ],
@@ -48432,8 +48658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1214u32,
+        wire: 1276u32,
+        call: 1217u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -48441,7 +48667,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 57u16,
+                kind: 58u16,
                 named: false,
             },
         ],
@@ -48455,8 +48681,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1214u32,
+        wire: 1277u32,
+        call: 1217u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -48464,7 +48690,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 57u16,
+                kind: 58u16,
                 named: false,
             },
         ],
@@ -48478,8 +48704,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1215u32,
+        wire: 1278u32,
+        call: 1218u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -48487,7 +48713,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 58u16,
+                kind: 59u16,
                 named: false,
             },
         ],
@@ -48501,8 +48727,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1215u32,
+        wire: 1279u32,
+        call: 1218u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -48510,7 +48736,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 58u16,
+                kind: 59u16,
                 named: false,
             },
         ],
@@ -48524,8 +48750,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1216u32,
+        wire: 1280u32,
+        call: 1219u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -48533,7 +48759,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 59u16,
+                kind: 60u16,
                 named: false,
             },
         ],
@@ -48547,8 +48773,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1216u32,
+        wire: 1281u32,
+        call: 1219u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -48556,7 +48782,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 59u16,
+                kind: 60u16,
                 named: false,
             },
         ],
@@ -48570,8 +48796,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1217u32,
+        wire: 1282u32,
+        call: 1220u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -48579,7 +48805,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 60u16,
+                kind: 61u16,
                 named: false,
             },
             Wire::Val {
@@ -48597,8 +48823,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1217u32,
+        wire: 1283u32,
+        call: 1220u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -48606,7 +48832,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 60u16,
+                kind: 61u16,
                 named: false,
             },
             Wire::Val {
@@ -48624,8 +48850,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1218u32,
+        wire: 1284u32,
+        call: 1221u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -48633,7 +48859,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 61u16,
+                kind: 62u16,
                 named: false,
             },
             Wire::Val {
@@ -48651,8 +48877,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1218u32,
+        wire: 1285u32,
+        call: 1221u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -48660,7 +48886,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 61u16,
+                kind: 62u16,
                 named: false,
             },
             Wire::Val {
@@ -48678,8 +48904,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1219u32,
+        wire: 1286u32,
+        call: 1222u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -48687,7 +48913,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 62u16,
+                kind: 63u16,
                 named: false,
             },
             Wire::Val {
@@ -48705,8 +48931,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1219u32,
+        wire: 1287u32,
+        call: 1222u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -48714,7 +48940,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 62u16,
+                kind: 63u16,
                 named: false,
             },
             Wire::Val {
@@ -48732,8 +48958,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1220u32,
+        wire: 1288u32,
+        call: 1223u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -48741,7 +48967,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 63u16,
+                kind: 64u16,
                 named: false,
             },
         ],
@@ -48755,8 +48981,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1220u32,
+        wire: 1289u32,
+        call: 1223u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -48764,7 +48990,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 63u16,
+                kind: 64u16,
                 named: false,
             },
         ],
@@ -48778,72 +49004,14 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1221u32,
+        wire: 1290u32,
+        call: 1224u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
         params: &[
-            Wire::OutHandle {
-                kind: 64u16,
-                named: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 9i64,
-            unavailable: 1i64,
-            invalid_handle: 3i64,
-        },
-        only_waits: false,
-    };
-    pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1221u32,
-        name: "cudnnCreateOpTensorDescriptor",
-        form: None,
-        library: "cudnn",
-        versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::OutHandle {
-                kind: 64u16,
-                named: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3000i64,
-            unavailable: 1001i64,
-            invalid_handle: 2000i64,
-        },
-        only_waits: false,
-    };
-    pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1222u32,
-        name: "cudnnCreatePersistentRNNPlan",
-        form: None,
-        library: "cudnn",
-        versions: &["11.8", "12.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 68u16,
-                destroy: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
             Wire::OutHandle {
                 kind: 65u16,
                 named: false,
@@ -48858,9 +49026,67 @@ pub mod cudnn {
         },
         only_waits: false,
     };
+    pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1291u32,
+        call: 1224u32,
+        name: "cudnnCreateOpTensorDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 65u16,
+                named: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
+        wire: 1292u32,
+        call: 1225u32,
+        name: "cudnnCreatePersistentRNNPlan",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 69u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::OutHandle {
+                kind: 66u16,
+                named: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1223u32,
+        wire: 1293u32,
+        call: 1226u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -48868,7 +49094,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 66u16,
+                kind: 67u16,
                 named: false,
             },
         ],
@@ -48882,8 +49108,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1223u32,
+        wire: 1294u32,
+        call: 1226u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -48891,7 +49117,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 66u16,
+                kind: 67u16,
                 named: false,
             },
         ],
@@ -48905,8 +49131,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1224u32,
+        wire: 1295u32,
+        call: 1227u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -48914,7 +49140,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 67u16,
+                kind: 68u16,
                 named: false,
             },
         ],
@@ -48928,8 +49154,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1224u32,
+        wire: 1296u32,
+        call: 1227u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -48937,7 +49163,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 67u16,
+                kind: 68u16,
                 named: false,
             },
         ],
@@ -48951,8 +49177,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1225u32,
+        wire: 1297u32,
+        call: 1228u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -48960,7 +49186,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 68u16,
+                kind: 69u16,
                 named: false,
             },
         ],
@@ -48974,8 +49200,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1225u32,
+        wire: 1298u32,
+        call: 1228u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -48983,7 +49209,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 68u16,
+                kind: 69u16,
                 named: false,
             },
         ],
@@ -48997,8 +49223,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1226u32,
+        wire: 1299u32,
+        call: 1229u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49006,7 +49232,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 69u16,
+                kind: 70u16,
                 named: false,
             },
         ],
@@ -49020,8 +49246,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1226u32,
+        wire: 1300u32,
+        call: 1229u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49029,7 +49255,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 69u16,
+                kind: 70u16,
                 named: false,
             },
         ],
@@ -49043,8 +49269,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1227u32,
+        wire: 1301u32,
+        call: 1230u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49052,7 +49278,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 71u16,
+                kind: 72u16,
                 named: false,
             },
         ],
@@ -49066,8 +49292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1227u32,
+        wire: 1302u32,
+        call: 1230u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49075,7 +49301,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 71u16,
+                kind: 72u16,
                 named: false,
             },
         ],
@@ -49089,8 +49315,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1228u32,
+        wire: 1303u32,
+        call: 1231u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -49098,7 +49324,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 72u16,
+                kind: 73u16,
                 named: false,
             },
         ],
@@ -49112,8 +49338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1228u32,
+        wire: 1304u32,
+        call: 1231u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -49121,7 +49347,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 72u16,
+                kind: 73u16,
                 named: false,
             },
         ],
@@ -49135,8 +49361,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1229u32,
+        wire: 1305u32,
+        call: 1232u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49144,7 +49370,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 73u16,
+                kind: 74u16,
                 named: false,
             },
         ],
@@ -49158,8 +49384,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1229u32,
+        wire: 1306u32,
+        call: 1232u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49167,7 +49393,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 73u16,
+                kind: 74u16,
                 named: false,
             },
         ],
@@ -49181,8 +49407,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1230u32,
+        wire: 1307u32,
+        call: 1233u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -49190,7 +49416,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 74u16,
+                kind: 75u16,
                 named: false,
             },
         ],
@@ -49204,8 +49430,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1230u32,
+        wire: 1308u32,
+        call: 1233u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -49213,7 +49439,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 74u16,
+                kind: 75u16,
                 named: false,
             },
         ],
@@ -49227,8 +49453,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1231u32,
+        wire: 1309u32,
+        call: 1234u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49236,11 +49462,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49258,8 +49484,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1231u32,
+        wire: 1310u32,
+        call: 1234u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49267,11 +49493,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49289,8 +49515,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1232u32,
+        wire: 1311u32,
+        call: 1235u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49298,15 +49524,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49328,8 +49554,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1232u32,
+        wire: 1312u32,
+        call: 1235u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49337,15 +49563,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49367,8 +49593,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1233u32,
+        wire: 1313u32,
+        call: 1236u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -49376,7 +49602,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: true,
             },
         ],
@@ -49390,8 +49616,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1233u32,
+        wire: 1314u32,
+        call: 1236u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -49399,7 +49625,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: true,
             },
         ],
@@ -49413,8 +49639,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1234u32,
+        wire: 1315u32,
+        call: 1237u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -49436,8 +49662,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1234u32,
+        wire: 1316u32,
+        call: 1237u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -49459,8 +49685,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1235u32,
+        wire: 1317u32,
+        call: 1238u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -49482,8 +49708,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1236u32,
+        wire: 1318u32,
+        call: 1239u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -49509,8 +49735,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1237u32,
+        wire: 1319u32,
+        call: 1240u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -49532,8 +49758,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1237u32,
+        wire: 1320u32,
+        call: 1240u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -49555,8 +49781,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1238u32,
+        wire: 1321u32,
+        call: 1241u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -49564,7 +49790,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: true,
             },
         ],
@@ -49578,8 +49804,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1238u32,
+        wire: 1322u32,
+        call: 1241u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -49587,7 +49813,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: true,
             },
         ],
@@ -49601,8 +49827,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1239u32,
+        wire: 1323u32,
+        call: 1242u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -49610,7 +49836,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: true,
             },
         ],
@@ -49624,8 +49850,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1239u32,
+        wire: 1324u32,
+        call: 1242u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -49633,7 +49859,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: true,
             },
         ],
@@ -49647,8 +49873,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1240u32,
+        wire: 1325u32,
+        call: 1243u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -49656,7 +49882,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: true,
             },
         ],
@@ -49670,8 +49896,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1240u32,
+        wire: 1326u32,
+        call: 1243u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -49679,7 +49905,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: true,
             },
         ],
@@ -49693,8 +49919,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1241u32,
+        wire: 1327u32,
+        call: 1244u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -49702,7 +49928,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: true,
             },
         ],
@@ -49716,8 +49942,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1241u32,
+        wire: 1328u32,
+        call: 1244u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -49725,7 +49951,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: true,
             },
         ],
@@ -49739,8 +49965,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1242u32,
+        wire: 1329u32,
+        call: 1245u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -49748,7 +49974,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 61u16,
                 destroy: true,
             },
         ],
@@ -49762,8 +49988,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1242u32,
+        wire: 1330u32,
+        call: 1245u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -49771,7 +49997,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 61u16,
                 destroy: true,
             },
         ],
@@ -49785,8 +50011,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1243u32,
+        wire: 1331u32,
+        call: 1246u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -49794,7 +50020,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 61u16,
+                kind: 62u16,
                 destroy: true,
             },
         ],
@@ -49808,8 +50034,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1243u32,
+        wire: 1332u32,
+        call: 1246u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -49817,7 +50043,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 61u16,
+                kind: 62u16,
                 destroy: true,
             },
         ],
@@ -49831,8 +50057,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1244u32,
+        wire: 1333u32,
+        call: 1247u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -49840,7 +50066,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 62u16,
+                kind: 63u16,
                 destroy: true,
             },
         ],
@@ -49854,8 +50080,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1244u32,
+        wire: 1334u32,
+        call: 1247u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -49863,7 +50089,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 62u16,
+                kind: 63u16,
                 destroy: true,
             },
         ],
@@ -49877,8 +50103,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1245u32,
+        wire: 1335u32,
+        call: 1248u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -49886,7 +50112,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: true,
             },
         ],
@@ -49900,8 +50126,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1245u32,
+        wire: 1336u32,
+        call: 1248u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -49909,7 +50135,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: true,
             },
         ],
@@ -49923,55 +50149,9 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1246u32,
+        wire: 1337u32,
+        call: 1249u32,
         name: "cudnnDestroyOpTensorDescriptor",
-        form: None,
-        library: "cudnn",
-        versions: &["11.8", "12.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Handle {
-                kind: 64u16,
-                destroy: true,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 9i64,
-            unavailable: 1i64,
-            invalid_handle: 3i64,
-        },
-        only_waits: false,
-    };
-    pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1246u32,
-        name: "cudnnDestroyOpTensorDescriptor",
-        form: None,
-        library: "cudnn",
-        versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Handle {
-                kind: 64u16,
-                destroy: true,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3000i64,
-            unavailable: 1001i64,
-            invalid_handle: 2000i64,
-        },
-        only_waits: false,
-    };
-    pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1247u32,
-        name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
@@ -49991,10 +50171,33 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1248u32,
-        name: "cudnnDestroyPoolingDescriptor",
+    pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
+        wire: 1338u32,
+        call: 1249u32,
+        name: "cudnnDestroyOpTensorDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 65u16,
+                destroy: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
+        wire: 1339u32,
+        call: 1250u32,
+        name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
@@ -50002,6 +50205,29 @@ pub mod cudnn {
         params: &[
             Wire::Handle {
                 kind: 66u16,
+                destroy: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
+        wire: 1340u32,
+        call: 1251u32,
+        name: "cudnnDestroyPoolingDescriptor",
+        form: None,
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 67u16,
                 destroy: true,
             },
         ],
@@ -50015,8 +50241,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1248u32,
+        wire: 1341u32,
+        call: 1251u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -50024,7 +50250,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: true,
             },
         ],
@@ -50038,8 +50264,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1249u32,
+        wire: 1342u32,
+        call: 1252u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50047,7 +50273,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: true,
             },
         ],
@@ -50061,8 +50287,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1249u32,
+        wire: 1343u32,
+        call: 1252u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50070,7 +50296,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: true,
             },
         ],
@@ -50084,8 +50310,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1250u32,
+        wire: 1344u32,
+        call: 1253u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -50093,7 +50319,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: true,
             },
         ],
@@ -50107,8 +50333,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1250u32,
+        wire: 1345u32,
+        call: 1253u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -50116,7 +50342,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: true,
             },
         ],
@@ -50130,8 +50356,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1251u32,
+        wire: 1346u32,
+        call: 1254u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50139,7 +50365,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: true,
             },
         ],
@@ -50153,8 +50379,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1251u32,
+        wire: 1347u32,
+        call: 1254u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50162,7 +50388,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: true,
             },
         ],
@@ -50176,8 +50402,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1252u32,
+        wire: 1348u32,
+        call: 1255u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50185,7 +50411,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 71u16,
+                kind: 72u16,
                 destroy: true,
             },
         ],
@@ -50199,8 +50425,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1252u32,
+        wire: 1349u32,
+        call: 1255u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50208,7 +50434,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 71u16,
+                kind: 72u16,
                 destroy: true,
             },
         ],
@@ -50222,8 +50448,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1253u32,
+        wire: 1350u32,
+        call: 1256u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -50231,7 +50457,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: true,
             },
         ],
@@ -50245,8 +50471,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1253u32,
+        wire: 1351u32,
+        call: 1256u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -50254,7 +50480,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: true,
             },
         ],
@@ -50268,8 +50494,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1254u32,
+        wire: 1352u32,
+        call: 1257u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50277,7 +50503,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: true,
             },
         ],
@@ -50291,8 +50517,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1254u32,
+        wire: 1353u32,
+        call: 1257u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50300,7 +50526,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: true,
             },
         ],
@@ -50314,8 +50540,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1255u32,
+        wire: 1354u32,
+        call: 1258u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -50323,7 +50549,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 75u16,
                 destroy: true,
             },
         ],
@@ -50337,8 +50563,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1255u32,
+        wire: 1355u32,
+        call: 1258u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -50346,7 +50572,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 75u16,
                 destroy: true,
             },
         ],
@@ -50360,8 +50586,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1256u32,
+        wire: 1356u32,
+        call: 1259u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -50369,20 +50595,20 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50402,8 +50628,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1256u32,
+        wire: 1357u32,
+        call: 1259u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -50411,20 +50637,20 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50444,8 +50670,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1257u32,
+        wire: 1358u32,
+        call: 1260u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -50453,20 +50679,20 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50486,8 +50712,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1257u32,
+        wire: 1359u32,
+        call: 1260u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -50495,20 +50721,20 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50528,8 +50754,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1258u32,
+        wire: 1360u32,
+        call: 1261u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -50537,7 +50763,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -50557,8 +50783,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1258u32,
+        wire: 1361u32,
+        call: 1261u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -50566,7 +50792,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -50586,8 +50812,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1259u32,
+        wire: 1362u32,
+        call: 1262u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -50595,7 +50821,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -50615,8 +50841,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1259u32,
+        wire: 1363u32,
+        call: 1262u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -50624,7 +50850,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -50644,8 +50870,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1260u32,
+        wire: 1364u32,
+        call: 1263u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -50653,25 +50879,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50707,8 +50933,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1260u32,
+        wire: 1365u32,
+        call: 1263u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -50716,25 +50942,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50770,8 +50996,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1261u32,
+        wire: 1366u32,
+        call: 1264u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -50779,25 +51005,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50833,8 +51059,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1261u32,
+        wire: 1367u32,
+        call: 1264u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -50842,25 +51068,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50896,8 +51122,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1262u32,
+        wire: 1368u32,
+        call: 1265u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -50905,25 +51131,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50959,8 +51185,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1262u32,
+        wire: 1369u32,
+        call: 1265u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -50968,25 +51194,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -51022,8 +51248,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1263u32,
+        wire: 1370u32,
+        call: 1266u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -51031,15 +51257,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 61u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 62u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 63u16,
                 destroy: false,
             },
         ],
@@ -51053,8 +51279,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1263u32,
+        wire: 1371u32,
+        call: 1266u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -51062,15 +51288,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 61u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 62u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 63u16,
                 destroy: false,
             },
         ],
@@ -51084,8 +51310,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1264u32,
+        wire: 1372u32,
+        call: 1267u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -51125,8 +51351,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1264u32,
+        wire: 1373u32,
+        call: 1267u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -51166,8 +51392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1265u32,
+        wire: 1374u32,
+        call: 1268u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -51195,8 +51421,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1265u32,
+        wire: 1375u32,
+        call: 1268u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -51224,8 +51450,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1266u32,
+        wire: 1376u32,
+        call: 1269u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -51269,8 +51495,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1267u32,
+        wire: 1377u32,
+        call: 1270u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -51278,7 +51504,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -51302,8 +51528,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1268u32,
+        wire: 1378u32,
+        call: 1271u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51311,7 +51537,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51323,27 +51549,27 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -51367,8 +51593,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1268u32,
+        wire: 1379u32,
+        call: 1271u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51376,7 +51602,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51388,27 +51614,27 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -51432,8 +51658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1269u32,
+        wire: 1380u32,
+        call: 1272u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51441,7 +51667,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51453,19 +51679,19 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -51489,8 +51715,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1269u32,
+        wire: 1381u32,
+        call: 1272u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51498,7 +51724,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51510,19 +51736,19 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -51546,8 +51772,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1270u32,
+        wire: 1382u32,
+        call: 1273u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -51555,7 +51781,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51571,7 +51797,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51591,8 +51817,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1270u32,
+        wire: 1383u32,
+        call: 1273u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -51600,7 +51826,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51616,7 +51842,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51636,8 +51862,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1271u32,
+        wire: 1384u32,
+        call: 1274u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -51645,7 +51871,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51665,8 +51891,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1271u32,
+        wire: 1385u32,
+        call: 1274u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -51674,7 +51900,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51694,8 +51920,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1272u32,
+        wire: 1386u32,
+        call: 1275u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -51703,7 +51929,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51735,8 +51961,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1272u32,
+        wire: 1387u32,
+        call: 1275u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -51744,7 +51970,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51776,8 +52002,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1273u32,
+        wire: 1388u32,
+        call: 1276u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -51785,7 +52011,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51793,15 +52019,15 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51821,8 +52047,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1273u32,
+        wire: 1389u32,
+        call: 1276u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -51830,7 +52056,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51838,15 +52064,15 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51866,8 +52092,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1274u32,
+        wire: 1390u32,
+        call: 1277u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -51875,7 +52101,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51937,8 +52163,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1274u32,
+        wire: 1391u32,
+        call: 1277u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -51946,7 +52172,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52008,8 +52234,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1275u32,
+        wire: 1392u32,
+        call: 1278u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -52017,15 +52243,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52058,8 +52284,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1275u32,
+        wire: 1393u32,
+        call: 1278u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -52067,15 +52293,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52108,8 +52334,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1276u32,
+        wire: 1394u32,
+        call: 1279u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52117,7 +52343,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52137,8 +52363,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1276u32,
+        wire: 1395u32,
+        call: 1279u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52146,7 +52372,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52166,8 +52392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1277u32,
+        wire: 1396u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52175,23 +52401,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52221,8 +52447,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1277u32,
+        wire: 1397u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52230,23 +52456,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52276,8 +52502,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1278u32,
+        wire: 1398u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52285,23 +52511,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52325,8 +52551,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1278u32,
+        wire: 1399u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52334,23 +52560,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52374,8 +52600,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1279u32,
+        wire: 1400u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52383,7 +52609,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52403,8 +52629,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1279u32,
+        wire: 1401u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52412,7 +52638,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52432,8 +52658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1280u32,
+        wire: 1402u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52441,23 +52667,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52487,8 +52713,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1280u32,
+        wire: 1403u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52496,23 +52722,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52542,8 +52768,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1281u32,
+        wire: 1404u32,
+        call: 1284u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52551,23 +52777,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52591,8 +52817,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1281u32,
+        wire: 1405u32,
+        call: 1284u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52600,23 +52826,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52640,8 +52866,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1282u32,
+        wire: 1406u32,
+        call: 1285u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52649,7 +52875,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52669,8 +52895,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1282u32,
+        wire: 1407u32,
+        call: 1285u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52678,7 +52904,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52698,8 +52924,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1283u32,
+        wire: 1408u32,
+        call: 1286u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52707,23 +52933,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52753,8 +52979,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1283u32,
+        wire: 1409u32,
+        call: 1286u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52762,23 +52988,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52808,8 +53034,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1284u32,
+        wire: 1410u32,
+        call: 1287u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52817,23 +53043,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52857,8 +53083,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1284u32,
+        wire: 1411u32,
+        call: 1287u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52866,23 +53092,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52906,8 +53132,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1285u32,
+        wire: 1412u32,
+        call: 1288u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -52915,7 +53141,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52935,8 +53161,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1285u32,
+        wire: 1413u32,
+        call: 1288u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -52944,7 +53170,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52964,8 +53190,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1286u32,
+        wire: 1414u32,
+        call: 1289u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -52973,7 +53199,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52993,8 +53219,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1286u32,
+        wire: 1415u32,
+        call: 1289u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -53002,7 +53228,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53022,8 +53248,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1287u32,
+        wire: 1416u32,
+        call: 1290u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -53031,15 +53257,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53063,8 +53289,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1287u32,
+        wire: 1417u32,
+        call: 1290u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -53072,15 +53298,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53104,8 +53330,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1288u32,
+        wire: 1418u32,
+        call: 1291u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -53113,7 +53339,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53133,8 +53359,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1288u32,
+        wire: 1419u32,
+        call: 1291u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -53142,7 +53368,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53162,8 +53388,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1289u32,
+        wire: 1420u32,
+        call: 1292u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -53183,8 +53409,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1289u32,
+        wire: 1421u32,
+        call: 1292u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -53204,8 +53430,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1290u32,
+        wire: 1422u32,
+        call: 1293u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -53213,11 +53439,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53244,8 +53470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1290u32,
+        wire: 1423u32,
+        call: 1293u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -53253,11 +53479,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53284,8 +53510,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1291u32,
+        wire: 1424u32,
+        call: 1294u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -53293,7 +53519,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53338,8 +53564,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1291u32,
+        wire: 1425u32,
+        call: 1294u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -53347,7 +53573,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53392,8 +53618,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1292u32,
+        wire: 1426u32,
+        call: 1295u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -53401,7 +53627,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53443,8 +53669,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1292u32,
+        wire: 1427u32,
+        call: 1295u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -53452,7 +53678,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53494,8 +53720,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1293u32,
+        wire: 1428u32,
+        call: 1296u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -53503,7 +53729,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53523,8 +53749,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1293u32,
+        wire: 1429u32,
+        call: 1296u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -53532,7 +53758,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53552,8 +53778,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1294u32,
+        wire: 1430u32,
+        call: 1297u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -53561,23 +53787,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53585,19 +53811,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 57u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -53605,7 +53819,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -53613,7 +53827,19 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 75u16,
                 destroy: false,
             },
         ],
@@ -53627,8 +53853,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1294u32,
+        wire: 1431u32,
+        call: 1297u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -53636,23 +53862,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 58u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53660,19 +53886,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 59u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 57u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -53680,7 +53894,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -53688,7 +53902,19 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 75u16,
                 destroy: false,
             },
         ],
@@ -53702,8 +53928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1295u32,
+        wire: 1432u32,
+        call: 1298u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -53711,7 +53937,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53749,8 +53975,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1295u32,
+        wire: 1433u32,
+        call: 1298u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -53758,7 +53984,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53796,8 +54022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1296u32,
+        wire: 1434u32,
+        call: 1299u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -53825,8 +54051,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1297u32,
+        wire: 1435u32,
+        call: 1300u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -53846,8 +54072,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1297u32,
+        wire: 1436u32,
+        call: 1300u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -53867,8 +54093,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1298u32,
+        wire: 1437u32,
+        call: 1301u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53876,7 +54102,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53892,27 +54118,27 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -53920,7 +54146,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53944,8 +54170,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1298u32,
+        wire: 1438u32,
+        call: 1301u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53953,7 +54179,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53969,27 +54195,27 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -53997,7 +54223,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54021,8 +54247,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1299u32,
+        wire: 1439u32,
+        call: 1302u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54030,7 +54256,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54046,19 +54272,19 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -54066,7 +54292,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54090,8 +54316,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1299u32,
+        wire: 1440u32,
+        call: 1302u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54099,7 +54325,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54115,19 +54341,19 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -54135,7 +54361,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54159,8 +54385,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1300u32,
+        wire: 1441u32,
+        call: 1303u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -54168,7 +54394,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54188,7 +54414,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54212,8 +54438,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1300u32,
+        wire: 1442u32,
+        call: 1303u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -54221,7 +54447,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54241,7 +54467,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54265,8 +54491,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1301u32,
+        wire: 1443u32,
+        call: 1304u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54274,7 +54500,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 65u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54306,8 +54532,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1301u32,
+        wire: 1444u32,
+        call: 1304u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54315,7 +54541,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 65u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54347,8 +54573,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1302u32,
+        wire: 1445u32,
+        call: 1305u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -54356,7 +54582,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54418,8 +54644,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1302u32,
+        wire: 1446u32,
+        call: 1305u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -54427,7 +54653,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54489,8 +54715,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1303u32,
+        wire: 1447u32,
+        call: 1306u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -54498,11 +54724,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54535,8 +54761,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1303u32,
+        wire: 1448u32,
+        call: 1306u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -54544,11 +54770,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54581,8 +54807,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1304u32,
+        wire: 1449u32,
+        call: 1307u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -54590,7 +54816,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54644,8 +54870,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1304u32,
+        wire: 1450u32,
+        call: 1307u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -54653,7 +54879,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54707,8 +54933,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1305u32,
+        wire: 1451u32,
+        call: 1308u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -54716,11 +54942,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54744,8 +54970,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1305u32,
+        wire: 1452u32,
+        call: 1308u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -54753,11 +54979,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54781,8 +55007,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1306u32,
+        wire: 1453u32,
+        call: 1309u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -54810,8 +55036,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1306u32,
+        wire: 1454u32,
+        call: 1309u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -54839,8 +55065,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1307u32,
+        wire: 1455u32,
+        call: 1310u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -54848,11 +55074,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54872,8 +55098,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1308u32,
+        wire: 1456u32,
+        call: 1311u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -54881,11 +55107,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54905,8 +55131,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1309u32,
+        wire: 1457u32,
+        call: 1312u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -54914,7 +55140,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54934,8 +55160,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1310u32,
+        wire: 1458u32,
+        call: 1313u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -54943,11 +55169,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54967,8 +55193,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1311u32,
+        wire: 1459u32,
+        call: 1314u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -54976,11 +55202,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55000,8 +55226,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1312u32,
+        wire: 1460u32,
+        call: 1315u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -55009,7 +55235,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55029,8 +55255,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1313u32,
+        wire: 1461u32,
+        call: 1316u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -55038,7 +55264,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55058,8 +55284,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1314u32,
+        wire: 1462u32,
+        call: 1317u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -55067,15 +55293,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55099,8 +55325,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1315u32,
+        wire: 1463u32,
+        call: 1318u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -55108,11 +55334,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55120,7 +55346,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55146,8 +55372,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1315u32,
+        wire: 1464u32,
+        call: 1318u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -55155,11 +55381,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55167,7 +55393,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55193,8 +55419,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1316u32,
+        wire: 1465u32,
+        call: 1319u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
         library: "cudnn",
@@ -55202,11 +55428,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55223,7 +55449,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55233,7 +55459,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55253,8 +55479,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1316u32,
+        wire: 1466u32,
+        call: 1319u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
         library: "cudnn",
@@ -55262,11 +55488,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55283,7 +55509,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55293,7 +55519,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55313,8 +55539,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1317u32,
+        wire: 1467u32,
+        call: 1320u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -55322,11 +55548,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55346,8 +55572,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1317u32,
+        wire: 1468u32,
+        call: 1320u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -55355,11 +55581,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55379,8 +55605,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1318u32,
+        wire: 1469u32,
+        call: 1321u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55388,7 +55614,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55432,8 +55658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1318u32,
+        wire: 1470u32,
+        call: 1321u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55441,7 +55667,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55485,8 +55711,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1319u32,
+        wire: 1471u32,
+        call: 1322u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -55494,19 +55720,19 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55526,8 +55752,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1319u32,
+        wire: 1472u32,
+        call: 1322u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -55535,19 +55761,19 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55567,8 +55793,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1320u32,
+        wire: 1473u32,
+        call: 1323u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -55576,19 +55802,19 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55608,8 +55834,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1320u32,
+        wire: 1474u32,
+        call: 1323u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -55617,19 +55843,19 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55649,8 +55875,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1321u32,
+        wire: 1475u32,
+        call: 1324u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -55658,7 +55884,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -55676,8 +55902,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1321u32,
+        wire: 1476u32,
+        call: 1324u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -55685,7 +55911,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -55703,8 +55929,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1322u32,
+        wire: 1477u32,
+        call: 1325u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -55712,7 +55938,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55775,8 +56001,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1322u32,
+        wire: 1478u32,
+        call: 1325u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -55784,7 +56010,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55847,8 +56073,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1323u32,
+        wire: 1479u32,
+        call: 1326u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -55856,7 +56082,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55898,8 +56124,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1323u32,
+        wire: 1480u32,
+        call: 1326u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -55907,7 +56133,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55949,8 +56175,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1324u32,
+        wire: 1481u32,
+        call: 1327u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -55958,7 +56184,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55978,8 +56204,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1324u32,
+        wire: 1482u32,
+        call: 1327u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -55987,7 +56213,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56007,8 +56233,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1325u32,
+        wire: 1483u32,
+        call: 1328u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -56016,7 +56242,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 75u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56064,8 +56290,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1325u32,
+        wire: 1484u32,
+        call: 1328u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -56073,7 +56299,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 75u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56121,8 +56347,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1326u32,
+        wire: 1485u32,
+        call: 1329u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -56142,8 +56368,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1326u32,
+        wire: 1486u32,
+        call: 1329u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -56163,8 +56389,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1327u32,
+        wire: 1487u32,
+        call: 1330u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -56181,8 +56407,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1328u32,
+        wire: 1488u32,
+        call: 1331u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -56190,15 +56416,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56218,8 +56444,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1328u32,
+        wire: 1489u32,
+        call: 1331u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -56227,15 +56453,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 75u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56255,8 +56481,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1329u32,
+        wire: 1490u32,
+        call: 1332u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -56264,11 +56490,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56282,17 +56508,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56303,7 +56529,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56318,8 +56544,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1329u32,
+        wire: 1491u32,
+        call: 1332u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -56327,11 +56553,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56345,17 +56571,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56366,7 +56592,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56381,8 +56607,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1330u32,
+        wire: 1492u32,
+        call: 1333u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -56390,11 +56616,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56408,7 +56634,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56419,7 +56645,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56434,8 +56660,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1330u32,
+        wire: 1493u32,
+        call: 1333u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -56443,11 +56669,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56461,7 +56687,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56472,7 +56698,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56487,8 +56713,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1331u32,
+        wire: 1494u32,
+        call: 1334u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -56496,15 +56722,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 62u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 61u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56524,8 +56750,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1331u32,
+        wire: 1495u32,
+        call: 1334u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -56533,15 +56759,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 62u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 61u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56561,8 +56787,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1332u32,
+        wire: 1496u32,
+        call: 1335u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -56579,8 +56805,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1333u32,
+        wire: 1497u32,
+        call: 1336u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -56597,8 +56823,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1334u32,
+        wire: 1498u32,
+        call: 1337u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -56615,8 +56841,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1335u32,
+        wire: 1499u32,
+        call: 1338u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -56624,11 +56850,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56638,17 +56864,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56659,7 +56885,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56674,8 +56900,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1335u32,
+        wire: 1500u32,
+        call: 1338u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -56683,11 +56909,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56697,17 +56923,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56718,7 +56944,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56733,8 +56959,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1336u32,
+        wire: 1501u32,
+        call: 1339u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -56742,11 +56968,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56756,7 +56982,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56767,7 +56993,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56782,8 +57008,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1336u32,
+        wire: 1502u32,
+        call: 1339u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -56791,11 +57017,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56805,7 +57031,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56816,7 +57042,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56831,8 +57057,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1337u32,
+        wire: 1503u32,
+        call: 1340u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -56840,7 +57066,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56854,7 +57080,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 70u16,
+                kind: 71u16,
                 destroy: false,
             },
         ],
@@ -56868,8 +57094,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1337u32,
+        wire: 1504u32,
+        call: 1340u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -56877,7 +57103,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56891,7 +57117,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 70u16,
+                kind: 71u16,
                 destroy: false,
             },
         ],
@@ -56905,8 +57131,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1338u32,
+        wire: 1505u32,
+        call: 1341u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -56914,34 +57140,34 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
+            Wire::Handle {
+                kind: 69u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
             Wire::Handle {
                 kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Device,
-            Wire::Handle {
-                kind: 67u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56973,8 +57199,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1338u32,
+        wire: 1506u32,
+        call: 1341u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -56982,34 +57208,34 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
+            Wire::Handle {
+                kind: 69u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 68u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
             Wire::Handle {
                 kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Device,
-            Wire::Handle {
-                kind: 67u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57041,8 +57267,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1339u32,
+        wire: 1507u32,
+        call: 1342u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -57050,25 +57276,25 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 68u16,
                 destroy: false,
             },
+            Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57078,7 +57304,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57098,8 +57324,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1340u32,
+        wire: 1508u32,
+        call: 1343u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -57107,11 +57333,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57120,17 +57346,17 @@ pub mod cudnn {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57160,8 +57386,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1340u32,
+        wire: 1509u32,
+        call: 1343u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -57169,11 +57395,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57182,17 +57408,17 @@ pub mod cudnn {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57222,8 +57448,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1341u32,
+        wire: 1510u32,
+        call: 1344u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -57231,11 +57457,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57244,23 +57470,23 @@ pub mod cudnn {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57291,8 +57517,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1341u32,
+        wire: 1511u32,
+        call: 1344u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -57300,11 +57526,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57313,23 +57539,23 @@ pub mod cudnn {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57360,8 +57586,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1342u32,
+        wire: 1512u32,
+        call: 1345u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -57369,11 +57595,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57411,8 +57637,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1343u32,
+        wire: 1513u32,
+        call: 1346u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -57420,7 +57646,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57458,8 +57684,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1343u32,
+        wire: 1514u32,
+        call: 1346u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -57467,7 +57693,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57505,8 +57731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1344u32,
+        wire: 1515u32,
+        call: 1347u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -57514,7 +57740,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57546,8 +57772,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1345u32,
+        wire: 1516u32,
+        call: 1348u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -57555,11 +57781,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57589,8 +57815,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1346u32,
+        wire: 1517u32,
+        call: 1349u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -57598,7 +57824,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57628,8 +57854,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1346u32,
+        wire: 1518u32,
+        call: 1349u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -57637,7 +57863,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57667,8 +57893,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1347u32,
+        wire: 1519u32,
+        call: 1350u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -57676,7 +57902,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57702,8 +57928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1348u32,
+        wire: 1520u32,
+        call: 1351u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -57711,11 +57937,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57742,8 +57968,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1348u32,
+        wire: 1521u32,
+        call: 1351u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -57751,11 +57977,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57782,8 +58008,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1349u32,
+        wire: 1522u32,
+        call: 1352u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -57791,11 +58017,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57816,8 +58042,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1349u32,
+        wire: 1523u32,
+        call: 1352u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -57825,11 +58051,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57850,8 +58076,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1350u32,
+        wire: 1524u32,
+        call: 1353u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -57885,8 +58111,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1350u32,
+        wire: 1525u32,
+        call: 1353u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -57920,8 +58146,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1351u32,
+        wire: 1526u32,
+        call: 1354u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -57947,8 +58173,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1351u32,
+        wire: 1527u32,
+        call: 1354u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -57974,8 +58200,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1352u32,
+        wire: 1528u32,
+        call: 1355u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -57998,8 +58224,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1353u32,
+        wire: 1529u32,
+        call: 1356u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -58037,8 +58263,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1354u32,
+        wire: 1530u32,
+        call: 1357u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58074,11 +58300,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58136,8 +58362,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1354u32,
+        wire: 1531u32,
+        call: 1357u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58173,11 +58399,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58235,8 +58461,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1355u32,
+        wire: 1532u32,
+        call: 1358u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58244,7 +58470,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58262,8 +58488,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1355u32,
+        wire: 1533u32,
+        call: 1358u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58271,7 +58497,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58289,8 +58515,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1356u32,
+        wire: 1534u32,
+        call: 1359u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -58298,7 +58524,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58324,8 +58550,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1356u32,
+        wire: 1535u32,
+        call: 1359u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -58333,7 +58559,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58359,8 +58585,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1357u32,
+        wire: 1536u32,
+        call: 1360u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -58368,7 +58594,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58398,8 +58624,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1357u32,
+        wire: 1537u32,
+        call: 1360u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -58407,7 +58633,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58437,8 +58663,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1358u32,
+        wire: 1538u32,
+        call: 1361u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -58446,7 +58672,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58476,8 +58702,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1359u32,
+        wire: 1539u32,
+        call: 1362u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -58485,7 +58711,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58531,8 +58757,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1359u32,
+        wire: 1540u32,
+        call: 1362u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -58540,7 +58766,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58586,8 +58812,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1360u32,
+        wire: 1541u32,
+        call: 1363u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -58595,7 +58821,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58613,8 +58839,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1360u32,
+        wire: 1542u32,
+        call: 1363u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -58622,7 +58848,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58640,8 +58866,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1361u32,
+        wire: 1543u32,
+        call: 1364u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -58649,7 +58875,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58667,8 +58893,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1361u32,
+        wire: 1544u32,
+        call: 1364u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -58676,7 +58902,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58694,8 +58920,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1362u32,
+        wire: 1545u32,
+        call: 1365u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58703,7 +58929,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58747,8 +58973,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1362u32,
+        wire: 1546u32,
+        call: 1365u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58756,7 +58982,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58800,8 +59026,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1363u32,
+        wire: 1547u32,
+        call: 1366u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -58809,7 +59035,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58827,8 +59053,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1363u32,
+        wire: 1548u32,
+        call: 1366u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -58836,7 +59062,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58854,8 +59080,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1364u32,
+        wire: 1549u32,
+        call: 1367u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58863,11 +59089,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58894,8 +59120,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1364u32,
+        wire: 1550u32,
+        call: 1367u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58903,11 +59129,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58934,8 +59160,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1365u32,
+        wire: 1551u32,
+        call: 1368u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -58943,7 +59169,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58981,8 +59207,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1365u32,
+        wire: 1552u32,
+        call: 1368u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -58990,7 +59216,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59028,8 +59254,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1366u32,
+        wire: 1553u32,
+        call: 1369u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59037,7 +59263,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59069,8 +59295,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1366u32,
+        wire: 1554u32,
+        call: 1369u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59078,7 +59304,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59110,8 +59336,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1367u32,
+        wire: 1555u32,
+        call: 1370u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59119,7 +59345,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59149,8 +59375,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1367u32,
+        wire: 1556u32,
+        call: 1370u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59158,7 +59384,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 63u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59188,8 +59414,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1368u32,
+        wire: 1557u32,
+        call: 1371u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59197,7 +59423,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 65u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59223,8 +59449,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1368u32,
+        wire: 1558u32,
+        call: 1371u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59232,7 +59458,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 65u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59258,8 +59484,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1369u32,
+        wire: 1559u32,
+        call: 1372u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -59267,11 +59493,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 65u16,
+                kind: 66u16,
                 destroy: false,
             },
         ],
@@ -59285,8 +59511,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1370u32,
+        wire: 1560u32,
+        call: 1373u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59294,7 +59520,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59340,8 +59566,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1370u32,
+        wire: 1561u32,
+        call: 1373u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59349,7 +59575,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59395,8 +59621,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1371u32,
+        wire: 1562u32,
+        call: 1374u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59404,11 +59630,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -59426,8 +59652,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1372u32,
+        wire: 1563u32,
+        call: 1375u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -59435,7 +59661,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59453,8 +59679,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1373u32,
+        wire: 1564u32,
+        call: 1376u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59462,7 +59688,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59508,8 +59734,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1373u32,
+        wire: 1565u32,
+        call: 1376u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59517,7 +59743,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59563,8 +59789,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1374u32,
+        wire: 1566u32,
+        call: 1377u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -59572,11 +59798,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59588,7 +59814,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59622,8 +59848,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1375u32,
+        wire: 1567u32,
+        call: 1378u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -59631,7 +59857,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59683,7 +59909,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59701,8 +59927,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1375u32,
+        wire: 1568u32,
+        call: 1378u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -59710,7 +59936,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59762,7 +59988,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59780,8 +60006,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1376u32,
+        wire: 1569u32,
+        call: 1379u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -59789,7 +60015,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59807,8 +60033,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1377u32,
+        wire: 1570u32,
+        call: 1380u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -59816,7 +60042,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59834,8 +60060,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1378u32,
+        wire: 1571u32,
+        call: 1381u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -59843,11 +60069,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59869,8 +60095,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1379u32,
+        wire: 1572u32,
+        call: 1382u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59878,7 +60104,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59912,8 +60138,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1379u32,
+        wire: 1573u32,
+        call: 1382u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59921,7 +60147,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 70u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59955,8 +60181,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1380u32,
+        wire: 1574u32,
+        call: 1383u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59964,7 +60190,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59996,8 +60222,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1380u32,
+        wire: 1575u32,
+        call: 1383u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60005,7 +60231,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60037,8 +60263,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1381u32,
+        wire: 1576u32,
+        call: 1384u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60046,7 +60272,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -60064,8 +60290,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1381u32,
+        wire: 1577u32,
+        call: 1384u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60073,7 +60299,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -60091,8 +60317,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1382u32,
+        wire: 1578u32,
+        call: 1385u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60100,7 +60326,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60138,8 +60364,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1382u32,
+        wire: 1579u32,
+        call: 1385u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60147,7 +60373,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60185,8 +60411,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1383u32,
+        wire: 1580u32,
+        call: 1386u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -60194,7 +60420,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60244,8 +60470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1383u32,
+        wire: 1581u32,
+        call: 1386u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -60253,7 +60479,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60303,8 +60529,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1384u32,
+        wire: 1582u32,
+        call: 1387u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60312,7 +60538,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60346,8 +60572,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1384u32,
+        wire: 1583u32,
+        call: 1387u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60355,7 +60581,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60389,8 +60615,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1385u32,
+        wire: 1584u32,
+        call: 1388u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -60398,7 +60624,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60416,12 +60642,12 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60432,7 +60658,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60447,8 +60673,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1385u32,
+        wire: 1585u32,
+        call: 1388u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -60456,7 +60682,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60474,12 +60700,12 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60490,7 +60716,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60505,8 +60731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1386u32,
+        wire: 1586u32,
+        call: 1389u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -60514,7 +60740,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60532,7 +60758,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60543,7 +60769,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60558,8 +60784,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1386u32,
+        wire: 1587u32,
+        call: 1389u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -60567,7 +60793,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60585,7 +60811,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60596,7 +60822,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60611,8 +60837,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1387u32,
+        wire: 1588u32,
+        call: 1390u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -60620,11 +60846,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60640,8 +60866,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1387u32,
+        wire: 1589u32,
+        call: 1390u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -60649,11 +60875,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60669,8 +60895,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1388u32,
+        wire: 1590u32,
+        call: 1391u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -60678,11 +60904,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60698,8 +60924,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1388u32,
+        wire: 1591u32,
+        call: 1391u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -60707,11 +60933,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60727,8 +60953,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1389u32,
+        wire: 1592u32,
+        call: 1392u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -60736,11 +60962,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -60750,7 +60976,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60761,7 +60987,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60772,7 +60998,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60795,8 +61021,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1389u32,
+        wire: 1593u32,
+        call: 1392u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -60804,11 +61030,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -60818,7 +61044,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60829,7 +61055,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60840,7 +61066,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60863,8 +61089,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1390u32,
+        wire: 1594u32,
+        call: 1393u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -60872,11 +61098,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -60886,7 +61112,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60898,7 +61124,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60913,8 +61139,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1390u32,
+        wire: 1595u32,
+        call: 1393u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -60922,11 +61148,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 72u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -60936,7 +61162,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60948,7 +61174,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60963,8 +61189,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1391u32,
+        wire: 1596u32,
+        call: 1394u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -60972,7 +61198,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -60982,7 +61208,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60993,7 +61219,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61008,8 +61234,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1391u32,
+        wire: 1597u32,
+        call: 1394u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -61017,7 +61243,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -61027,7 +61253,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61038,7 +61264,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61059,8 +61285,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1593u32,
+        wire: 1799u32,
+        call: 1596u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -61084,8 +61310,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1594u32,
+        wire: 1800u32,
+        call: 1597u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -61107,8 +61333,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1595u32,
+        wire: 1801u32,
+        call: 1598u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -61134,8 +61360,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1596u32,
+        wire: 1802u32,
+        call: 1599u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -61161,8 +61387,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1597u32,
+        wire: 1803u32,
+        call: 1600u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -61192,8 +61418,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1598u32,
+        wire: 1804u32,
+        call: 1601u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -61219,8 +61445,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1599u32,
+        wire: 1805u32,
+        call: 1602u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -61243,8 +61469,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1600u32,
+        wire: 1806u32,
+        call: 1603u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -61270,8 +61496,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1601u32,
+        wire: 1807u32,
+        call: 1604u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -61299,8 +61525,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1602u32,
+        wire: 1808u32,
+        call: 1605u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -61382,8 +61608,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1603u32,
+        wire: 1809u32,
+        call: 1606u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -61413,8 +61639,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1604u32,
+        wire: 1810u32,
+        call: 1607u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -61451,8 +61677,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1605u32,
+        wire: 1811u32,
+        call: 1608u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -61460,7 +61686,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 76u16,
+                kind: 77u16,
                 named: false,
             },
             Wire::Val {
@@ -61478,8 +61704,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1606u32,
+        wire: 1812u32,
+        call: 1609u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -61487,7 +61713,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 76u16,
+                kind: 77u16,
                 named: false,
             },
             Wire::Val {
@@ -61505,8 +61731,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1607u32,
+        wire: 1813u32,
+        call: 1610u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -61518,7 +61744,7 @@ pub mod curand {
                 float: true,
             },
             Wire::OutHandle {
-                kind: 75u16,
+                kind: 76u16,
                 named: false,
             },
         ],
@@ -61532,8 +61758,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1608u32,
+        wire: 1814u32,
+        call: 1611u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -61541,7 +61767,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 75u16,
+                kind: 76u16,
                 destroy: true,
             },
         ],
@@ -61555,8 +61781,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1609u32,
+        wire: 1815u32,
+        call: 1612u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -61564,7 +61790,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 76u16,
+                kind: 77u16,
                 destroy: true,
             },
         ],
@@ -61578,8 +61804,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1610u32,
+        wire: 1816u32,
+        call: 1613u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -61587,7 +61813,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 76u16,
+                kind: 77u16,
                 destroy: false,
             },
         ],
@@ -61601,8 +61827,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1611u32,
+        wire: 1817u32,
+        call: 1614u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -61610,7 +61836,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 76u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61628,8 +61854,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1612u32,
+        wire: 1818u32,
+        call: 1615u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -61637,7 +61863,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 76u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61655,8 +61881,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1613u32,
+        wire: 1819u32,
+        call: 1616u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -61664,7 +61890,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 76u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61682,8 +61908,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1614u32,
+        wire: 1820u32,
+        call: 1617u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -61691,7 +61917,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 76u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61709,8 +61935,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1615u32,
+        wire: 1821u32,
+        call: 1618u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -61718,7 +61944,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 76u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -61748,8 +61974,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1919u32,
+        wire: 2125u32,
+        call: 1922u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -61757,7 +61983,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61785,8 +62011,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1920u32,
+        wire: 2126u32,
+        call: 1923u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -61794,7 +62020,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61828,8 +62054,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1921u32,
+        wire: 2127u32,
+        call: 1924u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -61837,7 +62063,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61870,8 +62096,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1922u32,
+        wire: 2128u32,
+        call: 1925u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -61879,7 +62105,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61932,8 +62158,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1923u32,
+        wire: 2129u32,
+        call: 1926u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -61941,7 +62167,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61969,8 +62195,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1924u32,
+        wire: 2130u32,
+        call: 1927u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -61978,7 +62204,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62056,8 +62282,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1925u32,
+        wire: 2131u32,
+        call: 1928u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -62065,7 +62291,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62137,8 +62363,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1926u32,
+        wire: 2132u32,
+        call: 1929u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -62146,7 +62372,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62188,7 +62414,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -62202,8 +62428,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1927u32,
+        wire: 2133u32,
+        call: 1930u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -62211,7 +62437,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62249,7 +62475,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62267,8 +62493,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1928u32,
+        wire: 2134u32,
+        call: 1931u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -62276,7 +62502,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62314,7 +62540,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62332,8 +62558,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1929u32,
+        wire: 2135u32,
+        call: 1932u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -62341,7 +62567,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62383,7 +62609,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -62397,8 +62623,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1930u32,
+        wire: 2136u32,
+        call: 1933u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -62406,7 +62632,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62436,8 +62662,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1931u32,
+        wire: 2137u32,
+        call: 1934u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -62445,7 +62671,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62478,8 +62704,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1932u32,
+        wire: 2138u32,
+        call: 1935u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -62487,7 +62713,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62525,8 +62751,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1933u32,
+        wire: 2139u32,
+        call: 1936u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -62534,7 +62760,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62572,8 +62798,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1934u32,
+        wire: 2140u32,
+        call: 1937u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62581,7 +62807,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62619,8 +62845,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1935u32,
+        wire: 2141u32,
+        call: 1938u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -62628,7 +62854,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62656,7 +62882,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -62670,8 +62896,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1936u32,
+        wire: 2142u32,
+        call: 1939u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -62679,7 +62905,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62707,7 +62933,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62725,8 +62951,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1937u32,
+        wire: 2143u32,
+        call: 1940u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -62734,7 +62960,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62762,7 +62988,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62780,8 +63006,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1938u32,
+        wire: 2144u32,
+        call: 1941u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -62789,7 +63015,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62817,7 +63043,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -62831,8 +63057,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1939u32,
+        wire: 2145u32,
+        call: 1942u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -62840,7 +63066,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62887,8 +63113,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1940u32,
+        wire: 2146u32,
+        call: 1943u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62896,7 +63122,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62943,8 +63169,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1941u32,
+        wire: 2147u32,
+        call: 1944u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -62952,7 +63178,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62989,7 +63215,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -63003,8 +63229,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1942u32,
+        wire: 2148u32,
+        call: 1945u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -63012,7 +63238,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63049,7 +63275,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -63063,8 +63289,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1943u32,
+        wire: 2149u32,
+        call: 1946u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -63072,7 +63298,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63108,8 +63334,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1944u32,
+        wire: 2150u32,
+        call: 1947u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -63117,7 +63343,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63150,8 +63376,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1945u32,
+        wire: 2151u32,
+        call: 1948u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -63159,7 +63385,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63192,8 +63418,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1946u32,
+        wire: 2152u32,
+        call: 1949u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -63201,7 +63427,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63234,8 +63460,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1947u32,
+        wire: 2153u32,
+        call: 1950u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -63243,7 +63469,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63275,8 +63501,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1948u32,
+        wire: 2154u32,
+        call: 1951u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -63284,7 +63510,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63317,8 +63543,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1949u32,
+        wire: 2155u32,
+        call: 1952u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -63326,7 +63552,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63359,8 +63585,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1950u32,
+        wire: 2156u32,
+        call: 1953u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -63368,7 +63594,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63401,8 +63627,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1951u32,
+        wire: 2157u32,
+        call: 1954u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -63410,7 +63636,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63447,8 +63673,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1952u32,
+        wire: 2158u32,
+        call: 1955u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -63456,7 +63682,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63497,8 +63723,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1953u32,
+        wire: 2159u32,
+        call: 1956u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -63506,7 +63732,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 77u16,
+                kind: 78u16,
                 named: false,
             },
         ],
@@ -63520,8 +63746,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1954u32,
+        wire: 2160u32,
+        call: 1957u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -63529,7 +63755,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 94u16,
+                kind: 95u16,
                 named: false,
             },
         ],
@@ -63543,8 +63769,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1955u32,
+        wire: 2161u32,
+        call: 1958u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -63552,7 +63778,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 80u16,
+                kind: 81u16,
                 named: false,
             },
         ],
@@ -63566,8 +63792,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1956u32,
+        wire: 2162u32,
+        call: 1959u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -63575,7 +63801,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 106u16,
+                kind: 107u16,
                 named: false,
             },
         ],
@@ -63589,8 +63815,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1957u32,
+        wire: 2163u32,
+        call: 1960u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -63598,7 +63824,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63632,8 +63858,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1958u32,
+        wire: 2164u32,
+        call: 1961u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -63641,7 +63867,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63670,8 +63896,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1959u32,
+        wire: 2165u32,
+        call: 1962u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -63679,7 +63905,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63713,8 +63939,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1960u32,
+        wire: 2166u32,
+        call: 1963u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -63722,7 +63948,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63756,8 +63982,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1961u32,
+        wire: 2167u32,
+        call: 1964u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -63765,7 +63991,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63807,8 +64033,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1962u32,
+        wire: 2168u32,
+        call: 1965u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63816,7 +64042,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63858,8 +64084,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1963u32,
+        wire: 2169u32,
+        call: 1966u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -63867,7 +64093,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63905,8 +64131,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1964u32,
+        wire: 2170u32,
+        call: 1967u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -63914,7 +64140,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63952,8 +64178,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1965u32,
+        wire: 2171u32,
+        call: 1968u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -63961,7 +64187,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63995,8 +64221,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1966u32,
+        wire: 2172u32,
+        call: 1969u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64004,7 +64230,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64038,8 +64264,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1967u32,
+        wire: 2173u32,
+        call: 1970u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -64047,7 +64273,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64098,8 +64324,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1968u32,
+        wire: 2174u32,
+        call: 1971u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64107,7 +64333,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64158,8 +64384,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1969u32,
+        wire: 2175u32,
+        call: 1972u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -64167,7 +64393,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64218,8 +64444,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1970u32,
+        wire: 2176u32,
+        call: 1973u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64227,7 +64453,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64278,8 +64504,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1971u32,
+        wire: 2177u32,
+        call: 1974u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -64287,7 +64513,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: true,
             },
         ],
@@ -64301,8 +64527,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1972u32,
+        wire: 2178u32,
+        call: 1975u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -64310,7 +64536,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: true,
             },
         ],
@@ -64324,8 +64550,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1973u32,
+        wire: 2179u32,
+        call: 1976u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -64333,7 +64559,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: true,
             },
         ],
@@ -64347,8 +64573,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1974u32,
+        wire: 2180u32,
+        call: 1977u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -64356,7 +64582,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: true,
             },
         ],
@@ -64370,8 +64596,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1975u32,
+        wire: 2181u32,
+        call: 1978u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64379,7 +64605,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64407,8 +64633,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1976u32,
+        wire: 2182u32,
+        call: 1979u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -64416,7 +64642,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64450,8 +64676,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1977u32,
+        wire: 2183u32,
+        call: 1980u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64459,7 +64685,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64492,8 +64718,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1978u32,
+        wire: 2184u32,
+        call: 1981u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -64501,7 +64727,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64554,8 +64780,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1979u32,
+        wire: 2185u32,
+        call: 1982u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64563,7 +64789,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64591,8 +64817,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1980u32,
+        wire: 2186u32,
+        call: 1983u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -64600,7 +64826,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64678,8 +64904,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1981u32,
+        wire: 2187u32,
+        call: 1984u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -64687,7 +64913,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64759,8 +64985,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1982u32,
+        wire: 2188u32,
+        call: 1985u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -64768,7 +64994,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64810,7 +65036,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -64824,8 +65050,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1983u32,
+        wire: 2189u32,
+        call: 1986u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -64833,7 +65059,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64871,7 +65097,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64889,8 +65115,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1984u32,
+        wire: 2190u32,
+        call: 1987u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -64898,7 +65124,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64936,7 +65162,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64954,8 +65180,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1985u32,
+        wire: 2191u32,
+        call: 1988u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -64963,7 +65189,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65005,7 +65231,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -65019,8 +65245,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1986u32,
+        wire: 2192u32,
+        call: 1989u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -65028,7 +65254,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65058,8 +65284,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1987u32,
+        wire: 2193u32,
+        call: 1990u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -65067,7 +65293,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65100,8 +65326,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1988u32,
+        wire: 2194u32,
+        call: 1991u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -65109,7 +65335,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65147,8 +65373,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1989u32,
+        wire: 2195u32,
+        call: 1992u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -65156,7 +65382,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65192,8 +65418,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1990u32,
+        wire: 2196u32,
+        call: 1993u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -65201,7 +65427,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65234,8 +65460,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1991u32,
+        wire: 2197u32,
+        call: 1994u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -65243,7 +65469,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65276,8 +65502,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1992u32,
+        wire: 2198u32,
+        call: 1995u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -65285,7 +65511,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65327,8 +65553,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1993u32,
+        wire: 2199u32,
+        call: 1996u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65336,7 +65562,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65378,8 +65604,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1994u32,
+        wire: 2200u32,
+        call: 1997u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -65387,7 +65613,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65425,8 +65651,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1995u32,
+        wire: 2201u32,
+        call: 1998u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65434,7 +65660,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65472,8 +65698,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1996u32,
+        wire: 2202u32,
+        call: 1999u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -65481,7 +65707,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65515,8 +65741,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1997u32,
+        wire: 2203u32,
+        call: 2000u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65524,7 +65750,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65558,8 +65784,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1998u32,
+        wire: 2204u32,
+        call: 2001u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -65567,7 +65793,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65618,8 +65844,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1999u32,
+        wire: 2205u32,
+        call: 2002u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65627,7 +65853,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65678,8 +65904,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 2000u32,
+        wire: 2206u32,
+        call: 2003u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -65687,7 +65913,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65738,8 +65964,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 2001u32,
+        wire: 2207u32,
+        call: 2004u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65747,7 +65973,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65798,8 +66024,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 2002u32,
+        wire: 2208u32,
+        call: 2005u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -65807,7 +66033,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65840,8 +66066,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 2003u32,
+        wire: 2209u32,
+        call: 2006u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -65849,7 +66075,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65881,8 +66107,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 2004u32,
+        wire: 2210u32,
+        call: 2007u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -65890,7 +66116,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65923,8 +66149,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 2005u32,
+        wire: 2211u32,
+        call: 2008u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -65932,7 +66158,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65965,8 +66191,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 2006u32,
+        wire: 2212u32,
+        call: 2009u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -65974,7 +66200,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66007,8 +66233,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 2007u32,
+        wire: 2213u32,
+        call: 2010u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -66016,7 +66242,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66053,8 +66279,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 2008u32,
+        wire: 2214u32,
+        call: 2011u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -66062,7 +66288,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66103,8 +66329,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 2009u32,
+        wire: 2215u32,
+        call: 2012u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -66112,7 +66338,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66150,8 +66376,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 2010u32,
+        wire: 2216u32,
+        call: 2013u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -66159,7 +66385,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66197,8 +66423,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 2011u32,
+        wire: 2217u32,
+        call: 2014u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -66206,7 +66432,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66234,7 +66460,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -66248,8 +66474,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 2012u32,
+        wire: 2218u32,
+        call: 2015u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -66257,7 +66483,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66285,7 +66511,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66303,8 +66529,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 2013u32,
+        wire: 2219u32,
+        call: 2016u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -66312,7 +66538,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66340,7 +66566,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66358,8 +66584,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 2014u32,
+        wire: 2220u32,
+        call: 2017u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -66367,7 +66593,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66395,7 +66621,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -66409,8 +66635,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 2015u32,
+        wire: 2221u32,
+        call: 2018u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -66418,7 +66644,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66465,8 +66691,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 2016u32,
+        wire: 2222u32,
+        call: 2019u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -66474,7 +66700,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66521,8 +66747,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 2017u32,
+        wire: 2223u32,
+        call: 2020u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -66530,7 +66756,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66567,7 +66793,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -66581,8 +66807,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 2018u32,
+        wire: 2224u32,
+        call: 2021u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -66590,7 +66816,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66627,7 +66853,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -66641,8 +66867,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 2019u32,
+        wire: 2225u32,
+        call: 2022u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -66650,7 +66876,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66684,8 +66910,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 2020u32,
+        wire: 2226u32,
+        call: 2023u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -66693,7 +66919,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66722,8 +66948,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 2021u32,
+        wire: 2227u32,
+        call: 2024u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -66731,7 +66957,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66765,8 +66991,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 2022u32,
+        wire: 2228u32,
+        call: 2025u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -66774,7 +67000,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66808,8 +67034,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 2023u32,
+        wire: 2229u32,
+        call: 2026u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -66817,7 +67043,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -66835,8 +67061,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 2024u32,
+        wire: 2230u32,
+        call: 2027u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -66844,11 +67070,11 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66894,8 +67120,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 2025u32,
+        wire: 2231u32,
+        call: 2028u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -66903,7 +67129,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 78u16,
+                kind: 79u16,
                 named: false,
             },
         ],
@@ -66917,8 +67143,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 2026u32,
+        wire: 2232u32,
+        call: 2029u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -66926,7 +67152,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 79u16,
                 destroy: true,
             },
         ],
@@ -66940,8 +67166,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 2027u32,
+        wire: 2233u32,
+        call: 2030u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -66949,7 +67175,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 79u16,
                 destroy: false,
             },
         ],
@@ -66963,8 +67189,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 2028u32,
+        wire: 2234u32,
+        call: 2031u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -66972,7 +67198,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 79u16,
+                kind: 80u16,
                 named: false,
             },
         ],
@@ -66986,8 +67212,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 2029u32,
+        wire: 2235u32,
+        call: 2032u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -66995,7 +67221,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: true,
             },
         ],
@@ -67009,8 +67235,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 2030u32,
+        wire: 2236u32,
+        call: 2033u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -67018,7 +67244,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
         ],
@@ -67032,8 +67258,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 2031u32,
+        wire: 2237u32,
+        call: 2034u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -67041,7 +67267,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
         ],
@@ -67055,8 +67281,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 2032u32,
+        wire: 2238u32,
+        call: 2035u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -67064,7 +67290,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67082,8 +67308,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 2033u32,
+        wire: 2239u32,
+        call: 2036u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -67091,7 +67317,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67109,8 +67335,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 2034u32,
+        wire: 2240u32,
+        call: 2037u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -67118,7 +67344,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67136,8 +67362,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 2035u32,
+        wire: 2241u32,
+        call: 2038u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -67145,7 +67371,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67163,8 +67389,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 2036u32,
+        wire: 2242u32,
+        call: 2039u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -67172,7 +67398,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67190,8 +67416,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 2037u32,
+        wire: 2243u32,
+        call: 2040u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -67199,7 +67425,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67221,8 +67447,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 2038u32,
+        wire: 2244u32,
+        call: 2041u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -67230,7 +67456,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67248,8 +67474,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 2039u32,
+        wire: 2245u32,
+        call: 2042u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -67257,7 +67483,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67275,8 +67501,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 2040u32,
+        wire: 2246u32,
+        call: 2043u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -67293,8 +67519,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 2041u32,
+        wire: 2247u32,
+        call: 2044u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -67316,8 +67542,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 2042u32,
+        wire: 2248u32,
+        call: 2045u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -67339,8 +67565,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 2043u32,
+        wire: 2249u32,
+        call: 2046u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -67348,11 +67574,11 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67397,8 +67623,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 2044u32,
+        wire: 2250u32,
+        call: 2047u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -67406,7 +67632,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67428,8 +67654,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 2045u32,
+        wire: 2251u32,
+        call: 2048u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -67437,7 +67663,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67455,8 +67681,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 2046u32,
+        wire: 2252u32,
+        call: 2049u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -67464,7 +67690,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67482,8 +67708,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 2047u32,
+        wire: 2253u32,
+        call: 2050u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -67491,7 +67717,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67509,8 +67735,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 2048u32,
+        wire: 2254u32,
+        call: 2051u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -67518,7 +67744,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -67536,8 +67762,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 2049u32,
+        wire: 2255u32,
+        call: 2052u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67545,7 +67771,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67573,8 +67799,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 2050u32,
+        wire: 2256u32,
+        call: 2053u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -67582,7 +67808,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67616,8 +67842,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 2051u32,
+        wire: 2257u32,
+        call: 2054u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67625,7 +67851,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67658,8 +67884,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 2052u32,
+        wire: 2258u32,
+        call: 2055u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -67667,7 +67893,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67720,8 +67946,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 2053u32,
+        wire: 2259u32,
+        call: 2056u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67729,7 +67955,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67757,8 +67983,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 2054u32,
+        wire: 2260u32,
+        call: 2057u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -67766,7 +67992,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67844,8 +68070,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 2055u32,
+        wire: 2261u32,
+        call: 2058u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -67853,7 +68079,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67925,8 +68151,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 2056u32,
+        wire: 2262u32,
+        call: 2059u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -67934,7 +68160,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67976,7 +68202,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -67990,8 +68216,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 2057u32,
+        wire: 2263u32,
+        call: 2060u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -67999,7 +68225,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68037,7 +68263,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68055,8 +68281,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 2058u32,
+        wire: 2264u32,
+        call: 2061u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -68064,7 +68290,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68102,7 +68328,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68120,8 +68346,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 2059u32,
+        wire: 2265u32,
+        call: 2062u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -68129,7 +68355,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68171,7 +68397,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -68185,8 +68411,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 2060u32,
+        wire: 2266u32,
+        call: 2063u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -68194,7 +68420,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68224,8 +68450,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 2061u32,
+        wire: 2267u32,
+        call: 2064u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68233,7 +68459,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68266,8 +68492,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 2062u32,
+        wire: 2268u32,
+        call: 2065u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -68275,7 +68501,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68313,8 +68539,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 2063u32,
+        wire: 2269u32,
+        call: 2066u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -68322,7 +68548,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68358,8 +68584,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 2064u32,
+        wire: 2270u32,
+        call: 2067u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -68367,7 +68593,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68400,8 +68626,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 2065u32,
+        wire: 2271u32,
+        call: 2068u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -68409,7 +68635,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68442,8 +68668,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 2066u32,
+        wire: 2272u32,
+        call: 2069u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -68451,7 +68677,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68493,8 +68719,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 2067u32,
+        wire: 2273u32,
+        call: 2070u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68502,7 +68728,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68544,8 +68770,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 2068u32,
+        wire: 2274u32,
+        call: 2071u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -68553,7 +68779,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68591,8 +68817,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 2069u32,
+        wire: 2275u32,
+        call: 2072u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68600,7 +68826,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68638,8 +68864,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 2070u32,
+        wire: 2276u32,
+        call: 2073u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -68647,7 +68873,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68681,8 +68907,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 2071u32,
+        wire: 2277u32,
+        call: 2074u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68690,7 +68916,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68724,8 +68950,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 2072u32,
+        wire: 2278u32,
+        call: 2075u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -68733,7 +68959,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68784,8 +69010,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 2073u32,
+        wire: 2279u32,
+        call: 2076u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68793,7 +69019,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68844,8 +69070,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 2074u32,
+        wire: 2280u32,
+        call: 2077u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -68853,7 +69079,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68904,8 +69130,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 2075u32,
+        wire: 2281u32,
+        call: 2078u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68913,7 +69139,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68964,8 +69190,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 2076u32,
+        wire: 2282u32,
+        call: 2079u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -68973,7 +69199,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69006,8 +69232,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 2077u32,
+        wire: 2283u32,
+        call: 2080u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -69015,7 +69241,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69047,8 +69273,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 2078u32,
+        wire: 2284u32,
+        call: 2081u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69056,7 +69282,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69089,8 +69315,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 2079u32,
+        wire: 2285u32,
+        call: 2082u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -69098,7 +69324,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69131,8 +69357,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 2080u32,
+        wire: 2286u32,
+        call: 2083u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -69140,7 +69366,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69173,8 +69399,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 2081u32,
+        wire: 2287u32,
+        call: 2084u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -69182,7 +69408,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69219,8 +69445,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 2082u32,
+        wire: 2288u32,
+        call: 2085u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -69228,7 +69454,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69269,8 +69495,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 2083u32,
+        wire: 2289u32,
+        call: 2086u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -69278,7 +69504,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69316,8 +69542,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 2084u32,
+        wire: 2290u32,
+        call: 2087u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69325,7 +69551,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69363,8 +69589,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 2085u32,
+        wire: 2291u32,
+        call: 2088u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -69372,7 +69598,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69400,7 +69626,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -69414,8 +69640,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 2086u32,
+        wire: 2292u32,
+        call: 2089u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -69423,7 +69649,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69451,7 +69677,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69469,8 +69695,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 2087u32,
+        wire: 2293u32,
+        call: 2090u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -69478,7 +69704,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69506,7 +69732,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69524,8 +69750,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 2088u32,
+        wire: 2294u32,
+        call: 2091u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -69533,7 +69759,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69561,7 +69787,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -69575,8 +69801,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 2089u32,
+        wire: 2295u32,
+        call: 2092u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -69584,7 +69810,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69631,8 +69857,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 2090u32,
+        wire: 2296u32,
+        call: 2093u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69640,7 +69866,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69687,8 +69913,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 2091u32,
+        wire: 2297u32,
+        call: 2094u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -69696,7 +69922,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69733,7 +69959,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -69747,8 +69973,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 2092u32,
+        wire: 2298u32,
+        call: 2095u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -69756,7 +69982,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69793,7 +70019,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -69807,8 +70033,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 2093u32,
+        wire: 2299u32,
+        call: 2096u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -69816,7 +70042,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69850,8 +70076,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 2094u32,
+        wire: 2300u32,
+        call: 2097u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69859,7 +70085,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69888,8 +70114,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 2095u32,
+        wire: 2301u32,
+        call: 2098u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -69897,7 +70123,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69931,8 +70157,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 2096u32,
+        wire: 2302u32,
+        call: 2099u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -69940,7 +70166,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69974,8 +70200,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 2097u32,
+        wire: 2303u32,
+        call: 2100u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -69983,11 +70209,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70065,8 +70291,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 2098u32,
+        wire: 2304u32,
+        call: 2101u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -70074,11 +70300,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70152,8 +70378,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 2099u32,
+        wire: 2305u32,
+        call: 2102u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -70161,11 +70387,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70221,8 +70447,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 2100u32,
+        wire: 2306u32,
+        call: 2103u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70230,11 +70456,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70286,8 +70512,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 2101u32,
+        wire: 2307u32,
+        call: 2104u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -70295,11 +70521,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70381,8 +70607,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 2102u32,
+        wire: 2308u32,
+        call: 2105u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70390,11 +70616,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70472,8 +70698,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 2103u32,
+        wire: 2309u32,
+        call: 2106u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -70481,7 +70707,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70499,8 +70725,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2104u32,
+        wire: 2310u32,
+        call: 2107u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -70508,7 +70734,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70526,8 +70752,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2105u32,
+        wire: 2311u32,
+        call: 2108u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -70535,7 +70761,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70553,8 +70779,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2106u32,
+        wire: 2312u32,
+        call: 2109u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -70562,11 +70788,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70644,8 +70870,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2107u32,
+        wire: 2313u32,
+        call: 2110u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -70653,11 +70879,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70709,8 +70935,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2108u32,
+        wire: 2314u32,
+        call: 2111u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70718,11 +70944,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70769,8 +70995,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2109u32,
+        wire: 2315u32,
+        call: 2112u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -70778,11 +71004,11 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70828,8 +71054,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2110u32,
+        wire: 2316u32,
+        call: 2113u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -70837,11 +71063,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70892,8 +71118,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2111u32,
+        wire: 2317u32,
+        call: 2114u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70901,11 +71127,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70952,8 +71178,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2112u32,
+        wire: 2318u32,
+        call: 2115u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -70961,11 +71187,11 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71010,8 +71236,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2113u32,
+        wire: 2319u32,
+        call: 2116u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -71019,11 +71245,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71087,8 +71313,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2114u32,
+        wire: 2320u32,
+        call: 2117u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -71096,11 +71322,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71160,8 +71386,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2115u32,
+        wire: 2321u32,
+        call: 2118u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -71169,11 +71395,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71233,8 +71459,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2116u32,
+        wire: 2322u32,
+        call: 2119u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71242,11 +71468,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 80u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71302,8 +71528,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2117u32,
+        wire: 2323u32,
+        call: 2120u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -71311,7 +71537,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71329,8 +71555,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2118u32,
+        wire: 2324u32,
+        call: 2121u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -71338,7 +71564,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71356,8 +71582,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2119u32,
+        wire: 2325u32,
+        call: 2122u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -71365,7 +71591,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71383,8 +71609,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2120u32,
+        wire: 2326u32,
+        call: 2123u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -71392,7 +71618,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71453,8 +71679,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2121u32,
+        wire: 2327u32,
+        call: 2124u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -71462,7 +71688,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71519,8 +71745,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2122u32,
+        wire: 2328u32,
+        call: 2125u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -71528,7 +71754,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71579,8 +71805,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2123u32,
+        wire: 2329u32,
+        call: 2126u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -71588,7 +71814,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71635,8 +71861,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2124u32,
+        wire: 2330u32,
+        call: 2127u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71644,7 +71870,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71672,8 +71898,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2125u32,
+        wire: 2331u32,
+        call: 2128u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -71681,7 +71907,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71715,8 +71941,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2126u32,
+        wire: 2332u32,
+        call: 2129u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71724,7 +71950,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71757,8 +71983,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2127u32,
+        wire: 2333u32,
+        call: 2130u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -71766,7 +71992,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71819,8 +72045,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2128u32,
+        wire: 2334u32,
+        call: 2131u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71828,7 +72054,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71856,8 +72082,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2129u32,
+        wire: 2335u32,
+        call: 2132u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -71865,7 +72091,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71943,8 +72169,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2130u32,
+        wire: 2336u32,
+        call: 2133u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -71952,7 +72178,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72024,8 +72250,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2131u32,
+        wire: 2337u32,
+        call: 2134u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -72033,7 +72259,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72075,7 +72301,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -72089,8 +72315,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2132u32,
+        wire: 2338u32,
+        call: 2135u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -72098,7 +72324,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72136,7 +72362,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72154,8 +72380,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2133u32,
+        wire: 2339u32,
+        call: 2136u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72163,7 +72389,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72201,7 +72427,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72219,8 +72445,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2134u32,
+        wire: 2340u32,
+        call: 2137u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -72228,7 +72454,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72270,7 +72496,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -72284,8 +72510,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2135u32,
+        wire: 2341u32,
+        call: 2138u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -72293,7 +72519,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72323,8 +72549,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2136u32,
+        wire: 2342u32,
+        call: 2139u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72332,7 +72558,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72365,8 +72591,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2137u32,
+        wire: 2343u32,
+        call: 2140u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -72374,7 +72600,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72412,8 +72638,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2138u32,
+        wire: 2344u32,
+        call: 2141u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -72421,7 +72647,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72459,8 +72685,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2139u32,
+        wire: 2345u32,
+        call: 2142u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72468,7 +72694,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72506,8 +72732,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2140u32,
+        wire: 2346u32,
+        call: 2143u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -72515,7 +72741,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72543,7 +72769,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -72557,8 +72783,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2141u32,
+        wire: 2347u32,
+        call: 2144u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -72566,7 +72792,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72594,7 +72820,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72612,8 +72838,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2142u32,
+        wire: 2348u32,
+        call: 2145u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72621,7 +72847,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72649,7 +72875,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72667,8 +72893,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2143u32,
+        wire: 2349u32,
+        call: 2146u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -72676,7 +72902,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72704,7 +72930,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -72718,8 +72944,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2144u32,
+        wire: 2350u32,
+        call: 2147u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -72727,7 +72953,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72774,8 +73000,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2145u32,
+        wire: 2351u32,
+        call: 2148u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72783,7 +73009,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72830,8 +73056,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2146u32,
+        wire: 2352u32,
+        call: 2149u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -72839,7 +73065,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72876,7 +73102,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -72890,8 +73116,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2147u32,
+        wire: 2353u32,
+        call: 2150u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -72899,7 +73125,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72936,7 +73162,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 107u16,
                 destroy: false,
             },
         ],
@@ -72950,8 +73176,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2148u32,
+        wire: 2354u32,
+        call: 2151u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -72959,7 +73185,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72995,8 +73221,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2149u32,
+        wire: 2355u32,
+        call: 2152u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -73004,7 +73230,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73037,8 +73263,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2150u32,
+        wire: 2356u32,
+        call: 2153u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -73046,7 +73272,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73079,8 +73305,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2151u32,
+        wire: 2357u32,
+        call: 2154u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -73088,7 +73314,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73121,8 +73347,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2152u32,
+        wire: 2358u32,
+        call: 2155u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -73130,7 +73356,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73162,8 +73388,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2153u32,
+        wire: 2359u32,
+        call: 2156u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73171,7 +73397,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73204,8 +73430,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2154u32,
+        wire: 2360u32,
+        call: 2157u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -73213,7 +73439,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73246,8 +73472,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2155u32,
+        wire: 2361u32,
+        call: 2158u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -73255,7 +73481,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73288,8 +73514,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2156u32,
+        wire: 2362u32,
+        call: 2159u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -73297,7 +73523,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73334,8 +73560,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2157u32,
+        wire: 2363u32,
+        call: 2160u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -73343,7 +73569,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73384,8 +73610,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2158u32,
+        wire: 2364u32,
+        call: 2161u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -73393,7 +73619,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73427,8 +73653,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2159u32,
+        wire: 2365u32,
+        call: 2162u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73436,7 +73662,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73465,8 +73691,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2160u32,
+        wire: 2366u32,
+        call: 2163u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -73474,7 +73700,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73508,8 +73734,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2161u32,
+        wire: 2367u32,
+        call: 2164u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -73517,7 +73743,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73551,8 +73777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2162u32,
+        wire: 2368u32,
+        call: 2165u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -73560,7 +73786,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73602,8 +73828,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2163u32,
+        wire: 2369u32,
+        call: 2166u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73611,7 +73837,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73653,8 +73879,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2164u32,
+        wire: 2370u32,
+        call: 2167u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -73662,7 +73888,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73700,8 +73926,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2165u32,
+        wire: 2371u32,
+        call: 2168u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73709,7 +73935,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73747,8 +73973,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2166u32,
+        wire: 2372u32,
+        call: 2169u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -73756,7 +73982,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73790,8 +74016,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2167u32,
+        wire: 2373u32,
+        call: 2170u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73799,7 +74025,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73833,8 +74059,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2168u32,
+        wire: 2374u32,
+        call: 2171u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -73842,7 +74068,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73893,8 +74119,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2169u32,
+        wire: 2375u32,
+        call: 2172u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73902,7 +74128,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73953,8 +74179,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2170u32,
+        wire: 2376u32,
+        call: 2173u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -73962,7 +74188,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74013,8 +74239,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2171u32,
+        wire: 2377u32,
+        call: 2174u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74022,7 +74248,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 78u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74073,8 +74299,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2172u32,
+        wire: 2378u32,
+        call: 2175u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -74082,7 +74308,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: false,
             },
         ],
@@ -74096,8 +74322,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2173u32,
+        wire: 2379u32,
+        call: 2176u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -74105,7 +74331,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: false,
             },
         ],
@@ -74119,8 +74345,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2174u32,
+        wire: 2380u32,
+        call: 2177u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -74128,7 +74354,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: false,
             },
         ],
@@ -74142,8 +74368,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2175u32,
+        wire: 2381u32,
+        call: 2178u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -74151,7 +74377,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 81u16,
+                kind: 82u16,
                 named: false,
             },
         ],
@@ -74165,8 +74391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2176u32,
+        wire: 2382u32,
+        call: 2179u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -74174,7 +74400,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: true,
             },
         ],
@@ -74188,8 +74414,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2177u32,
+        wire: 2383u32,
+        call: 2180u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -74197,7 +74423,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: false,
             },
         ],
@@ -74211,8 +74437,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2178u32,
+        wire: 2384u32,
+        call: 2181u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -74220,7 +74446,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74242,8 +74468,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2179u32,
+        wire: 2385u32,
+        call: 2182u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -74251,7 +74477,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74273,8 +74499,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2180u32,
+        wire: 2386u32,
+        call: 2183u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -74282,7 +74508,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74304,8 +74530,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2181u32,
+        wire: 2387u32,
+        call: 2184u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -74313,7 +74539,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 82u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74331,8 +74557,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2182u32,
+        wire: 2388u32,
+        call: 2185u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -74340,7 +74566,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 82u16,
+                kind: 83u16,
                 named: false,
             },
         ],
@@ -74354,8 +74580,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2183u32,
+        wire: 2389u32,
+        call: 2186u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -74377,8 +74603,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2184u32,
+        wire: 2390u32,
+        call: 2187u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -74386,7 +74612,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 83u16,
                 destroy: true,
             },
         ],
@@ -74400,8 +74626,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2185u32,
+        wire: 2391u32,
+        call: 2188u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -74423,8 +74649,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2186u32,
+        wire: 2392u32,
+        call: 2189u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -74432,7 +74658,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 83u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -74450,8 +74676,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2187u32,
+        wire: 2393u32,
+        call: 2190u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -74459,7 +74685,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 83u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -74480,8 +74706,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1616u32,
+        wire: 1822u32,
+        call: 1619u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -74489,7 +74715,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -74498,7 +74724,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 93u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -74507,7 +74733,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
         ],
@@ -74521,8 +74747,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1617u32,
+        wire: 1823u32,
+        call: 1620u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -74530,7 +74756,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74560,8 +74786,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1618u32,
+        wire: 1824u32,
+        call: 1621u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -74569,7 +74795,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74585,7 +74811,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74596,7 +74822,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74613,8 +74839,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1619u32,
+        wire: 1825u32,
+        call: 1622u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -74622,7 +74848,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74638,7 +74864,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74668,8 +74894,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1620u32,
+        wire: 1826u32,
+        call: 1623u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -74677,7 +74903,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74693,7 +74919,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74724,8 +74950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1621u32,
+        wire: 1827u32,
+        call: 1624u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -74733,7 +74959,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74749,7 +74975,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74779,8 +75005,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1622u32,
+        wire: 1828u32,
+        call: 1625u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -74788,7 +75014,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74804,7 +75030,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74834,8 +75060,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1623u32,
+        wire: 1829u32,
+        call: 1626u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -74843,7 +75069,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74859,7 +75085,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74890,8 +75116,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1624u32,
+        wire: 1830u32,
+        call: 1627u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -74899,7 +75125,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74936,7 +75162,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74972,8 +75198,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1625u32,
+        wire: 1831u32,
+        call: 1628u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -74981,7 +75207,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75010,7 +75236,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75038,8 +75264,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1626u32,
+        wire: 1832u32,
+        call: 1629u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -75047,7 +75273,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75075,7 +75301,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75105,8 +75331,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1627u32,
+        wire: 1833u32,
+        call: 1630u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -75114,7 +75340,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75142,7 +75368,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75173,8 +75399,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1628u32,
+        wire: 1834u32,
+        call: 1631u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -75182,7 +75408,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75215,7 +75441,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75255,8 +75481,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1629u32,
+        wire: 1835u32,
+        call: 1632u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -75264,7 +75490,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75284,7 +75510,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75314,8 +75540,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1630u32,
+        wire: 1836u32,
+        call: 1633u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -75323,7 +75549,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75343,7 +75569,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75374,8 +75600,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1631u32,
+        wire: 1837u32,
+        call: 1634u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -75383,7 +75609,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75408,7 +75634,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75440,8 +75666,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1632u32,
+        wire: 1838u32,
+        call: 1635u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -75449,7 +75675,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75482,7 +75708,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75512,8 +75738,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1633u32,
+        wire: 1839u32,
+        call: 1636u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -75521,7 +75747,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75537,7 +75763,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75548,7 +75774,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75565,8 +75791,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1634u32,
+        wire: 1840u32,
+        call: 1637u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -75574,7 +75800,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75590,7 +75816,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75612,8 +75838,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1635u32,
+        wire: 1841u32,
+        call: 1638u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -75621,7 +75847,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75637,14 +75863,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75670,8 +75896,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1636u32,
+        wire: 1842u32,
+        call: 1639u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -75679,7 +75905,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75695,7 +75921,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75726,8 +75952,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1637u32,
+        wire: 1843u32,
+        call: 1640u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -75735,7 +75961,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75752,7 +75978,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75768,7 +75994,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75779,7 +76005,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75797,8 +76023,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1638u32,
+        wire: 1844u32,
+        call: 1641u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -75806,7 +76032,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75823,7 +76049,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75839,7 +76065,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75850,7 +76076,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75873,8 +76099,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1639u32,
+        wire: 1845u32,
+        call: 1642u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -75882,7 +76108,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75903,7 +76129,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75914,7 +76140,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75930,7 +76156,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75941,7 +76167,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75963,8 +76189,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1640u32,
+        wire: 1846u32,
+        call: 1643u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -75972,7 +76198,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75993,7 +76219,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76003,7 +76229,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76018,7 +76244,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76048,8 +76274,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1641u32,
+        wire: 1847u32,
+        call: 1644u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -76057,7 +76283,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76069,7 +76295,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76095,8 +76321,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1642u32,
+        wire: 1848u32,
+        call: 1645u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76104,7 +76330,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76116,7 +76342,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76143,8 +76369,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1643u32,
+        wire: 1849u32,
+        call: 1646u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -76152,7 +76378,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76164,7 +76390,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76190,8 +76416,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1644u32,
+        wire: 1850u32,
+        call: 1647u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76199,7 +76425,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76211,7 +76437,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76238,8 +76464,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1645u32,
+        wire: 1851u32,
+        call: 1648u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -76247,7 +76473,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76280,7 +76506,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76311,8 +76537,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1646u32,
+        wire: 1852u32,
+        call: 1649u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -76320,7 +76546,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76353,7 +76579,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76384,8 +76610,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1647u32,
+        wire: 1853u32,
+        call: 1650u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -76393,7 +76619,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76409,7 +76635,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76435,8 +76661,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1648u32,
+        wire: 1854u32,
+        call: 1651u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -76444,7 +76670,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76460,7 +76686,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76487,8 +76713,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1649u32,
+        wire: 1855u32,
+        call: 1652u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -76496,7 +76722,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76517,7 +76743,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76545,8 +76771,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1650u32,
+        wire: 1856u32,
+        call: 1653u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -76554,7 +76780,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76570,7 +76796,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76592,8 +76818,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1651u32,
+        wire: 1857u32,
+        call: 1654u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -76601,7 +76827,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76640,8 +76866,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1652u32,
+        wire: 1858u32,
+        call: 1655u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -76649,7 +76875,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76665,7 +76891,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76680,7 +76906,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76697,8 +76923,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1653u32,
+        wire: 1859u32,
+        call: 1656u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -76706,7 +76932,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76749,8 +76975,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1654u32,
+        wire: 1860u32,
+        call: 1657u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -76758,7 +76984,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76778,7 +77004,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76793,7 +77019,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76819,8 +77045,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1655u32,
+        wire: 1861u32,
+        call: 1658u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -76828,7 +77054,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76848,7 +77074,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76887,8 +77113,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1656u32,
+        wire: 1862u32,
+        call: 1659u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -76896,7 +77122,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76942,8 +77168,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1657u32,
+        wire: 1863u32,
+        call: 1660u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -76951,7 +77177,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76997,33 +77223,9 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1658u32,
+        wire: 1864u32,
+        call: 1661u32,
         name: "cusparseConstDnMatGetValues",
-        form: None,
-        library: "cusparse",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Handle {
-                kind: 85u16,
-                destroy: false,
-            },
-            Wire::Device,
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 10i64,
-            unavailable: 1i64,
-            invalid_handle: 3i64,
-        },
-        only_waits: false,
-    };
-    pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1659u32,
-        name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
         versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
@@ -77044,9 +77246,33 @@ pub mod cusparse {
         },
         only_waits: false,
     };
+    pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
+        wire: 1865u32,
+        call: 1662u32,
+        name: "cusparseConstDnVecGetValues",
+        form: None,
+        library: "cusparse",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1660u32,
+        wire: 1866u32,
+        call: 1663u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -77054,7 +77280,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77069,8 +77295,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1661u32,
+        wire: 1867u32,
+        call: 1664u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -77078,7 +77304,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 93u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77093,8 +77319,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1662u32,
+        wire: 1868u32,
+        call: 1665u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -77102,7 +77328,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77119,11 +77345,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -77132,7 +77358,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77151,8 +77377,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1663u32,
+        wire: 1869u32,
+        call: 1666u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -77160,7 +77386,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77177,11 +77403,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -77190,7 +77416,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77214,8 +77440,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1664u32,
+        wire: 1870u32,
+        call: 1667u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -77223,7 +77449,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77240,8 +77466,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1665u32,
+        wire: 1871u32,
+        call: 1668u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -77249,7 +77475,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77271,8 +77497,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1666u32,
+        wire: 1872u32,
+        call: 1669u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -77280,11 +77506,11 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
         ],
@@ -77298,8 +77524,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1667u32,
+        wire: 1873u32,
+        call: 1670u32,
         name: "cusparseCreate",
         form: Some("call"),
         library: "cusparse",
@@ -77307,7 +77533,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 84u16,
+                kind: 85u16,
                 named: false,
             },
         ],
@@ -77321,8 +77547,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1668u32,
+        wire: 1874u32,
+        call: 1671u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -77330,7 +77556,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 90u16,
+                kind: 91u16,
                 named: false,
             },
             Wire::Val {
@@ -77387,8 +77613,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1669u32,
+        wire: 1875u32,
+        call: 1672u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -77410,8 +77636,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1670u32,
+        wire: 1876u32,
+        call: 1673u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -77433,8 +77659,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1671u32,
+        wire: 1877u32,
+        call: 1674u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -77456,8 +77682,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1672u32,
+        wire: 1878u32,
+        call: 1675u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -77479,8 +77705,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1673u32,
+        wire: 1879u32,
+        call: 1676u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -77488,7 +77714,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 83u16,
+                kind: 84u16,
                 named: false,
             },
         ],
@@ -77502,8 +77728,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1674u32,
+        wire: 1880u32,
+        call: 1677u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -77511,7 +77737,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 90u16,
+                kind: 91u16,
                 named: false,
             },
             Wire::Val {
@@ -77568,8 +77794,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1675u32,
+        wire: 1881u32,
+        call: 1678u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -77577,7 +77803,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 90u16,
+                kind: 91u16,
                 named: false,
             },
             Wire::Val {
@@ -77618,8 +77844,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1676u32,
+        wire: 1882u32,
+        call: 1679u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -77627,7 +77853,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 90u16,
+                kind: 91u16,
                 named: false,
             },
             Wire::Val {
@@ -77672,8 +77898,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1677u32,
+        wire: 1883u32,
+        call: 1680u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -77681,7 +77907,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 85u16,
+                kind: 86u16,
                 named: false,
             },
             Wire::Val {
@@ -77716,8 +77942,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1678u32,
+        wire: 1884u32,
+        call: 1681u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -77725,7 +77951,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 86u16,
+                kind: 87u16,
                 named: false,
             },
             Wire::Val {
@@ -77748,8 +77974,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1679u32,
+        wire: 1885u32,
+        call: 1682u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -77757,7 +77983,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 90u16,
+                kind: 91u16,
                 named: false,
             },
             Wire::Val {
@@ -77798,8 +78024,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1680u32,
+        wire: 1886u32,
+        call: 1683u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -77807,7 +78033,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 90u16,
+                kind: 91u16,
                 named: false,
             },
             Wire::Val {
@@ -77847,8 +78073,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1681u32,
+        wire: 1887u32,
+        call: 1684u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -77856,7 +78082,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 90u16,
+                kind: 91u16,
                 named: false,
             },
             Wire::Val {
@@ -77901,8 +78127,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1682u32,
+        wire: 1888u32,
+        call: 1685u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -77924,8 +78150,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1683u32,
+        wire: 1889u32,
+        call: 1686u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -77947,8 +78173,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1684u32,
+        wire: 1890u32,
+        call: 1687u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -77970,8 +78196,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1685u32,
+        wire: 1891u32,
+        call: 1688u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -77993,8 +78219,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1686u32,
+        wire: 1892u32,
+        call: 1689u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -78016,8 +78242,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1687u32,
+        wire: 1893u32,
+        call: 1690u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -78039,8 +78265,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1688u32,
+        wire: 1894u32,
+        call: 1691u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -78048,7 +78274,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 85u16,
+                kind: 86u16,
                 named: false,
             },
             Wire::Val {
@@ -78083,8 +78309,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1689u32,
+        wire: 1895u32,
+        call: 1692u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -78092,7 +78318,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 86u16,
+                kind: 87u16,
                 named: false,
             },
             Wire::Val {
@@ -78115,8 +78341,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1690u32,
+        wire: 1896u32,
+        call: 1693u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -78124,7 +78350,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78143,8 +78369,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1691u32,
+        wire: 1897u32,
+        call: 1694u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -78152,7 +78378,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 87u16,
+                kind: 88u16,
                 named: false,
             },
         ],
@@ -78166,8 +78392,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1692u32,
+        wire: 1898u32,
+        call: 1695u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -78175,7 +78401,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 105u16,
+                kind: 106u16,
                 named: false,
             },
         ],
@@ -78189,8 +78415,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1693u32,
+        wire: 1899u32,
+        call: 1696u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -78198,7 +78424,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78215,8 +78441,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1694u32,
+        wire: 1900u32,
+        call: 1697u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -78224,7 +78450,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78250,8 +78476,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1695u32,
+        wire: 1901u32,
+        call: 1698u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -78259,7 +78485,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78275,7 +78501,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78286,7 +78512,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78303,8 +78529,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1696u32,
+        wire: 1902u32,
+        call: 1699u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -78312,7 +78538,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78328,7 +78554,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78358,8 +78584,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1697u32,
+        wire: 1903u32,
+        call: 1700u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -78367,7 +78593,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78383,7 +78609,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78414,8 +78640,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1698u32,
+        wire: 1904u32,
+        call: 1701u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -78423,7 +78649,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78439,7 +78665,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78469,8 +78695,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1699u32,
+        wire: 1905u32,
+        call: 1702u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -78478,7 +78704,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78494,7 +78720,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78524,8 +78750,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1700u32,
+        wire: 1906u32,
+        call: 1703u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -78533,7 +78759,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78549,7 +78775,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78580,8 +78806,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1701u32,
+        wire: 1907u32,
+        call: 1704u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -78589,7 +78815,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78626,7 +78852,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78662,8 +78888,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1702u32,
+        wire: 1908u32,
+        call: 1705u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -78671,7 +78897,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78700,7 +78926,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78728,8 +78954,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1703u32,
+        wire: 1909u32,
+        call: 1706u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -78737,7 +78963,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78765,7 +78991,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78795,8 +79021,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1704u32,
+        wire: 1910u32,
+        call: 1707u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -78804,7 +79030,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78832,7 +79058,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78863,8 +79089,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1705u32,
+        wire: 1911u32,
+        call: 1708u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -78872,7 +79098,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78905,7 +79131,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78945,8 +79171,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1706u32,
+        wire: 1912u32,
+        call: 1709u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -78954,7 +79180,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78974,7 +79200,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79004,8 +79230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1707u32,
+        wire: 1913u32,
+        call: 1710u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -79013,7 +79239,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79033,7 +79259,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79064,8 +79290,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1708u32,
+        wire: 1914u32,
+        call: 1711u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -79073,7 +79299,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79098,7 +79324,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79130,8 +79356,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1709u32,
+        wire: 1915u32,
+        call: 1712u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -79139,7 +79365,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79172,7 +79398,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79202,8 +79428,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1710u32,
+        wire: 1916u32,
+        call: 1713u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -79211,7 +79437,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79227,7 +79453,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79238,7 +79464,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79255,8 +79481,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1711u32,
+        wire: 1917u32,
+        call: 1714u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -79264,7 +79490,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79280,7 +79506,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79302,8 +79528,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1712u32,
+        wire: 1918u32,
+        call: 1715u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -79311,7 +79537,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79327,14 +79553,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79360,8 +79586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1713u32,
+        wire: 1919u32,
+        call: 1716u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -79369,7 +79595,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79385,7 +79611,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79416,8 +79642,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1714u32,
+        wire: 1920u32,
+        call: 1717u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -79425,7 +79651,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79442,7 +79668,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79458,7 +79684,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79469,7 +79695,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79487,8 +79713,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1715u32,
+        wire: 1921u32,
+        call: 1718u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -79496,7 +79722,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79513,7 +79739,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79529,7 +79755,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79540,7 +79766,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79563,8 +79789,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1716u32,
+        wire: 1922u32,
+        call: 1719u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -79572,7 +79798,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79593,7 +79819,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79604,7 +79830,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79620,7 +79846,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79631,7 +79857,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79653,8 +79879,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1717u32,
+        wire: 1923u32,
+        call: 1720u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -79662,7 +79888,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79683,7 +79909,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79693,7 +79919,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79708,7 +79934,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79738,8 +79964,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1718u32,
+        wire: 1924u32,
+        call: 1721u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -79747,7 +79973,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79759,7 +79985,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79785,8 +80011,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1719u32,
+        wire: 1925u32,
+        call: 1722u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79794,7 +80020,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79806,7 +80032,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79833,8 +80059,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1720u32,
+        wire: 1926u32,
+        call: 1723u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -79842,7 +80068,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79854,7 +80080,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79880,8 +80106,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1721u32,
+        wire: 1927u32,
+        call: 1724u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79889,7 +80115,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79901,7 +80127,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79928,8 +80154,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1722u32,
+        wire: 1928u32,
+        call: 1725u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -79937,7 +80163,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79970,7 +80196,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80001,8 +80227,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1723u32,
+        wire: 1929u32,
+        call: 1726u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -80010,7 +80236,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80043,7 +80269,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80074,8 +80300,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1724u32,
+        wire: 1930u32,
+        call: 1727u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -80083,7 +80309,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80099,7 +80325,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80125,8 +80351,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1725u32,
+        wire: 1931u32,
+        call: 1728u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80134,7 +80360,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80150,7 +80376,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80177,8 +80403,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1726u32,
+        wire: 1932u32,
+        call: 1729u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -80186,7 +80412,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80207,7 +80433,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80235,8 +80461,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1727u32,
+        wire: 1933u32,
+        call: 1730u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -80244,7 +80470,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80260,7 +80486,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80282,8 +80508,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1728u32,
+        wire: 1934u32,
+        call: 1731u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80291,7 +80517,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80330,8 +80556,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1729u32,
+        wire: 1935u32,
+        call: 1732u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -80339,15 +80565,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80366,8 +80592,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1730u32,
+        wire: 1936u32,
+        call: 1733u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -80375,15 +80601,15 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80407,8 +80633,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1731u32,
+        wire: 1937u32,
+        call: 1734u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -80416,15 +80642,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80443,8 +80669,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1732u32,
+        wire: 1938u32,
+        call: 1735u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -80452,7 +80678,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: true,
             },
         ],
@@ -80466,8 +80692,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1733u32,
+        wire: 1939u32,
+        call: 1736u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -80489,8 +80715,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1734u32,
+        wire: 1940u32,
+        call: 1737u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -80512,8 +80738,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1735u32,
+        wire: 1941u32,
+        call: 1738u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -80535,8 +80761,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1736u32,
+        wire: 1942u32,
+        call: 1739u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -80558,8 +80784,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1737u32,
+        wire: 1943u32,
+        call: 1740u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -80567,7 +80793,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 83u16,
+                kind: 84u16,
                 destroy: true,
             },
         ],
@@ -80581,8 +80807,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1738u32,
+        wire: 1944u32,
+        call: 1741u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -80604,8 +80830,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1739u32,
+        wire: 1945u32,
+        call: 1742u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -80627,8 +80853,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1740u32,
+        wire: 1946u32,
+        call: 1743u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -80650,8 +80876,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1741u32,
+        wire: 1947u32,
+        call: 1744u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -80673,8 +80899,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1742u32,
+        wire: 1948u32,
+        call: 1745u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -80696,8 +80922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1743u32,
+        wire: 1949u32,
+        call: 1746u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -80719,32 +80945,9 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1744u32,
+        wire: 1950u32,
+        call: 1747u32,
         name: "cusparseDestroyDnMat",
-        form: None,
-        library: "cusparse",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Handle {
-                kind: 85u16,
-                destroy: true,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 10i64,
-            unavailable: 1i64,
-            invalid_handle: 3i64,
-        },
-        only_waits: false,
-    };
-    pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1745u32,
-        name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
@@ -80764,10 +80967,10 @@ pub mod cusparse {
         },
         only_waits: false,
     };
-    pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1746u32,
-        name: "cusparseDestroyMatDescr",
+    pub static cusparseDestroyDnVec: CallDesc = CallDesc {
+        wire: 1951u32,
+        call: 1748u32,
+        name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
@@ -80775,6 +80978,29 @@ pub mod cusparse {
         params: &[
             Wire::Handle {
                 kind: 87u16,
+                destroy: true,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
+        wire: 1952u32,
+        call: 1749u32,
+        name: "cusparseDestroyMatDescr",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 88u16,
                 destroy: true,
             },
         ],
@@ -80788,8 +81014,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1747u32,
+        wire: 1953u32,
+        call: 1750u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -80797,7 +81023,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 105u16,
+                kind: 106u16,
                 destroy: true,
             },
         ],
@@ -80811,8 +81037,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1748u32,
+        wire: 1954u32,
+        call: 1751u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -80820,7 +81046,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: true,
             },
         ],
@@ -80834,8 +81060,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1749u32,
+        wire: 1955u32,
+        call: 1752u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -80843,7 +81069,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 93u16,
+                kind: 94u16,
                 destroy: true,
             },
         ],
@@ -80857,8 +81083,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1750u32,
+        wire: 1956u32,
+        call: 1753u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -80866,7 +81092,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80882,7 +81108,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80897,7 +81123,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80914,8 +81140,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1751u32,
+        wire: 1957u32,
+        call: 1754u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -80923,7 +81149,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80966,8 +81192,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1752u32,
+        wire: 1958u32,
+        call: 1755u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -80975,7 +81201,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80995,7 +81221,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81010,7 +81236,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81036,8 +81262,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1753u32,
+        wire: 1959u32,
+        call: 1756u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -81045,7 +81271,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81065,7 +81291,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81104,8 +81330,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1754u32,
+        wire: 1960u32,
+        call: 1757u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -81113,7 +81339,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81128,8 +81354,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1755u32,
+        wire: 1961u32,
+        call: 1758u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -81137,7 +81363,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81159,8 +81385,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1756u32,
+        wire: 1962u32,
+        call: 1759u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -81168,7 +81394,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81183,8 +81409,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1757u32,
+        wire: 1963u32,
+        call: 1760u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -81192,7 +81418,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81207,8 +81433,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1758u32,
+        wire: 1964u32,
+        call: 1761u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -81216,7 +81442,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81231,8 +81457,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1759u32,
+        wire: 1965u32,
+        call: 1762u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -81240,7 +81466,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81256,7 +81482,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81267,14 +81493,14 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 105u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81289,8 +81515,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1760u32,
+        wire: 1966u32,
+        call: 1763u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81298,7 +81524,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81314,7 +81540,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81325,14 +81551,14 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 105u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -81352,8 +81578,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1761u32,
+        wire: 1967u32,
+        call: 1764u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -81361,7 +81587,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81377,7 +81603,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81388,7 +81614,7 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81398,7 +81624,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 105u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81413,8 +81639,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1762u32,
+        wire: 1968u32,
+        call: 1765u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -81422,15 +81648,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 93u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -81444,8 +81670,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1763u32,
+        wire: 1969u32,
+        call: 1766u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -81453,7 +81679,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
         ],
@@ -81470,8 +81696,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1764u32,
+        wire: 1970u32,
+        call: 1767u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -81479,7 +81705,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
         ],
@@ -81496,8 +81722,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1765u32,
+        wire: 1971u32,
+        call: 1768u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -81505,7 +81731,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
         ],
@@ -81522,8 +81748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1766u32,
+        wire: 1972u32,
+        call: 1769u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -81531,7 +81757,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
         ],
@@ -81548,8 +81774,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1767u32,
+        wire: 1973u32,
+        call: 1770u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -81557,7 +81783,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -81575,8 +81801,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1768u32,
+        wire: 1974u32,
+        call: 1771u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -81593,8 +81819,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1769u32,
+        wire: 1975u32,
+        call: 1772u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -81616,8 +81842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1770u32,
+        wire: 1976u32,
+        call: 1773u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -81639,8 +81865,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1771u32,
+        wire: 1977u32,
+        call: 1774u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -81648,7 +81874,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81665,11 +81891,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -81678,7 +81904,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81701,8 +81927,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1772u32,
+        wire: 1978u32,
+        call: 1775u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -81710,7 +81936,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81727,11 +81953,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -81740,7 +81966,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81768,8 +81994,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1773u32,
+        wire: 1979u32,
+        call: 1776u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -81777,7 +82003,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81794,11 +82020,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -81807,7 +82033,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81830,8 +82056,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1774u32,
+        wire: 1980u32,
+        call: 1777u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -81839,7 +82065,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81855,7 +82081,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81866,7 +82092,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81883,8 +82109,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1775u32,
+        wire: 1981u32,
+        call: 1778u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -81892,7 +82118,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81908,7 +82134,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81938,8 +82164,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1776u32,
+        wire: 1982u32,
+        call: 1779u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81947,7 +82173,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81963,7 +82189,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81994,8 +82220,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1777u32,
+        wire: 1983u32,
+        call: 1780u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -82003,7 +82229,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82019,7 +82245,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82049,8 +82275,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1778u32,
+        wire: 1984u32,
+        call: 1781u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -82058,7 +82284,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82074,7 +82300,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82104,8 +82330,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1779u32,
+        wire: 1985u32,
+        call: 1782u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -82113,7 +82339,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82129,7 +82355,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82160,8 +82386,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1780u32,
+        wire: 1986u32,
+        call: 1783u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -82169,7 +82395,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82206,7 +82432,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82242,8 +82468,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1781u32,
+        wire: 1987u32,
+        call: 1784u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -82251,7 +82477,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82280,7 +82506,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82308,8 +82534,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1782u32,
+        wire: 1988u32,
+        call: 1785u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -82317,7 +82543,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82345,7 +82571,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82375,8 +82601,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1783u32,
+        wire: 1989u32,
+        call: 1786u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -82384,7 +82610,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82412,7 +82638,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82443,8 +82669,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1784u32,
+        wire: 1990u32,
+        call: 1787u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -82452,7 +82678,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82485,7 +82711,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82525,8 +82751,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1785u32,
+        wire: 1991u32,
+        call: 1788u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -82534,7 +82760,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82554,7 +82780,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82584,8 +82810,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1786u32,
+        wire: 1992u32,
+        call: 1789u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -82593,7 +82819,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82613,7 +82839,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82644,8 +82870,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1787u32,
+        wire: 1993u32,
+        call: 1790u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -82653,7 +82879,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82678,7 +82904,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82710,8 +82936,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1788u32,
+        wire: 1994u32,
+        call: 1791u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -82719,7 +82945,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82752,7 +82978,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82782,8 +83008,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1789u32,
+        wire: 1995u32,
+        call: 1792u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -82791,15 +83017,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 93u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
         ],
@@ -82813,8 +83039,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1790u32,
+        wire: 1996u32,
+        call: 1793u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -82822,7 +83048,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82838,7 +83064,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82849,7 +83075,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82866,8 +83092,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1791u32,
+        wire: 1997u32,
+        call: 1794u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -82875,7 +83101,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82891,7 +83117,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82913,8 +83139,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1792u32,
+        wire: 1998u32,
+        call: 1795u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -82922,7 +83148,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82938,14 +83164,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82971,8 +83197,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1793u32,
+        wire: 1999u32,
+        call: 1796u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -82980,7 +83206,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82996,7 +83222,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83027,8 +83253,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1794u32,
+        wire: 2000u32,
+        call: 1797u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -83036,7 +83262,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83053,7 +83279,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83069,7 +83295,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83080,7 +83306,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83098,8 +83324,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1795u32,
+        wire: 2001u32,
+        call: 1798u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83107,7 +83333,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83124,7 +83350,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83140,7 +83366,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83151,7 +83377,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83174,8 +83400,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1796u32,
+        wire: 2002u32,
+        call: 1799u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -83183,7 +83409,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83204,7 +83430,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83215,7 +83441,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83231,7 +83457,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83242,7 +83468,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83264,8 +83490,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1797u32,
+        wire: 2003u32,
+        call: 1800u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83273,7 +83499,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83294,7 +83520,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83304,7 +83530,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83319,7 +83545,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83349,8 +83575,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1798u32,
+        wire: 2004u32,
+        call: 1801u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -83358,7 +83584,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83370,7 +83596,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83396,8 +83622,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1799u32,
+        wire: 2005u32,
+        call: 1802u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83405,7 +83631,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83417,7 +83643,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83444,8 +83670,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1800u32,
+        wire: 2006u32,
+        call: 1803u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -83453,7 +83679,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83465,7 +83691,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83491,8 +83717,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1801u32,
+        wire: 2007u32,
+        call: 1804u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83500,7 +83726,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83512,7 +83738,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83539,8 +83765,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1802u32,
+        wire: 2008u32,
+        call: 1805u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -83548,7 +83774,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83581,7 +83807,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83612,8 +83838,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1803u32,
+        wire: 2009u32,
+        call: 1806u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -83621,7 +83847,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83654,7 +83880,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83685,8 +83911,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1804u32,
+        wire: 2010u32,
+        call: 1807u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -83694,7 +83920,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83710,7 +83936,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83736,8 +83962,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1805u32,
+        wire: 2011u32,
+        call: 1808u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -83745,7 +83971,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83761,7 +83987,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83788,8 +84014,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1806u32,
+        wire: 2012u32,
+        call: 1809u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -83797,7 +84023,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83818,7 +84044,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83846,8 +84072,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1807u32,
+        wire: 2013u32,
+        call: 1810u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -83855,7 +84081,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83871,7 +84097,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83893,8 +84119,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1808u32,
+        wire: 2014u32,
+        call: 1811u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83902,7 +84128,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83941,8 +84167,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1809u32,
+        wire: 2015u32,
+        call: 1812u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -83950,7 +84176,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 83u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83968,8 +84194,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1810u32,
+        wire: 2016u32,
+        call: 1813u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -83977,7 +84203,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83995,8 +84221,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1811u32,
+        wire: 2017u32,
+        call: 1814u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -84004,7 +84230,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84022,8 +84248,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1812u32,
+        wire: 2018u32,
+        call: 1815u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -84031,7 +84257,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84049,8 +84275,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1813u32,
+        wire: 2019u32,
+        call: 1816u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -84058,7 +84284,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84076,8 +84302,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1814u32,
+        wire: 2020u32,
+        call: 1817u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
         library: "cusparse",
@@ -84085,7 +84311,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84103,8 +84329,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1815u32,
+        wire: 2021u32,
+        call: 1818u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -84112,7 +84338,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -84130,8 +84356,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1816u32,
+        wire: 2022u32,
+        call: 1819u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -84139,7 +84365,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84155,7 +84381,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84170,7 +84396,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84187,8 +84413,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1817u32,
+        wire: 2023u32,
+        call: 1820u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -84196,7 +84422,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84239,8 +84465,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1818u32,
+        wire: 2024u32,
+        call: 1821u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -84248,7 +84474,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84268,7 +84494,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84283,7 +84509,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84309,8 +84535,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1819u32,
+        wire: 2025u32,
+        call: 1822u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -84318,7 +84544,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84338,7 +84564,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84377,8 +84603,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1820u32,
+        wire: 2026u32,
+        call: 1823u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -84386,7 +84612,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84403,11 +84629,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84416,7 +84642,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84428,7 +84654,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 89u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -84449,8 +84675,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1821u32,
+        wire: 2027u32,
+        call: 1824u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -84458,7 +84684,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84475,11 +84701,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84488,7 +84714,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84500,7 +84726,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 89u16,
                 destroy: false,
             },
         ],
@@ -84514,8 +84740,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1822u32,
+        wire: 2028u32,
+        call: 1825u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -84523,7 +84749,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 88u16,
+                kind: 89u16,
                 named: false,
             },
         ],
@@ -84537,8 +84763,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1823u32,
+        wire: 2029u32,
+        call: 1826u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -84546,7 +84772,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 89u16,
                 destroy: false,
             },
         ],
@@ -84560,8 +84786,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1824u32,
+        wire: 2030u32,
+        call: 1827u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -84569,7 +84795,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84586,11 +84812,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84599,7 +84825,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84611,7 +84837,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 89u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -84632,8 +84858,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1825u32,
+        wire: 2031u32,
+        call: 1828u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -84641,7 +84867,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84658,11 +84884,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84671,7 +84897,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84683,7 +84909,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 89u16,
                 destroy: false,
             },
         ],
@@ -84697,8 +84923,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1826u32,
+        wire: 2032u32,
+        call: 1829u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -84706,7 +84932,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84718,15 +84944,15 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84734,7 +84960,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 89u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -84755,8 +84981,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1827u32,
+        wire: 2033u32,
+        call: 1830u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -84764,7 +84990,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84781,11 +85007,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84794,7 +85020,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84817,8 +85043,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1828u32,
+        wire: 2034u32,
+        call: 1831u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -84826,7 +85052,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 89u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84841,8 +85067,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1829u32,
+        wire: 2035u32,
+        call: 1832u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -84850,7 +85076,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 89u16,
+                kind: 90u16,
                 destroy: false,
             },
         ],
@@ -84864,8 +85090,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1830u32,
+        wire: 2036u32,
+        call: 1833u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -84873,7 +85099,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84890,11 +85116,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84903,7 +85129,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84931,8 +85157,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1831u32,
+        wire: 2037u32,
+        call: 1834u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -84940,7 +85166,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84957,11 +85183,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84970,7 +85196,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 85u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84993,8 +85219,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1832u32,
+        wire: 2038u32,
+        call: 1835u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -85002,7 +85228,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85015,11 +85241,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -85028,7 +85254,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85051,8 +85277,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1833u32,
+        wire: 2039u32,
+        call: 1836u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -85060,7 +85286,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85073,11 +85299,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -85086,7 +85312,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85114,8 +85340,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1834u32,
+        wire: 2040u32,
+        call: 1837u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -85123,7 +85349,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85136,11 +85362,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -85149,7 +85375,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85172,8 +85398,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1835u32,
+        wire: 2041u32,
+        call: 1838u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -85181,7 +85407,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85204,8 +85430,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1836u32,
+        wire: 2042u32,
+        call: 1839u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -85213,7 +85439,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -85245,8 +85471,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1837u32,
+        wire: 2043u32,
+        call: 1840u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -85254,7 +85480,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85269,8 +85495,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1838u32,
+        wire: 2044u32,
+        call: 1841u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -85278,7 +85504,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85301,8 +85527,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1839u32,
+        wire: 2045u32,
+        call: 1842u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -85310,7 +85536,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85328,8 +85554,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1840u32,
+        wire: 2046u32,
+        call: 1843u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -85337,7 +85563,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85352,8 +85578,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1841u32,
+        wire: 2047u32,
+        call: 1844u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -85361,7 +85587,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85378,27 +85604,27 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 85u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 85u16,
-                destroy: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Handle {
                 kind: 91u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 92u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85413,8 +85639,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1842u32,
+        wire: 2048u32,
+        call: 1845u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -85422,7 +85648,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85439,27 +85665,27 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 85u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 85u16,
-                destroy: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Handle {
                 kind: 91u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 92u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -85479,8 +85705,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1843u32,
+        wire: 2049u32,
+        call: 1846u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -85488,7 +85714,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 91u16,
+                kind: 92u16,
                 named: false,
             },
         ],
@@ -85502,8 +85728,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1844u32,
+        wire: 2050u32,
+        call: 1847u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -85511,7 +85737,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 92u16,
                 destroy: false,
             },
         ],
@@ -85525,8 +85751,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1845u32,
+        wire: 2051u32,
+        call: 1848u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -85534,7 +85760,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85549,65 +85775,9 @@ pub mod cusparse {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
-            },
-            Wire::Handle {
-                kind: 90u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 85u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 85u16,
-                destroy: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
             },
             Wire::Handle {
                 kind: 91u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 10i64,
-            unavailable: 1i64,
-            invalid_handle: 3i64,
-        },
-        only_waits: false,
-    };
-    pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1846u32,
-        name: "cusparseSpSV_analysis",
-        form: None,
-        library: "cusparse",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Handle {
-                kind: 84u16,
-                destroy: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
-            Wire::Handle {
-                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -85628,6 +85798,62 @@ pub mod cusparse {
             },
             Wire::Handle {
                 kind: 92u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 10i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cusparseSpSV_analysis: CallDesc = CallDesc {
+        wire: 2052u32,
+        call: 1849u32,
+        name: "cusparseSpSV_analysis",
+        form: None,
+        library: "cusparse",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 91u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 87u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 93u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85642,8 +85868,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1847u32,
+        wire: 2053u32,
+        call: 1850u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -85651,7 +85877,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85664,15 +85890,15 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85684,7 +85910,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 92u16,
+                kind: 93u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -85704,8 +85930,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1848u32,
+        wire: 2054u32,
+        call: 1851u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -85713,7 +85939,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 92u16,
+                kind: 93u16,
                 named: false,
             },
         ],
@@ -85727,8 +85953,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1849u32,
+        wire: 2055u32,
+        call: 1852u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -85736,7 +85962,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 92u16,
+                kind: 93u16,
                 destroy: false,
             },
         ],
@@ -85750,8 +85976,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1850u32,
+        wire: 2056u32,
+        call: 1853u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -85759,7 +85985,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85772,15 +85998,15 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 90u16,
+                kind: 91u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85792,7 +86018,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 92u16,
+                kind: 93u16,
                 destroy: false,
             },
         ],
@@ -85806,8 +86032,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1851u32,
+        wire: 2057u32,
+        call: 1854u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -85815,7 +86041,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 93u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85830,8 +86056,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1852u32,
+        wire: 2058u32,
+        call: 1855u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -85839,7 +86065,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 93u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85854,8 +86080,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1853u32,
+        wire: 2059u32,
+        call: 1856u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -85863,15 +86089,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 90u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85890,8 +86116,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1854u32,
+        wire: 2060u32,
+        call: 1857u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -85899,15 +86125,15 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 90u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 91u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85931,8 +86157,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1855u32,
+        wire: 2061u32,
+        call: 1858u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -85940,7 +86166,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85956,7 +86182,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85967,14 +86193,14 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 105u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85989,8 +86215,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1856u32,
+        wire: 2062u32,
+        call: 1859u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -85998,7 +86224,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86014,7 +86240,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86025,14 +86251,14 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 105u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -86052,8 +86278,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1857u32,
+        wire: 2063u32,
+        call: 1860u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -86061,7 +86287,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86077,7 +86303,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86088,7 +86314,7 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86098,7 +86324,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 105u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86113,8 +86339,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1858u32,
+        wire: 2064u32,
+        call: 1861u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86122,7 +86348,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -86145,8 +86371,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1859u32,
+        wire: 2065u32,
+        call: 1862u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86154,7 +86380,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -86177,8 +86403,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1860u32,
+        wire: 2066u32,
+        call: 1863u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86186,7 +86412,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -86209,8 +86435,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1861u32,
+        wire: 2067u32,
+        call: 1864u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86218,7 +86444,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -86241,8 +86467,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1862u32,
+        wire: 2068u32,
+        call: 1865u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -86250,7 +86476,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86278,8 +86504,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1863u32,
+        wire: 2069u32,
+        call: 1866u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -86287,7 +86513,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86317,8 +86543,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1864u32,
+        wire: 2070u32,
+        call: 1867u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -86326,7 +86552,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86356,8 +86582,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1865u32,
+        wire: 2071u32,
+        call: 1868u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86365,7 +86591,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86399,8 +86625,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1866u32,
+        wire: 2072u32,
+        call: 1869u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -86408,7 +86634,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86424,7 +86650,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86434,7 +86660,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86454,8 +86680,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1867u32,
+        wire: 2073u32,
+        call: 1870u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -86463,7 +86689,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86491,8 +86717,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1868u32,
+        wire: 2074u32,
+        call: 1871u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -86500,7 +86726,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86516,13 +86742,13 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86551,8 +86777,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1869u32,
+        wire: 2075u32,
+        call: 1872u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -86560,7 +86786,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86572,7 +86798,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86582,7 +86808,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86592,7 +86818,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86613,8 +86839,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1870u32,
+        wire: 2076u32,
+        call: 1873u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -86622,7 +86848,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86638,7 +86864,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86648,7 +86874,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86658,7 +86884,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86668,7 +86894,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86693,8 +86919,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1871u32,
+        wire: 2077u32,
+        call: 1874u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86702,7 +86928,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -86725,8 +86951,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1872u32,
+        wire: 2078u32,
+        call: 1875u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86734,7 +86960,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -86757,8 +86983,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1873u32,
+        wire: 2079u32,
+        call: 1876u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86766,7 +86992,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -86789,8 +87015,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1874u32,
+        wire: 2080u32,
+        call: 1877u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -86798,7 +87024,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86814,7 +87040,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86832,8 +87058,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1875u32,
+        wire: 2081u32,
+        call: 1878u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86841,7 +87067,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86875,8 +87101,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1876u32,
+        wire: 2082u32,
+        call: 1879u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86884,7 +87110,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -86907,8 +87133,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1877u32,
+        wire: 2083u32,
+        call: 1880u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -86916,7 +87142,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86932,7 +87158,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86946,7 +87172,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86962,8 +87188,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1878u32,
+        wire: 2084u32,
+        call: 1881u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -86971,7 +87197,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86991,7 +87217,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87005,7 +87231,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87034,8 +87260,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1879u32,
+        wire: 2085u32,
+        call: 1882u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -87043,7 +87269,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87059,7 +87285,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87070,7 +87296,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87087,8 +87313,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1880u32,
+        wire: 2086u32,
+        call: 1883u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -87096,7 +87322,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87112,7 +87338,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87142,8 +87368,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1881u32,
+        wire: 2087u32,
+        call: 1884u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87151,7 +87377,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87167,7 +87393,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87198,8 +87424,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1882u32,
+        wire: 2088u32,
+        call: 1885u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -87207,7 +87433,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87223,7 +87449,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87253,8 +87479,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1883u32,
+        wire: 2089u32,
+        call: 1886u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -87262,7 +87488,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87278,7 +87504,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87308,8 +87534,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1884u32,
+        wire: 2090u32,
+        call: 1887u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87317,7 +87543,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87333,7 +87559,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87364,8 +87590,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1885u32,
+        wire: 2091u32,
+        call: 1888u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -87373,7 +87599,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87410,7 +87636,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87446,8 +87672,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1886u32,
+        wire: 2092u32,
+        call: 1889u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -87455,7 +87681,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87484,7 +87710,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87512,8 +87738,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1887u32,
+        wire: 2093u32,
+        call: 1890u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -87521,7 +87747,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87549,7 +87775,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87579,8 +87805,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1888u32,
+        wire: 2094u32,
+        call: 1891u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -87588,7 +87814,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87616,7 +87842,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87647,8 +87873,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1889u32,
+        wire: 2095u32,
+        call: 1892u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -87656,7 +87882,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87689,7 +87915,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87729,8 +87955,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1890u32,
+        wire: 2096u32,
+        call: 1893u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -87738,7 +87964,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87758,7 +87984,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87788,8 +88014,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1891u32,
+        wire: 2097u32,
+        call: 1894u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -87797,7 +88023,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87817,7 +88043,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87848,8 +88074,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1892u32,
+        wire: 2098u32,
+        call: 1895u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -87857,7 +88083,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87882,7 +88108,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87914,8 +88140,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1893u32,
+        wire: 2099u32,
+        call: 1896u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -87923,7 +88149,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87956,7 +88182,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87986,8 +88212,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1894u32,
+        wire: 2100u32,
+        call: 1897u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -87995,7 +88221,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88011,7 +88237,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88022,7 +88248,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88039,8 +88265,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1895u32,
+        wire: 2101u32,
+        call: 1898u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -88048,7 +88274,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88064,7 +88290,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88086,8 +88312,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1896u32,
+        wire: 2102u32,
+        call: 1899u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -88095,7 +88321,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88111,14 +88337,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88144,8 +88370,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1897u32,
+        wire: 2103u32,
+        call: 1900u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -88153,7 +88379,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88169,7 +88395,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88200,8 +88426,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1898u32,
+        wire: 2104u32,
+        call: 1901u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -88209,7 +88435,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88226,7 +88452,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88242,7 +88468,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88253,7 +88479,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88271,8 +88497,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1899u32,
+        wire: 2105u32,
+        call: 1902u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88280,7 +88506,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88297,7 +88523,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88313,7 +88539,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88324,7 +88550,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88347,8 +88573,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1900u32,
+        wire: 2106u32,
+        call: 1903u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -88356,7 +88582,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88377,7 +88603,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88388,7 +88614,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88404,7 +88630,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88415,7 +88641,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88437,8 +88663,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1901u32,
+        wire: 2107u32,
+        call: 1904u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88446,7 +88672,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88467,7 +88693,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88477,7 +88703,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88492,7 +88718,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88522,8 +88748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1902u32,
+        wire: 2108u32,
+        call: 1905u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -88531,7 +88757,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88543,7 +88769,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88569,8 +88795,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1903u32,
+        wire: 2109u32,
+        call: 1906u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88578,7 +88804,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88590,7 +88816,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88617,8 +88843,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1904u32,
+        wire: 2110u32,
+        call: 1907u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -88626,7 +88852,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88638,7 +88864,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88664,8 +88890,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1905u32,
+        wire: 2111u32,
+        call: 1908u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88673,7 +88899,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88685,7 +88911,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88712,8 +88938,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1906u32,
+        wire: 2112u32,
+        call: 1909u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -88721,7 +88947,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88754,7 +88980,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88785,8 +89011,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1907u32,
+        wire: 2113u32,
+        call: 1910u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88794,7 +89020,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88827,7 +89053,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88858,8 +89084,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1908u32,
+        wire: 2114u32,
+        call: 1911u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88867,7 +89093,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88883,7 +89109,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88909,8 +89135,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1909u32,
+        wire: 2115u32,
+        call: 1912u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88918,7 +89144,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88934,7 +89160,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88961,8 +89187,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1910u32,
+        wire: 2116u32,
+        call: 1913u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -88970,7 +89196,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88991,7 +89217,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89019,8 +89245,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1911u32,
+        wire: 2117u32,
+        call: 1914u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -89028,7 +89254,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89044,7 +89270,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89066,8 +89292,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1912u32,
+        wire: 2118u32,
+        call: 1915u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89075,7 +89301,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89114,8 +89340,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1913u32,
+        wire: 2119u32,
+        call: 1916u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -89123,7 +89349,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89139,7 +89365,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89154,7 +89380,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89171,8 +89397,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1914u32,
+        wire: 2120u32,
+        call: 1917u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -89180,7 +89406,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89223,8 +89449,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1915u32,
+        wire: 2121u32,
+        call: 1918u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -89232,7 +89458,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89252,7 +89478,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89267,7 +89493,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89293,8 +89519,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1916u32,
+        wire: 2122u32,
+        call: 1919u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -89302,7 +89528,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89322,7 +89548,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89361,8 +89587,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1917u32,
+        wire: 2123u32,
+        call: 1920u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -89370,7 +89596,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89416,8 +89642,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1918u32,
+        wire: 2124u32,
+        call: 1921u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -89425,7 +89651,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89474,8 +89700,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2254u32,
+        wire: 2462u32,
+        call: 2257u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89499,8 +89725,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2254u32,
+        wire: 2463u32,
+        call: 2257u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89524,8 +89750,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2254u32,
+        wire: 2464u32,
+        call: 2257u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89549,8 +89775,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2255u32,
+        wire: 2465u32,
+        call: 2258u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -89574,8 +89800,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2255u32,
+        wire: 2466u32,
+        call: 2258u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -89599,8 +89825,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2255u32,
+        wire: 2467u32,
+        call: 2258u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -89624,8 +89850,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2256u32,
+        wire: 2468u32,
+        call: 2259u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -89649,8 +89875,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2257u32,
+        wire: 2469u32,
+        call: 2260u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -89674,8 +89900,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2257u32,
+        wire: 2470u32,
+        call: 2260u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -89699,8 +89925,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2257u32,
+        wire: 2471u32,
+        call: 2260u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -100725,8 +100951,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2234u32,
+        wire: 2440u32,
+        call: 2237u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -100734,7 +100960,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: false,
             },
         ],
@@ -100748,8 +100974,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2235u32,
+        wire: 2441u32,
+        call: 2238u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -100757,7 +100983,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: true,
             },
         ],
@@ -100771,8 +100997,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2236u32,
+        wire: 2442u32,
+        call: 2239u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -100780,7 +101006,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: false,
             },
         ],
@@ -100794,8 +101020,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2237u32,
+        wire: 2443u32,
+        call: 2240u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -100803,7 +101029,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 95u16,
+                kind: 96u16,
                 named: false,
             },
             Wire::Val {
@@ -100826,8 +101052,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2238u32,
+        wire: 2444u32,
+        call: 2241u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -100835,7 +101061,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: false,
             },
             Wire::Val {
@@ -100853,8 +101079,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2239u32,
+        wire: 2445u32,
+        call: 2242u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -100862,34 +101088,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 96u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5i64,
-            unavailable: 2i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2239u32,
-        name: "ncclCommWindowDeregister",
-        form: None,
-        library: "nccl",
-        versions: &["13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 95u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -100906,9 +101105,36 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
+        wire: 2446u32,
+        call: 2242u32,
+        name: "ncclCommWindowDeregister",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 96u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 98u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+        },
+        only_waits: false,
+    };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2240u32,
+        wire: 2447u32,
+        call: 2243u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -100925,8 +101151,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2241u32,
+        wire: 2448u32,
+        call: 2244u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -100943,8 +101169,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2242u32,
+        wire: 2449u32,
+        call: 2245u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -100956,7 +101182,7 @@ pub mod nccl {
                 float: false,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: false,
             },
         ],
@@ -100970,8 +101196,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2243u32,
+        wire: 2450u32,
+        call: 2246u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -100988,8 +101214,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2244u32,
+        wire: 2451u32,
+        call: 2247u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -100997,7 +101223,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: false,
             },
         ],
@@ -101011,8 +101237,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2245u32,
+        wire: 2452u32,
+        call: 2248u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -101020,7 +101246,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: true,
             },
         ],
@@ -101034,8 +101260,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2246u32,
+        wire: 2453u32,
+        call: 2249u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -101043,7 +101269,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: false,
             },
         ],
@@ -101057,8 +101283,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2247u32,
+        wire: 2454u32,
+        call: 2250u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -101066,7 +101292,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 95u16,
+                kind: 96u16,
                 named: false,
             },
             Wire::Val {
@@ -101089,8 +101315,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2248u32,
+        wire: 2455u32,
+        call: 2251u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -101098,7 +101324,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: false,
             },
             Wire::Val {
@@ -101116,8 +101342,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2249u32,
+        wire: 2456u32,
+        call: 2252u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101125,34 +101351,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 95u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 96u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5i64,
-            unavailable: 2i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2249u32,
-        name: "pncclCommWindowDeregister",
-        form: None,
-        library: "nccl",
-        versions: &["13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 95u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -101169,9 +101368,36 @@ pub mod nccl {
         },
         only_waits: false,
     };
+    pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
+        wire: 2457u32,
+        call: 2252u32,
+        name: "pncclCommWindowDeregister",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 96u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 98u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+        },
+        only_waits: false,
+    };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2250u32,
+        wire: 2458u32,
+        call: 2253u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -101188,8 +101414,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2251u32,
+        wire: 2459u32,
+        call: 2254u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -101206,8 +101432,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2252u32,
+        wire: 2460u32,
+        call: 2255u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -101219,7 +101445,7 @@ pub mod nccl {
                 float: false,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 96u16,
                 destroy: false,
             },
         ],
@@ -101233,8 +101459,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2253u32,
+        wire: 2461u32,
+        call: 2256u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -101254,8 +101480,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2203u32,
+        wire: 2409u32,
+        call: 2206u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -101263,7 +101489,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
         ],
@@ -101277,8 +101503,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2204u32,
+        wire: 2410u32,
+        call: 2207u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -101286,7 +101512,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
         ],
@@ -101300,8 +101526,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2205u32,
+        wire: 2411u32,
+        call: 2208u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -101309,7 +101535,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
         ],
@@ -101323,8 +101549,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2206u32,
+        wire: 2412u32,
+        call: 2209u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -101332,7 +101558,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
         ],
@@ -101346,8 +101572,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2207u32,
+        wire: 2413u32,
+        call: 2210u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -101355,7 +101581,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
         ],
@@ -101369,8 +101595,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2208u32,
+        wire: 2414u32,
+        call: 2211u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -101378,7 +101604,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 98u16,
+                kind: 99u16,
                 named: false,
             },
         ],
@@ -101392,8 +101618,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2209u32,
+        wire: 2415u32,
+        call: 2212u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -101401,7 +101627,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 98u16,
+                kind: 99u16,
                 named: false,
             },
         ],
@@ -101415,8 +101641,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2210u32,
+        wire: 2416u32,
+        call: 2213u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -101424,7 +101650,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 98u16,
+                kind: 99u16,
                 named: false,
             },
         ],
@@ -101438,8 +101664,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2211u32,
+        wire: 2417u32,
+        call: 2214u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -101447,7 +101673,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 98u16,
+                kind: 99u16,
                 named: false,
             },
         ],
@@ -101461,8 +101687,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2212u32,
+        wire: 2418u32,
+        call: 2215u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -101470,7 +101696,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 98u16,
+                kind: 99u16,
                 named: false,
             },
         ],
@@ -101484,8 +101710,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2213u32,
+        wire: 2419u32,
+        call: 2216u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -101493,7 +101719,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101513,8 +101739,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2214u32,
+        wire: 2420u32,
+        call: 2217u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -101522,7 +101748,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101542,8 +101768,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2215u32,
+        wire: 2421u32,
+        call: 2218u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -101551,7 +101777,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101571,8 +101797,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2216u32,
+        wire: 2422u32,
+        call: 2219u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -101580,7 +101806,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101600,8 +101826,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2217u32,
+        wire: 2423u32,
+        call: 2220u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -101609,7 +101835,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101629,8 +101855,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2218u32,
+        wire: 2424u32,
+        call: 2221u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -101638,7 +101864,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101658,8 +101884,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2219u32,
+        wire: 2425u32,
+        call: 2222u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -101667,7 +101893,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101687,8 +101913,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2220u32,
+        wire: 2426u32,
+        call: 2223u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -101696,7 +101922,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101716,8 +101942,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2221u32,
+        wire: 2427u32,
+        call: 2224u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -101725,7 +101951,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101745,8 +101971,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2222u32,
+        wire: 2428u32,
+        call: 2225u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -101754,7 +101980,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101774,8 +102000,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2223u32,
+        wire: 2429u32,
+        call: 2226u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -101783,7 +102009,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101803,8 +102029,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2224u32,
+        wire: 2430u32,
+        call: 2227u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -101812,7 +102038,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101832,8 +102058,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2225u32,
+        wire: 2431u32,
+        call: 2228u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -101841,7 +102067,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101861,8 +102087,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2226u32,
+        wire: 2432u32,
+        call: 2229u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -101870,7 +102096,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101890,8 +102116,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2227u32,
+        wire: 2433u32,
+        call: 2230u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -101899,7 +102125,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101919,8 +102145,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2228u32,
+        wire: 2434u32,
+        call: 2231u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -101928,7 +102154,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101948,8 +102174,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2229u32,
+        wire: 2435u32,
+        call: 2232u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -101957,7 +102183,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101977,8 +102203,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2230u32,
+        wire: 2436u32,
+        call: 2233u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -101986,7 +102212,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102006,8 +102232,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2231u32,
+        wire: 2437u32,
+        call: 2234u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102015,7 +102241,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102035,8 +102261,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2232u32,
+        wire: 2438u32,
+        call: 2235u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102044,7 +102270,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 98u16,
+                kind: 99u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102064,8 +102290,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2233u32,
+        wire: 2439u32,
+        call: 2236u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -102098,8 +102324,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1392u32,
+        wire: 1598u32,
+        call: 1395u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -102107,7 +102333,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 100u16,
                 destroy: true,
             },
         ],
@@ -102121,8 +102347,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1393u32,
+        wire: 1599u32,
+        call: 1396u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -102130,7 +102356,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102150,8 +102376,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1394u32,
+        wire: 1600u32,
+        call: 1397u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -102159,7 +102385,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102177,8 +102403,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1395u32,
+        wire: 1601u32,
+        call: 1398u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -102186,7 +102412,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
         ],
@@ -102200,8 +102426,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1396u32,
+        wire: 1602u32,
+        call: 1399u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -102209,7 +102435,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
         ],
@@ -102223,8 +102449,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1397u32,
+        wire: 1603u32,
+        call: 1400u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -102232,7 +102458,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102250,8 +102476,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1398u32,
+        wire: 1604u32,
+        call: 1401u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -102259,7 +102485,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102267,7 +102493,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 103u16,
+                kind: 104u16,
                 named: false,
             },
         ],
@@ -102281,8 +102507,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1399u32,
+        wire: 1605u32,
+        call: 1402u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -102290,7 +102516,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102304,7 +102530,7 @@ pub mod nvml {
                 record: Some("nvmlGpuInstancePlacement_st"),
             },
             Wire::OutHandle {
-                kind: 103u16,
+                kind: 104u16,
                 named: false,
             },
         ],
@@ -102318,8 +102544,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1400u32,
+        wire: 1606u32,
+        call: 1403u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -102327,7 +102553,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: true,
             },
             Wire::Val {
@@ -102353,8 +102579,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1401u32,
+        wire: 1607u32,
+        call: 1404u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -102362,7 +102588,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102386,8 +102612,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1402u32,
+        wire: 1608u32,
+        call: 1405u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -102395,7 +102621,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102415,8 +102641,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1403u32,
+        wire: 1609u32,
+        call: 1406u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -102424,7 +102650,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102444,8 +102670,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1404u32,
+        wire: 1610u32,
+        call: 1407u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -102453,7 +102679,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102473,8 +102699,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1405u32,
+        wire: 1611u32,
+        call: 1408u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -102482,7 +102708,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102506,8 +102732,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1406u32,
+        wire: 1612u32,
+        call: 1409u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -102515,7 +102741,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102535,8 +102761,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1407u32,
+        wire: 1613u32,
+        call: 1410u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -102544,7 +102770,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102570,8 +102796,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1408u32,
+        wire: 1614u32,
+        call: 1411u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -102579,7 +102805,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102599,8 +102825,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1409u32,
+        wire: 1615u32,
+        call: 1412u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -102608,7 +102834,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102628,8 +102854,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1410u32,
+        wire: 1616u32,
+        call: 1413u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -102637,7 +102863,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102657,8 +102883,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1411u32,
+        wire: 1617u32,
+        call: 1414u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -102666,7 +102892,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102694,8 +102920,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1412u32,
+        wire: 1618u32,
+        call: 1415u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -102703,7 +102929,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102727,8 +102953,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1413u32,
+        wire: 1619u32,
+        call: 1416u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -102736,7 +102962,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102756,8 +102982,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1414u32,
+        wire: 1620u32,
+        call: 1417u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -102765,7 +102991,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102785,8 +103011,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1415u32,
+        wire: 1621u32,
+        call: 1418u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -102794,7 +103020,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102820,8 +103046,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1416u32,
+        wire: 1622u32,
+        call: 1419u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -102829,7 +103055,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102849,8 +103075,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1417u32,
+        wire: 1623u32,
+        call: 1420u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -102858,7 +103084,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102878,8 +103104,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1418u32,
+        wire: 1624u32,
+        call: 1421u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -102887,7 +103113,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102907,8 +103133,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1419u32,
+        wire: 1625u32,
+        call: 1422u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -102916,7 +103142,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102936,8 +103162,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1420u32,
+        wire: 1626u32,
+        call: 1423u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -102945,7 +103171,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102971,8 +103197,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1421u32,
+        wire: 1627u32,
+        call: 1424u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -102980,7 +103206,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103004,8 +103230,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1422u32,
+        wire: 1628u32,
+        call: 1425u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -103013,7 +103239,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103033,8 +103259,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1423u32,
+        wire: 1629u32,
+        call: 1426u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -103042,11 +103268,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -103060,8 +103286,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1424u32,
+        wire: 1630u32,
+        call: 1427u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -103069,7 +103295,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103089,8 +103315,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1425u32,
+        wire: 1631u32,
+        call: 1428u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -103098,7 +103324,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103118,8 +103344,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1426u32,
+        wire: 1632u32,
+        call: 1429u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -103127,7 +103353,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103153,8 +103379,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1427u32,
+        wire: 1633u32,
+        call: 1430u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -103162,7 +103388,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103188,8 +103414,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1428u32,
+        wire: 1634u32,
+        call: 1431u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -103197,7 +103423,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103223,8 +103449,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1429u32,
+        wire: 1635u32,
+        call: 1432u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -103232,7 +103458,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103256,8 +103482,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1430u32,
+        wire: 1636u32,
+        call: 1433u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -103265,7 +103491,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103291,8 +103517,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1431u32,
+        wire: 1637u32,
+        call: 1434u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -103300,7 +103526,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103320,8 +103546,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1432u32,
+        wire: 1638u32,
+        call: 1435u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -103329,7 +103555,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103353,8 +103579,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1433u32,
+        wire: 1639u32,
+        call: 1436u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -103362,7 +103588,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103382,8 +103608,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1434u32,
+        wire: 1640u32,
+        call: 1437u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -103391,7 +103617,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103415,8 +103641,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1435u32,
+        wire: 1641u32,
+        call: 1438u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -103424,7 +103650,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103450,8 +103676,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1436u32,
+        wire: 1642u32,
+        call: 1439u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -103459,7 +103685,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103479,8 +103705,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1437u32,
+        wire: 1643u32,
+        call: 1440u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -103488,7 +103714,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103496,7 +103722,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 103u16,
+                kind: 104u16,
                 named: false,
             },
         ],
@@ -103510,8 +103736,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1438u32,
+        wire: 1644u32,
+        call: 1441u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -103519,7 +103745,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103539,8 +103765,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1439u32,
+        wire: 1645u32,
+        call: 1442u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -103548,7 +103774,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103572,8 +103798,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1440u32,
+        wire: 1646u32,
+        call: 1443u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -103581,7 +103807,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103589,7 +103815,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 103u16,
+                kind: 104u16,
                 named: false,
             },
             Wire::Buf {
@@ -103609,8 +103835,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1441u32,
+        wire: 1647u32,
+        call: 1444u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -103618,7 +103844,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103638,8 +103864,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1442u32,
+        wire: 1648u32,
+        call: 1445u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -103647,7 +103873,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103673,8 +103899,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1443u32,
+        wire: 1649u32,
+        call: 1446u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -103682,7 +103908,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103708,8 +103934,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1444u32,
+        wire: 1650u32,
+        call: 1447u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -103721,7 +103947,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -103735,8 +103961,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1445u32,
+        wire: 1651u32,
+        call: 1448u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -103748,7 +103974,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -103762,8 +103988,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1446u32,
+        wire: 1652u32,
+        call: 1449u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -103772,7 +103998,7 @@ pub mod nvml {
         params: &[
             Wire::Str,
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -103786,8 +104012,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1447u32,
+        wire: 1653u32,
+        call: 1450u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -103796,7 +104022,7 @@ pub mod nvml {
         params: &[
             Wire::Str,
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -103810,8 +104036,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1448u32,
+        wire: 1654u32,
+        call: 1451u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -103820,7 +104046,7 @@ pub mod nvml {
         params: &[
             Wire::Str,
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -103834,8 +104060,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1449u32,
+        wire: 1655u32,
+        call: 1452u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -103844,7 +104070,7 @@ pub mod nvml {
         params: &[
             Wire::Str,
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -103858,8 +104084,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1450u32,
+        wire: 1656u32,
+        call: 1453u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -103873,7 +104099,7 @@ pub mod nvml {
                 record: Some("nvmlUUID_v1_t"),
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -103887,8 +104113,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1451u32,
+        wire: 1657u32,
+        call: 1454u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -103896,7 +104122,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103916,8 +104142,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1452u32,
+        wire: 1658u32,
+        call: 1455u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -103925,7 +104151,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103945,8 +104171,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1453u32,
+        wire: 1659u32,
+        call: 1456u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -103954,7 +104180,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103974,8 +104200,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1454u32,
+        wire: 1660u32,
+        call: 1457u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -103983,7 +104209,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104003,8 +104229,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1455u32,
+        wire: 1661u32,
+        call: 1458u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -104012,7 +104238,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104038,8 +104264,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1456u32,
+        wire: 1662u32,
+        call: 1459u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -104047,7 +104273,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104073,8 +104299,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1457u32,
+        wire: 1663u32,
+        call: 1460u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -104082,7 +104308,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104106,8 +104332,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1458u32,
+        wire: 1664u32,
+        call: 1461u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -104115,7 +104341,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104139,8 +104365,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1459u32,
+        wire: 1665u32,
+        call: 1462u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -104148,7 +104374,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104168,8 +104394,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1460u32,
+        wire: 1666u32,
+        call: 1463u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -104177,7 +104403,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104197,8 +104423,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1461u32,
+        wire: 1667u32,
+        call: 1464u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -104206,7 +104432,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104226,8 +104452,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1462u32,
+        wire: 1668u32,
+        call: 1465u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -104235,7 +104461,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104261,8 +104487,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1463u32,
+        wire: 1669u32,
+        call: 1466u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -104270,7 +104496,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104290,8 +104516,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1464u32,
+        wire: 1670u32,
+        call: 1467u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -104299,7 +104525,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104319,8 +104545,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1465u32,
+        wire: 1671u32,
+        call: 1468u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -104328,7 +104554,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104336,7 +104562,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -104350,8 +104576,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1466u32,
+        wire: 1672u32,
+        call: 1469u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -104359,7 +104585,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104385,8 +104611,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1467u32,
+        wire: 1673u32,
+        call: 1470u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -104394,7 +104620,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104428,8 +104654,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1468u32,
+        wire: 1674u32,
+        call: 1471u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -104437,7 +104663,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104463,8 +104689,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1469u32,
+        wire: 1675u32,
+        call: 1472u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -104472,7 +104698,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104492,8 +104718,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1470u32,
+        wire: 1676u32,
+        call: 1473u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -104501,7 +104727,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104521,8 +104747,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1471u32,
+        wire: 1677u32,
+        call: 1474u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -104530,7 +104756,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104550,8 +104776,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1472u32,
+        wire: 1678u32,
+        call: 1475u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -104559,7 +104785,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104579,8 +104805,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1473u32,
+        wire: 1679u32,
+        call: 1476u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -104588,7 +104814,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104608,8 +104834,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1474u32,
+        wire: 1680u32,
+        call: 1477u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -104617,7 +104843,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104637,8 +104863,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1475u32,
+        wire: 1681u32,
+        call: 1478u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -104646,7 +104872,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104674,8 +104900,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1476u32,
+        wire: 1682u32,
+        call: 1479u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -104683,7 +104909,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104707,8 +104933,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1477u32,
+        wire: 1683u32,
+        call: 1480u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -104716,7 +104942,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104740,8 +104966,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1478u32,
+        wire: 1684u32,
+        call: 1481u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -104749,7 +104975,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104773,8 +104999,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1479u32,
+        wire: 1685u32,
+        call: 1482u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -104782,7 +105008,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104808,8 +105034,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1480u32,
+        wire: 1686u32,
+        call: 1483u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -104817,11 +105043,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104845,8 +105071,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1481u32,
+        wire: 1687u32,
+        call: 1484u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -104854,7 +105080,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104874,8 +105100,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1482u32,
+        wire: 1688u32,
+        call: 1485u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -104883,7 +105109,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104903,8 +105129,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1483u32,
+        wire: 1689u32,
+        call: 1486u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -104912,7 +105138,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104932,8 +105158,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1484u32,
+        wire: 1690u32,
+        call: 1487u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -104941,7 +105167,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104961,8 +105187,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1485u32,
+        wire: 1691u32,
+        call: 1488u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -104970,7 +105196,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104990,8 +105216,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1486u32,
+        wire: 1692u32,
+        call: 1489u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -104999,7 +105225,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105019,8 +105245,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1487u32,
+        wire: 1693u32,
+        call: 1490u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -105028,7 +105254,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105048,8 +105274,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1488u32,
+        wire: 1694u32,
+        call: 1491u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -105057,7 +105283,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105083,8 +105309,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1489u32,
+        wire: 1695u32,
+        call: 1492u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -105092,7 +105318,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105112,8 +105338,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1490u32,
+        wire: 1696u32,
+        call: 1493u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -105121,7 +105347,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105141,8 +105367,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1491u32,
+        wire: 1697u32,
+        call: 1494u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -105150,7 +105376,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105170,8 +105396,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1492u32,
+        wire: 1698u32,
+        call: 1495u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -105179,7 +105405,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105199,8 +105425,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1493u32,
+        wire: 1699u32,
+        call: 1496u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -105208,7 +105434,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105228,8 +105454,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1494u32,
+        wire: 1700u32,
+        call: 1497u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -105237,7 +105463,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105275,8 +105501,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1495u32,
+        wire: 1701u32,
+        call: 1498u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -105284,7 +105510,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105304,8 +105530,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1496u32,
+        wire: 1702u32,
+        call: 1499u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -105313,7 +105539,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105333,8 +105559,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1497u32,
+        wire: 1703u32,
+        call: 1500u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -105342,7 +105568,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105362,8 +105588,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1498u32,
+        wire: 1704u32,
+        call: 1501u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -105371,7 +105597,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105391,8 +105617,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1499u32,
+        wire: 1705u32,
+        call: 1502u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -105400,7 +105626,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105420,8 +105646,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1500u32,
+        wire: 1706u32,
+        call: 1503u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -105429,7 +105655,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105453,8 +105679,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1501u32,
+        wire: 1707u32,
+        call: 1504u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -105462,7 +105688,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105486,8 +105712,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1502u32,
+        wire: 1708u32,
+        call: 1505u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -105495,7 +105721,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105519,8 +105745,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1503u32,
+        wire: 1709u32,
+        call: 1506u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -105528,11 +105754,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105552,8 +105778,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1504u32,
+        wire: 1710u32,
+        call: 1507u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -105561,7 +105787,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105575,7 +105801,7 @@ pub mod nvml {
                 record: None,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -105589,8 +105815,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1505u32,
+        wire: 1711u32,
+        call: 1508u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -105598,7 +105824,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105618,8 +105844,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1506u32,
+        wire: 1712u32,
+        call: 1509u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -105627,7 +105853,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105651,8 +105877,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1507u32,
+        wire: 1713u32,
+        call: 1510u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -105660,7 +105886,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105680,8 +105906,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1508u32,
+        wire: 1714u32,
+        call: 1511u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -105689,7 +105915,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105709,8 +105935,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1509u32,
+        wire: 1715u32,
+        call: 1512u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -105718,11 +105944,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105742,8 +105968,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1510u32,
+        wire: 1716u32,
+        call: 1513u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -105751,13 +105977,36 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
                 bytes: 8u8,
                 float: false,
             },
+            Wire::Handle {
+                kind: 102u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3i64,
+            unavailable: 9i64,
+            invalid_handle: 2i64,
+        },
+        only_waits: false,
+    };
+    pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
+        wire: 1717u32,
+        call: 1514u32,
+        name: "nvmlDeviceResetApplicationsClocks",
+        form: None,
+        library: "nvml",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
             Wire::Handle {
                 kind: 101u16,
                 destroy: false,
@@ -105772,32 +106021,9 @@ pub mod nvml {
         },
         only_waits: false,
     };
-    pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1511u32,
-        name: "nvmlDeviceResetApplicationsClocks",
-        form: None,
-        library: "nvml",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 100u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 3i64,
-            unavailable: 9i64,
-            invalid_handle: 2i64,
-        },
-        only_waits: false,
-    };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1512u32,
+        wire: 1718u32,
+        call: 1515u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -105805,7 +106031,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
         ],
@@ -105819,8 +106045,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1513u32,
+        wire: 1719u32,
+        call: 1516u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -105828,7 +106054,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
         ],
@@ -105842,8 +106068,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1514u32,
+        wire: 1720u32,
+        call: 1517u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -105851,7 +106077,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105869,8 +106095,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1515u32,
+        wire: 1721u32,
+        call: 1518u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -105878,7 +106104,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105900,8 +106126,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1516u32,
+        wire: 1722u32,
+        call: 1519u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -105909,7 +106135,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105931,8 +106157,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1517u32,
+        wire: 1723u32,
+        call: 1520u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -105940,7 +106166,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105958,8 +106184,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1518u32,
+        wire: 1724u32,
+        call: 1521u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -105967,7 +106193,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105989,8 +106215,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1519u32,
+        wire: 1725u32,
+        call: 1522u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -105998,7 +106224,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106016,8 +106242,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1520u32,
+        wire: 1726u32,
+        call: 1523u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -106025,7 +106251,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106043,8 +106269,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1521u32,
+        wire: 1727u32,
+        call: 1524u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -106052,7 +106278,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106070,8 +106296,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1522u32,
+        wire: 1728u32,
+        call: 1525u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -106079,7 +106305,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
         ],
@@ -106093,8 +106319,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1523u32,
+        wire: 1729u32,
+        call: 1526u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -106102,7 +106328,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106124,8 +106350,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1524u32,
+        wire: 1730u32,
+        call: 1527u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -106133,7 +106359,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106151,8 +106377,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1525u32,
+        wire: 1731u32,
+        call: 1528u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -106160,7 +106386,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -106180,8 +106406,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1526u32,
+        wire: 1732u32,
+        call: 1529u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -106189,7 +106415,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106211,8 +106437,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1527u32,
+        wire: 1733u32,
+        call: 1530u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -106220,7 +106446,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106238,8 +106464,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1528u32,
+        wire: 1734u32,
+        call: 1531u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -106247,7 +106473,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106269,8 +106495,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1529u32,
+        wire: 1735u32,
+        call: 1532u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -106278,7 +106504,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106300,8 +106526,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1530u32,
+        wire: 1736u32,
+        call: 1533u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -106309,7 +106535,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106327,8 +106553,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1531u32,
+        wire: 1737u32,
+        call: 1534u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -106336,7 +106562,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106358,8 +106584,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1532u32,
+        wire: 1738u32,
+        call: 1535u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -106367,7 +106593,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106385,8 +106611,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1533u32,
+        wire: 1739u32,
+        call: 1536u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -106394,7 +106620,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106412,8 +106638,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1534u32,
+        wire: 1740u32,
+        call: 1537u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -106421,7 +106647,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106443,8 +106669,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1535u32,
+        wire: 1741u32,
+        call: 1538u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -106452,7 +106678,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106476,8 +106702,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1536u32,
+        wire: 1742u32,
+        call: 1539u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -106485,7 +106711,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106503,8 +106729,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1537u32,
+        wire: 1743u32,
+        call: 1540u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -106512,7 +106738,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106530,8 +106756,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1538u32,
+        wire: 1744u32,
+        call: 1541u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -106539,7 +106765,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106557,8 +106783,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1539u32,
+        wire: 1745u32,
+        call: 1542u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -106566,7 +106792,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106590,8 +106816,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1540u32,
+        wire: 1746u32,
+        call: 1543u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -106599,7 +106825,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106621,8 +106847,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1541u32,
+        wire: 1747u32,
+        call: 1544u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -106630,7 +106856,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -106650,8 +106876,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1542u32,
+        wire: 1748u32,
+        call: 1545u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -106659,7 +106885,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106677,8 +106903,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1543u32,
+        wire: 1749u32,
+        call: 1546u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -106686,7 +106912,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
         ],
@@ -106700,8 +106926,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1544u32,
+        wire: 1750u32,
+        call: 1547u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -106709,7 +106935,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 102u16,
                 named: false,
             },
         ],
@@ -106723,8 +106949,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1545u32,
+        wire: 1751u32,
+        call: 1548u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -106732,7 +106958,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 102u16,
                 destroy: true,
             },
         ],
@@ -106746,8 +106972,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1546u32,
+        wire: 1752u32,
+        call: 1549u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -106771,8 +106997,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1547u32,
+        wire: 1753u32,
+        call: 1550u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -106800,8 +107026,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1548u32,
+        wire: 1754u32,
+        call: 1551u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -106809,7 +107035,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106817,7 +107043,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::Handle {
-                kind: 102u16,
+                kind: 103u16,
                 destroy: false,
             },
         ],
@@ -106831,8 +107057,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1549u32,
+        wire: 1755u32,
+        call: 1552u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -106840,7 +107066,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -106860,8 +107086,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1550u32,
+        wire: 1756u32,
+        call: 1553u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -106869,7 +107095,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 102u16,
+                kind: 103u16,
                 named: false,
             },
         ],
@@ -106883,8 +107109,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1551u32,
+        wire: 1757u32,
+        call: 1554u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -106892,7 +107118,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 102u16,
+                kind: 103u16,
                 destroy: true,
             },
         ],
@@ -106906,8 +107132,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1552u32,
+        wire: 1758u32,
+        call: 1555u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -106915,11 +107141,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 102u16,
+                kind: 103u16,
                 destroy: false,
             },
         ],
@@ -106933,8 +107159,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1553u32,
+        wire: 1759u32,
+        call: 1556u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -106942,7 +107168,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106960,8 +107186,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1554u32,
+        wire: 1760u32,
+        call: 1557u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -106969,7 +107195,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 103u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106977,7 +107203,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -106991,8 +107217,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1555u32,
+        wire: 1761u32,
+        call: 1558u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -107000,7 +107226,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 103u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107014,7 +107240,7 @@ pub mod nvml {
                 record: Some("nvmlComputeInstancePlacement_st"),
             },
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -107028,8 +107254,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1556u32,
+        wire: 1762u32,
+        call: 1559u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -107037,7 +107263,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 103u16,
+                kind: 104u16,
                 destroy: true,
             },
         ],
@@ -107051,8 +107277,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1557u32,
+        wire: 1763u32,
+        call: 1560u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -107060,7 +107286,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 103u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107068,7 +107294,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -107082,8 +107308,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1558u32,
+        wire: 1764u32,
+        call: 1561u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -107091,7 +107317,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 103u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107115,8 +107341,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1559u32,
+        wire: 1765u32,
+        call: 1562u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -107124,7 +107350,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 103u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107132,7 +107358,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 100u16,
                 named: false,
             },
             Wire::Buf {
@@ -107152,8 +107378,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1560u32,
+        wire: 1766u32,
+        call: 1563u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -107161,7 +107387,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 103u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -107181,8 +107407,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1561u32,
+        wire: 1767u32,
+        call: 1564u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -107206,8 +107432,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1562u32,
+        wire: 1768u32,
+        call: 1565u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -107231,8 +107457,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1563u32,
+        wire: 1769u32,
+        call: 1566u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -107256,8 +107482,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1564u32,
+        wire: 1770u32,
+        call: 1567u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -107281,8 +107507,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1565u32,
+        wire: 1771u32,
+        call: 1568u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -107304,8 +107530,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1566u32,
+        wire: 1772u32,
+        call: 1569u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -107327,8 +107553,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1567u32,
+        wire: 1773u32,
+        call: 1570u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -107352,8 +107578,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1568u32,
+        wire: 1774u32,
+        call: 1571u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -107361,7 +107587,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -107371,7 +107597,7 @@ pub mod nvml {
                 record: None,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -107385,8 +107611,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1569u32,
+        wire: 1775u32,
+        call: 1572u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -107398,7 +107624,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 104u16,
+                kind: 105u16,
                 named: false,
             },
         ],
@@ -107412,8 +107638,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1570u32,
+        wire: 1776u32,
+        call: 1573u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -107421,7 +107647,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107445,8 +107671,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1571u32,
+        wire: 1777u32,
+        call: 1574u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -107454,7 +107680,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107472,8 +107698,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1572u32,
+        wire: 1778u32,
+        call: 1575u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -107495,8 +107721,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1573u32,
+        wire: 1779u32,
+        call: 1576u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -107524,8 +107750,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1574u32,
+        wire: 1780u32,
+        call: 1577u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -107553,8 +107779,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1575u32,
+        wire: 1781u32,
+        call: 1578u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -107582,8 +107808,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1576u32,
+        wire: 1782u32,
+        call: 1579u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -107611,8 +107837,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1577u32,
+        wire: 1783u32,
+        call: 1580u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -107640,8 +107866,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1578u32,
+        wire: 1784u32,
+        call: 1581u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -107669,8 +107895,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1579u32,
+        wire: 1785u32,
+        call: 1582u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -107698,8 +107924,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1580u32,
+        wire: 1786u32,
+        call: 1583u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -107727,8 +107953,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1581u32,
+        wire: 1787u32,
+        call: 1584u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -107754,8 +107980,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1582u32,
+        wire: 1788u32,
+        call: 1585u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -107787,8 +108013,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1583u32,
+        wire: 1789u32,
+        call: 1586u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -107822,8 +108048,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1584u32,
+        wire: 1790u32,
+        call: 1587u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -107851,8 +108077,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1585u32,
+        wire: 1791u32,
+        call: 1588u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -107880,8 +108106,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1586u32,
+        wire: 1792u32,
+        call: 1589u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -107909,8 +108135,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1587u32,
+        wire: 1793u32,
+        call: 1590u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -107938,8 +108164,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1588u32,
+        wire: 1794u32,
+        call: 1591u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -107967,8 +108193,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1589u32,
+        wire: 1795u32,
+        call: 1592u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -107976,7 +108202,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 101u16,
                 destroy: false,
             },
             Wire::Val {
@@ -108000,8 +108226,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1590u32,
+        wire: 1796u32,
+        call: 1593u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -108029,8 +108255,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1591u32,
+        wire: 1797u32,
+        call: 1594u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -108058,8 +108284,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1592u32,
+        wire: 1798u32,
+        call: 1595u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -108100,8 +108326,8 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2188u32,
+        wire: 2394u32,
+        call: 2191u32,
         name: "nvrtcAddNameExpression",
         form: None,
         library: "nvrtc",
@@ -108124,8 +108350,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2189u32,
+        wire: 2395u32,
+        call: 2192u32,
         name: "nvrtcDestroyProgram",
         form: None,
         library: "nvrtc",
@@ -108147,8 +108373,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2190u32,
+        wire: 2396u32,
+        call: 2193u32,
         name: "nvrtcGetCUBINSize",
         form: None,
         library: "nvrtc",
@@ -108176,8 +108402,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2191u32,
+        wire: 2397u32,
+        call: 2194u32,
         name: "nvrtcGetLTOIRSize",
         form: None,
         library: "nvrtc",
@@ -108205,8 +108431,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2192u32,
+        wire: 2398u32,
+        call: 2195u32,
         name: "nvrtcGetNVVMSize",
         form: None,
         library: "nvrtc",
@@ -108234,8 +108460,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2193u32,
+        wire: 2399u32,
+        call: 2196u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -108259,8 +108485,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2194u32,
+        wire: 2400u32,
+        call: 2197u32,
         name: "nvrtcGetOptiXIRSize",
         form: None,
         library: "nvrtc",
@@ -108288,8 +108514,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2195u32,
+        wire: 2401u32,
+        call: 2198u32,
         name: "nvrtcGetPCHCreateStatus",
         form: None,
         library: "nvrtc",
@@ -108311,8 +108537,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2196u32,
+        wire: 2402u32,
+        call: 2199u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -108336,8 +108562,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2197u32,
+        wire: 2403u32,
+        call: 2200u32,
         name: "nvrtcGetPCHHeapSizeRequired",
         form: None,
         library: "nvrtc",
@@ -108365,8 +108591,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2198u32,
+        wire: 2404u32,
+        call: 2201u32,
         name: "nvrtcGetPTXSize",
         form: None,
         library: "nvrtc",
@@ -108394,8 +108620,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2199u32,
+        wire: 2405u32,
+        call: 2202u32,
         name: "nvrtcGetProgramLogSize",
         form: None,
         library: "nvrtc",
@@ -108423,8 +108649,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2200u32,
+        wire: 2406u32,
+        call: 2203u32,
         name: "nvrtcGetSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -108448,8 +108674,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2201u32,
+        wire: 2407u32,
+        call: 2204u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -108471,8 +108697,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2202u32,
+        wire: 2408u32,
+        call: 2205u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -3,6 +3,11 @@
 //! the address of a host scalar the library reads (torch's SDPA passes `&scale`). Such a
 //! pointer means nothing on the server, so the client places the scalar's bytes there once
 //! (`Service::HostValue`, cached by content) and sends the server's address instead.
+//!
+//! Variant packs are made per execution (torch's SDPA creates, fills, finalizes, executes
+//! and destroys one per call): the client names them, and sends their create and finalize
+//! without waiting, so a graph execution costs no round trip. They never travel inside
+//! another descriptor's attributes, so the server's name table covers every use.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
@@ -126,6 +131,59 @@ pub unsafe fn cudnnBackendSetAttribute__cu126(
 ) -> u32 {
     let desc = &calls::cudnnBackendSetAttribute__cu126__call;
     set_attribute(desc, descriptor, attributeName, attributeType, elementCount, arrayOfElements, CODES_V9)
+}
+
+/// CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR (the same in cuDNN 8 and 9).
+const VARIANT_PACK: u32 = 16;
+
+fn create_descriptor(
+    call: &'static CallDesc,
+    named: &'static CallDesc,
+    ty: u32,
+    out: *mut c_void,
+    bad_param: u32,
+) -> u32 {
+    crate::guard::ffi("cudnnBackendCreateDescriptor", bad_param, || {
+        if out.is_null() {
+            return bad_param;
+        }
+        let desc = if ty == VARIANT_PACK { named } else { call };
+        // SAFETY: `out` receives one descriptor (written by the client for a named one).
+        unsafe { crate::runtime::call(desc, &[u64::from(ty), out as u64]) as u32 }
+    })
+}
+
+fn finalize(call: &'static CallDesc, deferred: &'static CallDesc, descriptor: *mut c_void, bad_param: u32) -> u32 {
+    crate::guard::ffi("cudnnBackendFinalize", bad_param, || {
+        // Only variant packs carry client names: their finalize cannot fail for a pack
+        // whose attributes the library accepted, and an error still surfaces at the next
+        // synchronizing call.
+        let desc = if crate::runtime::is_client_name(descriptor as u64) { deferred } else { call };
+        // SAFETY: a value.
+        unsafe { crate::runtime::call(desc, &[descriptor as u64]) as u32 }
+    })
+}
+
+pub unsafe fn cudnnBackendCreateDescriptor__cu118(ty: u32, descriptor: *mut c_void) -> u32 {
+    let (call, named) =
+        (&calls::cudnnBackendCreateDescriptor__cu118__call, &calls::cudnnBackendCreateDescriptor__cu118__named);
+    create_descriptor(call, named, ty, descriptor, CODES_V8.0)
+}
+
+pub unsafe fn cudnnBackendCreateDescriptor__cu126(ty: u32, descriptor: *mut c_void) -> u32 {
+    let (call, named) =
+        (&calls::cudnnBackendCreateDescriptor__cu126__call, &calls::cudnnBackendCreateDescriptor__cu126__named);
+    create_descriptor(call, named, ty, descriptor, CODES_V9.0)
+}
+
+pub unsafe fn cudnnBackendFinalize__cu118(descriptor: *mut c_void) -> u32 {
+    let (call, deferred) = (&calls::cudnnBackendFinalize__cu118__call, &calls::cudnnBackendFinalize__cu118__async);
+    finalize(call, deferred, descriptor, CODES_V8.0)
+}
+
+pub unsafe fn cudnnBackendFinalize__cu126(descriptor: *mut c_void) -> u32 {
+    let (call, deferred) = (&calls::cudnnBackendFinalize__cu126__call, &calls::cudnnBackendFinalize__cu126__async);
+    finalize(call, deferred, descriptor, CODES_V9.0)
 }
 
 /// The library's versions, asked once per process.
