@@ -11,7 +11,10 @@
 #   core     version matrix against the real GPU; 4-byte D2H round trip (median, p99 of
 #            10,000) and 1 GiB H2D/D2H, native and remote; GPU memory back after SIGKILL
 #   kernels  the CUDA suite: native, loopback, 70 ms WAN; the module cache's second run
-#   torch    the torch suite and the standard workloads, native and remote
+#   torch    `import torch` and the first result read back (round trips, fresh and warm
+#            module cache), the standard workloads and the torch suite, native and remote
+#   repeat   decode with the dynamic cache through chidori $REPEAT times (MALLOC_CHECK_=3):
+#            hunting an intermittent client abort
 # The standard workloads and the WAN relay come from ../shared (copied into target/dist by
 # `cargo xtask dist`, since only the repository travels). Logs go to $LOGS, packed into
 # $LOGS/round-logs.tgz at the end (the device tool returns at most 8 files); a table last.
@@ -119,11 +122,20 @@ if want kernels; then
 fi
 
 if want torch; then
+  # `import torch` makes no call; the first result read back, on a fresh server (the fill
+  # kernel's module is uploaded) and again (the module cache has it).
+  "$CHIDORI" run --trace -s $SERVER -- python3 -c "import torch, torch.nn" > "$LOGS/import.txt" 2>&1
+  row "import torch" "$(grep -q TOTAL "$LOGS/import.txt" && grep TOTAL "$LOGS/import.txt" | tr -s ' ' || echo "no call")"
+  for n in 1 2; do
+    "$CHIDORI" run --trace -s $SERVER -- python3 -c "import torch; print(torch.ones(1, device='cuda').item())" \
+      > "$LOGS/first-$n.txt" 2>&1
+    row "first result (run $n)" "$(grep -q '^1.0' "$LOGS/first-$n.txt" && echo ok || echo FAILED); $(grep TOTAL "$LOGS/first-$n.txt" | awk '{print $2" calls, "$3" round trips"}')"
+  done
   # The standard workloads (QUICK=1: small sizes, a functional check), then the suite.
   quick=(); [[ ${QUICK:-0} == 1 ]] && quick=(--quick)
   timeout ${WORKLOAD_TIMEOUT:-400} python3 gpu/workloads.py --chidori "$CHIDORI" --server $SERVER \
     --wan-server 127.0.0.1:$WAN_PORT --workloads "$SHARED/workloads" --json "$LOGS/workloads.json" \
-    --timeout ${RUN_TIMEOUT:-150} "${quick[@]}" ${WORKLOADS:+$(printf -- '--only %s ' $WORKLOADS)} ${NO_WAN:+--no-wan} \
+    --timeout ${RUN_TIMEOUT:-150} "${quick[@]}" ${WORKLOADS:+$(printf -- '--only %s ' $WORKLOADS)} ${NO_WAN:+--no-wan} ${WAN_ONLY:+--wan-only} \
     > "$LOGS/workloads.txt" 2>&1
   rc=$?
   cat "$LOGS/workloads.txt"
@@ -137,3 +149,12 @@ if want torch; then
   fi
 fi
 
+if want repeat; then
+  ok=0; n=${REPEAT:-3}
+  for i in $(seq "$n"); do
+    MALLOC_CHECK_=3 timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- python3 -X faulthandler \
+      "$SHARED/workloads/decode.py" --cache dynamic > "$LOGS/repeat-$i.out" 2> "$LOGS/repeat-$i.err" && ok=$((ok + 1))
+    tail -1 "$LOGS/repeat-$i.out"
+  done
+  row "decode dynamic repeated" "$ok of $n passed (repeat-*.err)"
+fi

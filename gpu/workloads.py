@@ -17,15 +17,15 @@ import subprocess
 import sys
 import time
 
-# name, script, arguments, units of work (for round trips per unit), whether to run at 70 ms
+# name, script, arguments, units of work (for round trips per unit)
 CONFIGS = [
-    ("matmul-fp16", "matmul.py", ["--dtype", "fp16"], None, False),
-    ("matmul-fp32", "matmul.py", ["--dtype", "fp32"], None, False),
-    ("train-fp32", "train.py", ["--dtype", "fp32"], "steps", True),
-    ("train-fp16", "train.py", ["--dtype", "fp16"], "steps", False),
-    ("decode-static", "decode.py", ["--mode", "generate", "--cache", "static"], "new_tokens", True),
-    ("decode-dynamic", "decode.py", ["--mode", "generate", "--cache", "dynamic"], "new_tokens", False),
-    ("decode-graph", "decode.py", ["--mode", "graph"], "new_tokens", False),
+    ("matmul-fp16", "matmul.py", ["--dtype", "fp16"], None),
+    ("matmul-fp32", "matmul.py", ["--dtype", "fp32"], None),
+    ("train-fp32", "train.py", ["--dtype", "fp32"], "steps"),
+    ("train-fp16", "train.py", ["--dtype", "fp16"], "steps"),
+    ("decode-static", "decode.py", ["--mode", "generate", "--cache", "static"], "new_tokens"),
+    ("decode-dynamic", "decode.py", ["--mode", "generate", "--cache", "dynamic"], "new_tokens"),
+    ("decode-graph", "decode.py", ["--mode", "graph"], "new_tokens"),
 ]
 # Smaller runs for a first check that everything works.
 QUICK = {
@@ -88,6 +88,22 @@ def check_value(result):
     return None
 
 
+def agrees(native, remote):
+    """Whether a remote run reproduced the native correctness value: the same tokens, the
+    same losses to 1e-3 relative, a matmul check of the same magnitude."""
+    if not native or not remote:
+        return False
+    if "tokens" in native:
+        return native["tokens"] == remote.get("tokens")
+    if "loss" in native:
+        pairs = [(native["loss"], remote.get("loss"))] + list(zip(native.get("losses", []), remote.get("losses", [])))
+        return all(b is not None and abs(a - b) <= 1e-3 * max(abs(a), 1e-6) for a, b in pairs)
+    if "check" in native:
+        a, b = native["check"], remote.get("check")
+        return b is not None and b <= 10 * max(a, 1e-12)
+    return False
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--chidori", required=True)
@@ -99,23 +115,36 @@ def main():
     ap.add_argument("--only", action="append")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--no-wan", action="store_true", help="skip the 70 ms runs")
+    ap.add_argument("--wan-only", action="store_true", help="only the 70 ms runs (and their native twins)")
     a = ap.parse_args()
     rows = []
-    for name, script, args, unit, wan in CONFIGS:
+    for name, script, args, unit in CONFIGS:
         if a.only and name not in a.only:
             continue
         path = os.path.join(a.workloads, script)
         extra = QUICK.get(script, []) if a.quick else []
         base = [sys.executable, path] + args + extra
         entry = {"name": name, "args": args + extra}
-        entry["native"] = run(base, a.timeout)
-        entry["remote"] = run([a.chidori, "run", "--trace", "-s", a.server, "--"] + base, a.timeout)
-        if wan and a.wan_server and not a.no_wan:
+        skipped = {"rc": "skipped", "result": None, "stderr_tail": "", "trace": "", "round_trips": None}
+        entry["native"] = skipped if a.wan_only else run(base, a.timeout)
+        entry["remote"] = skipped if a.wan_only else run([a.chidori, "run", "--trace", "-s", a.server, "--"] + base, a.timeout)
+        if a.wan_server and not a.no_wan:
             wargs = args + (extra or WAN_ARGS.get(script, []))
             wbase = [sys.executable, path] + wargs
             entry["wan_args"] = wargs
             entry["wan_native"] = run(wbase, a.timeout)
             entry["wan"] = run([a.chidori, "run", "--trace", "-s", a.wan_server, "--"] + wbase, a.timeout)
+        if unit == "new_tokens" and not a.wan_only:
+            # Round trips per token once generation runs: the difference to a run with half
+            # the tokens (setup, weights and graph building cancel out).
+            full = (entry["remote"].get("result") or {}).get("new_tokens")
+            if full:
+                half = full // 2
+                # argparse takes the last --new-tokens given.
+                entry["remote_half"] = run([a.chidori, "run", "--trace", "-s", a.server, "--"] + base + ["--new-tokens", str(half)], a.timeout)
+                rt_full, rt_half = entry["remote"].get("round_trips"), entry["remote_half"].get("round_trips")
+                if rt_full is not None and rt_half is not None:
+                    entry["steady_round_trips_per_token"] = round((rt_full - rt_half) / (full - half), 2)
         if unit:
             for k in ("remote", "wan"):
                 r = entry.get(k)
@@ -125,14 +154,16 @@ def main():
                     r["round_trips_per_unit"] = round(r["round_trips"] / n, 2)
         rows.append(entry)
         print(json.dumps({"done": name, "native": entry["native"]["result"], "remote": entry["remote"]["result"],
-                          "remote_rc": entry["remote"]["rc"]}), flush=True)
-        if entry["remote"]["rc"] != 0:
-            print(entry["remote"]["stderr_tail"][-2500:], flush=True)
+                          "remote_rc": entry["remote"]["rc"], "wan": entry.get("wan", {}).get("result"),
+                          "wan_rc": entry.get("wan", {}).get("rc")}), flush=True)
+        for k in ("remote", "wan"):
+            if k in entry and entry[k]["rc"] not in (0, "skipped"):
+                print(f"{k}: " + entry[k]["stderr_tail"][-2500:], flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
     print()
-    print(f"{'workload':16} {'native':>10} {'remote':>10} {'ratio':>6} {'rt/unit':>8}  {'wan':>10} {'wan/nat':>7} {'rt/unit':>8}  check native | remote")
+    print(f"{'workload':16} {'native':>10} {'remote':>10} {'ratio':>6} {'rt/unit':>8} {'steady':>6}  {'wan nat':>9} {'wan':>9} {'wan/nat':>7} {'rt/unit':>8}  same result (loopback, wan); check native | remote")
     for e in rows:
         n, r = metric(e["native"]["result"]), metric(e["remote"]["result"])
         ratio = f"{r / n:.3f}" if n and r else "-"
@@ -142,8 +173,12 @@ def main():
         wr = f"{wm / wn:.3f}" if wn and wm else "-"
         cn, cr = check_value(e["native"]["result"]), check_value(e["remote"]["result"])
         short = lambda v: json.dumps(v)[:40] if v is not None else "FAILED"
-        print(f"{e['name']:16} {n or '-':>10} {r or '-':>10} {ratio:>6} {e['remote'].get('round_trips_per_unit', '-'):>8}  "
-              f"{wm or '-':>10} {wr:>7} {(w or {}).get('round_trips_per_unit', '-'):>8}  {short(cn)} | {short(cr)}")
+        same = lambda x, y: "-" if x is None else ("yes" if agrees(x.get("result"), (y or {}).get("result")) else "NO")
+        loop_ok = "-" if e["native"]["rc"] == "skipped" else same(e["native"], e["remote"])
+        wan_ok = same(e.get("wan_native"), w) if w else "-"
+        print(f"{e['name']:16} {n or '-':>10} {r or '-':>10} {ratio:>6} {e['remote'].get('round_trips_per_unit', '-'):>8} "
+              f"{e.get('steady_round_trips_per_token', '-'):>6}  {wn or '-':>9} {wm or '-':>9} {wr:>7} {(w or {}).get('round_trips_per_unit', '-'):>8}  {loop_ok}, {wan_ok}; "
+              f"{short(cn)} | {short(cr)}")
 
 
 if __name__ == "__main__":

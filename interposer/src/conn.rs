@@ -1,6 +1,9 @@
 //! The connection to `chidori serve`: made lazily on the first call that needs the server,
-//! once per process (a forked child makes its own). Application threads write whole frames
-//! themselves, under one lock, with vectored writes straight from their buffers; one mio
+//! once per process (a forked child makes its own). A frame whose caller waits for the reply
+//! is written by the calling thread, under one lock, in one vectored write; frames nobody
+//! waits for (asynchronous calls, launches) are copied into an outbox that a flusher thread
+//! writes out, so a burst of them costs one system call instead of one each (the outbox is
+//! written before any later waiting frame, so the order on the wire is the issue order). One mio
 //! I/O thread reads, delivers replies (writing outputs into the caller's memory), runs the
 //! heartbeat, and answers the server's pings and host-callback requests.
 
@@ -87,8 +90,13 @@ pub struct Conn {
     pub server: String,
     pub welcome: Welcome,
     pub profile: crate::state::Profile,
-    pid: u32,
+    /// The fork generation the connection was made in (a forked child makes its own).
+    forks: u64,
     writer: Mutex<TcpStream>,
+    /// Frames sent without waiting, not yet written (lock order: `writer`, then `outbox`).
+    outbox: Mutex<Outbox>,
+    /// Wakes the flusher thread when the outbox fills while it sleeps.
+    flush_wanted: Condvar,
     pending: Mutex<HashMap<u64, Pending>>,
     next_seq: AtomicU64,
     broken: OnceLock<String>,
@@ -105,16 +113,45 @@ pub struct Conn {
     last_heard: Mutex<Instant>,
 }
 
+#[derive(Default)]
+struct Outbox {
+    bytes: Vec<u8>,
+    /// An emptied buffer to reuse (its capacity stays).
+    spare: Vec<u8>,
+    /// The flusher was told there is work (posting threads need not wake it again).
+    awake: bool,
+}
+
+/// A frame with more bulk bytes than this is written straight from the caller's buffers
+/// rather than copied into the outbox.
+const OUTBOX_FRAME_MAX: usize = 64 << 10;
+
 static CONN: Mutex<Option<Result<Arc<Conn>, String>>> = Mutex::new(None);
+
+/// Forks this process has been through: bumped in the child, so a connection compares a
+/// number instead of asking the kernel for its pid on every call.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+fn count_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn in_child() {
+        FORKS.fetch_add(1, Ordering::Relaxed);
+    }
+    // SAFETY: registers a child handler that only bumps an atomic (async-signal-safe).
+    ONCE.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(in_child));
+    });
+}
 
 /// The process's connection, made on first use. Err: why there is none (logged once).
 pub fn get() -> Result<Arc<Conn>, String> {
     crate::log::init();
+    count_forks();
     let mut slot = CONN.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(existing) = slot.as_ref() {
         match existing {
             // A forked child must not write into its parent's connection.
-            Ok(c) if c.pid != std::process::id() => {}
+            Ok(c) if c.forks != FORKS.load(Ordering::Relaxed) => {}
             other => return other.clone(),
         }
     }
@@ -124,6 +161,8 @@ pub fn get() -> Result<Arc<Conn>, String> {
     }
     if let Ok(c) = &made {
         start_io_thread(c.clone());
+        start_flusher(c.clone());
+        register_exit_flush();
         crate::trace::register_exit_report();
     }
     *slot = Some(made.clone());
@@ -216,8 +255,10 @@ fn connect() -> Result<Conn, String> {
         server,
         profile: crate::state::Profile::from_welcome(&welcome),
         welcome,
-        pid: std::process::id(),
+        forks: FORKS.load(Ordering::Relaxed),
         writer: Mutex::new(stream),
+        outbox: Mutex::new(Outbox::default()),
+        flush_wanted: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
         next_seq: AtomicU64::new(1),
         broken: OnceLock::new(),
@@ -290,8 +331,9 @@ impl Conn {
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq);
     }
 
-    /// Send one frame: header, archive and the bulk parts, in one vectored write where the
-    /// socket takes it (waiting for room otherwise). Frames never interleave.
+    /// Send one frame now: whatever the outbox holds, then the header, archive and bulk
+    /// parts, in one vectored write where the socket takes it (waiting for room otherwise).
+    /// For frames whose sender waits for the reply. Frames never interleave.
     pub fn send(&self, header: Header, archive: &[u8], bulk: &[&[u8]]) -> Result<(), String> {
         if let Some(reason) = self.broken() {
             return Err(reason.to_owned());
@@ -299,18 +341,80 @@ impl Conn {
         let total: usize = bulk.iter().map(|b| b.len()).sum();
         // A frame over the limits is this call's error, not the connection's.
         let head = frame::assemble(header, archive, total).map_err(|e| e.to_string())?;
-        let mut slices = Vec::with_capacity(2 + bulk.len());
+        let stream = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let queued = self.take_outbox();
+        let mut slices = Vec::with_capacity(3 + bulk.len());
+        slices.push(IoSlice::new(&queued));
         slices.push(IoSlice::new(&head));
         slices.push(IoSlice::new(archive));
         slices.extend(bulk.iter().map(|b| IoSlice::new(b)));
-        let stream = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let result = write_vectored_all(&stream, &mut slices);
         drop(stream);
-        result.map_err(|e| {
-            let reason = format!("lost the connection to Chidori server {}: {e}", self.server);
-            self.fail(reason.clone());
-            reason
-        })
+        self.return_spare(queued);
+        result.map_err(|e| self.lost(e))
+    }
+
+    /// Queue one frame nobody waits for: its bytes (the caller's host buffers included) are
+    /// copied now, and the flusher writes them soon, together with whatever else is queued.
+    pub fn post(&self, header: Header, archive: &[u8], bulk: &[&[u8]]) -> Result<(), String> {
+        let total: usize = bulk.iter().map(|b| b.len()).sum();
+        if total > OUTBOX_FRAME_MAX {
+            return self.send(header, archive, bulk);
+        }
+        if let Some(reason) = self.broken() {
+            return Err(reason.to_owned());
+        }
+        let head = frame::assemble(header, archive, total).map_err(|e| e.to_string())?;
+        let mut outbox = self.outbox.lock().unwrap_or_else(|p| p.into_inner());
+        outbox.bytes.extend_from_slice(&head);
+        outbox.bytes.extend_from_slice(archive);
+        for b in bulk {
+            outbox.bytes.extend_from_slice(b);
+        }
+        let wake = !outbox.awake;
+        outbox.awake = true;
+        drop(outbox);
+        if wake {
+            self.flush_wanted.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The queued bytes, leaving the spare buffer in their place. Called under `writer`.
+    fn take_outbox(&self) -> Vec<u8> {
+        let mut outbox = self.outbox.lock().unwrap_or_else(|p| p.into_inner());
+        let spare = std::mem::take(&mut outbox.spare);
+        std::mem::replace(&mut outbox.bytes, spare)
+    }
+
+    fn return_spare(&self, mut buf: Vec<u8>) {
+        // Keep a moderately sized buffer for reuse; a huge one goes back to the allocator.
+        if buf.capacity() <= 4 * OUTBOX_FRAME_MAX {
+            buf.clear();
+            let mut outbox = self.outbox.lock().unwrap_or_else(|p| p.into_inner());
+            if outbox.spare.capacity() < buf.capacity() {
+                outbox.spare = buf;
+            }
+        }
+    }
+
+    /// Write the outbox (the flusher's work; also before the process exits).
+    pub fn flush(&self) -> Result<(), String> {
+        let stream = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let queued = self.take_outbox();
+        if queued.is_empty() {
+            return Ok(());
+        }
+        let result = write_vectored_all(&stream, &mut [IoSlice::new(&queued)]);
+        drop(stream);
+        self.return_spare(queued);
+        result.map_err(|e| self.lost(e))
+    }
+
+    fn lost(&self, e: std::io::Error) -> String {
+        let reason = format!("lost the connection to Chidori server {}: {e}", self.server);
+        self.fail(reason.clone());
+        reason
     }
 
     /// A Chidori request (module loading, kernel metadata), answered on the calling
@@ -332,7 +436,7 @@ impl Conn {
     pub fn launch(&self, launch: &messages::Launch, params: &[u8]) -> Result<(), String> {
         let seq = self.next_seq();
         let header = Header::new(Kind::Launch, 0, crate::runtime::thread_id(), seq);
-        self.send(header, &messages::encode(launch), &[params])
+        self.post(header, &messages::encode(launch), &[params])
     }
 
     pub fn defer_error(&self, library: &'static str, status: i64) {
@@ -401,6 +505,46 @@ fn write_vectored_all(mut stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) ->
         }
     }
     Ok(())
+}
+
+/// Frames still queued when the program exits go out (the flusher may not run again).
+fn register_exit_flush() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn flush_at_exit() {
+        let _ = std::panic::catch_unwind(|| {
+            if let Some(conn) = existing() {
+                let _ = conn.flush();
+            }
+        });
+    }
+    // SAFETY: registers a function that takes no arguments and catches its own panics.
+    ONCE.call_once(|| unsafe {
+        libc::atexit(flush_at_exit);
+    });
+}
+
+/// The flusher: writes the outbox whenever it holds frames, until the connection breaks.
+fn start_flusher(conn: Arc<Conn>) {
+    let spawned = std::thread::Builder::new().name("chidori-flush".into()).spawn(move || {
+        loop {
+            let mut outbox = conn.outbox.lock().unwrap_or_else(|p| p.into_inner());
+            while outbox.bytes.is_empty() {
+                if conn.broken().is_some() {
+                    return;
+                }
+                outbox.awake = false;
+                outbox =
+                    conn.flush_wanted.wait_timeout(outbox, Duration::from_secs(1)).unwrap_or_else(|p| p.into_inner()).0;
+            }
+            drop(outbox);
+            if conn.flush().is_err() {
+                return;
+            }
+        }
+    });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the Chidori flusher thread: {e}");
+    }
 }
 
 fn start_io_thread(conn: Arc<Conn>) {

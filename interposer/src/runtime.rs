@@ -203,7 +203,9 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     let header = Header::new(Kind::Call, desc.wire, thread_id(), seq);
     let sent_bytes: usize = prepared.bulk.iter().map(|b| b.len()).sum::<usize>() + archive.len();
     let start = Instant::now();
-    if conn.send(header, &archive, &prepared.bulk).is_err() {
+    let sent =
+        if waits { conn.send(header, &archive, &prepared.bulk) } else { conn.post(header, &archive, &prepared.bulk) };
+    if sent.is_err() {
         conn.forget(seq);
         return unavailable(desc);
     }
@@ -241,7 +243,7 @@ pub unsafe fn send_deferred(conn: &Conn, desc: &'static CallDesc, args: &[u64]) 
     let seq = conn.next_seq();
     let slot = conn.expect(seq, prepared.outs.clone());
     let archive = messages::encode(&prepared.call);
-    if conn.send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &prepared.bulk).is_err() {
+    if conn.post(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &prepared.bulk).is_err() {
         conn.forget(seq);
         return None;
     }

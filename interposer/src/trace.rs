@@ -2,15 +2,19 @@
 //! spent waiting, written when the program exits (to stderr, or to the file CHIDORI_TRACE
 //! names).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, Once, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
 use std::time::Instant;
 
 use chidori_protocol::desc::CallDesc;
 
-#[derive(Default)]
+/// One function's counts. A slot of a fixed table, claimed by the address and length of the
+/// function's name (a `&'static str`): counting takes no lock, since local calls such as
+/// cudaGetDevice run millions of times.
 struct Counter {
+    key: AtomicUsize,
+    name: OnceLock<&'static str>,
     calls: AtomicU64,
     round_trips: AtomicU64,
     sent: AtomicU64,
@@ -18,19 +22,48 @@ struct Counter {
     wait_ns: AtomicU64,
 }
 
+impl Counter {
+    const fn new() -> Counter {
+        Counter {
+            key: AtomicUsize::new(0),
+            name: OnceLock::new(),
+            calls: AtomicU64::new(0),
+            round_trips: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            wait_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+/// More slots than functions any program calls; a full table drops counts (never blocks).
+const SLOTS: usize = 4096;
+static TABLE: [Counter; SLOTS] = [const { Counter::new() }; SLOTS];
+
 fn destination() -> Option<&'static str> {
     static DEST: OnceLock<Option<String>> = OnceLock::new();
     DEST.get_or_init(|| std::env::var(chidori_protocol::env::TRACE).ok().filter(|v| !v.is_empty())).as_deref()
 }
 
-fn counters() -> &'static Mutex<HashMap<&'static str, Counter>> {
-    static C: OnceLock<Mutex<HashMap<&'static str, Counter>>> = OnceLock::new();
-    C.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
 fn with(name: &'static str, f: impl FnOnce(&Counter)) {
-    let mut map = counters().lock().unwrap_or_else(|p| p.into_inner());
-    f(map.entry(name).or_default());
+    // Two names may share an address (one a prefix of the other): the length tells them apart.
+    let key = (name.as_ptr() as usize) ^ (name.len() << 48) | 1;
+    let start = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52;
+    for i in 0..SLOTS {
+        let slot = &TABLE[(start + i) % SLOTS];
+        let k = slot.key.load(Ordering::Acquire);
+        let mine = k == key
+            || (k == 0
+                && match slot.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => true,
+                    Err(other) => other == key,
+                });
+        if mine {
+            let _ = slot.name.set(name);
+            f(slot);
+            return;
+        }
+    }
 }
 
 /// Record one forwarded call.
@@ -85,29 +118,27 @@ pub fn register_exit_report() {
 
 extern "C" fn report() {
     let _ = std::panic::catch_unwind(|| {
-        let map = counters().lock().unwrap_or_else(|p| p.into_inner());
-        let mut rows: Vec<_> = map.iter().collect();
-        rows.sort_by(|a, b| {
-            b.1.calls.load(Ordering::Relaxed).cmp(&a.1.calls.load(Ordering::Relaxed)).then(a.0.cmp(b.0))
-        });
+        // Variants of one function (and equal names at different addresses) share a row.
+        let mut merged: BTreeMap<&str, [u64; 5]> = BTreeMap::new();
+        for c in TABLE.iter() {
+            let Some(name) = c.name.get() else { continue };
+            let row = merged.entry(name).or_default();
+            for (i, a) in [&c.calls, &c.round_trips, &c.sent, &c.received, &c.wait_ns].iter().enumerate() {
+                row[i] += a.load(Ordering::Relaxed);
+            }
+        }
+        let mut rows: Vec<_> = merged.into_iter().collect();
+        rows.sort_by(|a, b| b.1[0].cmp(&a.1[0]).then(a.0.cmp(b.0)));
         let mut out =
             String::from("chidori trace: function, calls, round trips, bytes sent, bytes received, ms waiting\n");
         let (mut calls, mut trips, mut sent, mut recv, mut wait) = (0, 0, 0, 0, 0);
-        for (name, c) in rows {
-            let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
-            out.push_str(&format!(
-                "{name:<44} {:>9} {:>9} {:>13} {:>13} {:>10.1}\n",
-                v(&c.calls),
-                v(&c.round_trips),
-                v(&c.sent),
-                v(&c.received),
-                v(&c.wait_ns) as f64 / 1e6
-            ));
-            calls += v(&c.calls);
-            trips += v(&c.round_trips);
-            sent += v(&c.sent);
-            recv += v(&c.received);
-            wait += v(&c.wait_ns);
+        for (name, [c, t, s, r, w]) in rows {
+            out.push_str(&format!("{name:<44} {c:>9} {t:>9} {s:>13} {r:>13} {:>10.1}\n", w as f64 / 1e6));
+            calls += c;
+            trips += t;
+            sent += s;
+            recv += r;
+            wait += w;
         }
         out.push_str(&format!(
             "{:<44} {calls:>9} {trips:>9} {sent:>13} {recv:>13} {:>10.1}\n",

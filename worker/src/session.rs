@@ -19,7 +19,7 @@ use chidori_cuda::calls::{SCHEMA_HASH, VARIANTS};
 use chidori_cuda::structs;
 use chidori_protocol::PROTOCOL_VERSION;
 use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Ret, Wire};
-use chidori_protocol::frame::{Frame, Header, Kind};
+use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
     self, Api, AsyncError, Call, Goodbye, HOST_VALUE_LIMIT, HOST_VALUE_MAX, Hello, HostCallback, HostCallbackDone,
     KernelInfo, Launch, NULL_LEN, Refuse, RefuseReason, Reply, Service, ServiceReply, Welcome,
@@ -134,6 +134,8 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         host_values: Mutex::new(HashMap::new()),
     });
     reader.set_read_timeout(Some(options.heartbeat))?;
+    // Buffered: a burst of small frames (the client's outbox) arrives in one read.
+    let mut reader = std::io::BufReader::with_capacity(READ_BUFFER, reader);
     let result = serve(&session, &mut reader);
     match &result {
         Ok(()) => tracing::info!("session for {} pid {} closed by the client", hello.host, hello.pid),
@@ -156,26 +158,51 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
 /// as it would natively.
 #[derive(Default)]
 struct Turn {
-    released: Mutex<u64>,
+    state: Mutex<TurnState>,
     changed: Condvar,
+}
+
+#[derive(Default)]
+struct TurnState {
+    /// Every frame before this one has been released.
+    released: u64,
+    /// Executors blocked in `wait` (no wake-up is needed while there are none).
+    waiting: usize,
 }
 
 impl Turn {
     /// Block until every frame before `n` has been released.
     fn wait(&self, n: u64) {
-        let mut r = lock(&self.released);
-        while *r < n {
-            r = self.changed.wait(r).unwrap_or_else(|p| p.into_inner());
+        let mut s = lock(&self.state);
+        while s.released < n {
+            s.waiting += 1;
+            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+            s.waiting -= 1;
         }
     }
 
     /// Frame `n` no longer holds up later frames.
     fn release(&self, n: u64) {
-        let mut r = lock(&self.released);
-        if *r <= n {
-            *r = n + 1;
-            self.changed.notify_all();
+        let mut s = lock(&self.state);
+        if s.released <= n {
+            s.released = n + 1;
+            if s.waiting > 0 {
+                self.changed.notify_all();
+            }
         }
+    }
+}
+
+/// Bytes the session's reader takes from the socket at once.
+const READ_BUFFER: usize = 256 << 10;
+
+/// Whether `buffered` starts with a whole frame (or with bytes that are no frame header:
+/// reading them reports the error without blocking).
+fn whole_frame(buffered: &[u8]) -> bool {
+    let Some(head) = buffered.first_chunk::<HEADER_LEN>() else { return false };
+    match Header::decode(head) {
+        Ok(h) => buffered.len() as u64 >= HEADER_LEN as u64 + u64::from(h.archive_len) + u64::from(h.bulk_len),
+        Err(_) => true,
     }
 }
 
@@ -185,8 +212,10 @@ fn only_waits(frame: &Frame) -> bool {
     frame.header.kind == Kind::Call && VARIANTS.get(frame.header.call as usize).is_some_and(|d| d.only_waits)
 }
 
-fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
-    let mut executors: HashMap<u32, mpsc::Sender<(u64, Frame)>> = HashMap::new();
+fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>) -> Result<()> {
+    let mut executors: HashMap<u32, mpsc::Sender<Batch>> = HashMap::new();
+    // Consecutive frames of one client thread, handed to its executor together.
+    let mut batch: Option<(u32, Batch)> = None;
     let turn = Arc::new(Turn::default());
     let mut issued = 0u64;
     let (fatal_tx, fatal_rx) = mpsc::channel::<Fatal>();
@@ -194,6 +223,14 @@ fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
     loop {
         if let Ok(Fatal(reason)) = fatal_rx.try_recv() {
             bail!("{reason}");
+        }
+        // Before blocking on the socket, hand over what was read.
+        if !whole_frame(reader.buffer())
+            && let Some((thread, frames)) = batch.take()
+            && let Some(tx) = executors.get(&thread)
+            && tx.send(frames).is_err()
+        {
+            bail!("executor of client thread {thread} is gone");
         }
         let frame = match read_frame(reader) {
             Ok(f) => f,
@@ -212,12 +249,21 @@ fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
         match frame.header.kind {
             Kind::Call | Kind::Launch | Kind::Service => {
                 let thread = frame.header.thread;
-                let tx = executors
-                    .entry(thread)
-                    .or_insert_with(|| spawn_executor(session.clone(), turn.clone(), fatal_tx.clone()));
                 issued += 1;
-                if tx.send((issued - 1, frame)).is_err() {
-                    bail!("executor of client thread {thread} is gone");
+                match &mut batch {
+                    Some((t, frames)) if *t == thread => frames.push((issued - 1, frame)),
+                    _ => {
+                        if let Some((t, frames)) = batch.take()
+                            && let Some(tx) = executors.get(&t)
+                            && tx.send(frames).is_err()
+                        {
+                            bail!("executor of client thread {t} is gone");
+                        }
+                        executors
+                            .entry(thread)
+                            .or_insert_with(|| spawn_executor(session.clone(), turn.clone(), fatal_tx.clone()));
+                        batch = Some((thread, vec![(issued - 1, frame)]));
+                    }
                 }
             }
             Kind::Ping => session.writer.send(Header::new(Kind::Pong, 0, 0, frame.header.seq), &[], &[])?,
@@ -238,34 +284,39 @@ fn serve(session: &Arc<Session>, reader: &mut impl Read) -> Result<()> {
     }
 }
 
-fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fatal>) -> mpsc::Sender<(u64, Frame)> {
-    let (tx, rx) = mpsc::channel::<(u64, Frame)>();
+/// Frames for one executor, with their arrival numbers.
+type Batch = Vec<(u64, Frame)>;
+
+fn spawn_executor(session: Arc<Session>, turn: Arc<Turn>, fatal: mpsc::Sender<Fatal>) -> mpsc::Sender<Batch> {
+    let (tx, rx) = mpsc::channel::<Batch>();
     std::thread::Builder::new()
         .name("chidori-exec".into())
         .spawn(move || {
             session.backend.thread_init();
-            while let Ok((n, frame)) = rx.recv() {
-                turn.wait(n);
-                let early = only_waits(&frame);
-                if early {
-                    turn.release(n);
-                }
-                let result = match frame.header.kind {
-                    Kind::Launch => launch(&session, &frame),
-                    Kind::Service => service(&session, &frame),
-                    _ => execute(&session, &frame),
-                };
-                if !early {
-                    turn.release(n);
-                }
-                if let Err(Fatal(reason)) = result {
-                    let _ = fatal.send(Fatal(reason.clone()));
-                    // The main thread may be blocked reading: end the process from here so
-                    // the client learns at once. Exit releases the GPU state of the session.
-                    tracing::warn!("session ends: {reason}");
-                    let bye = Goodbye { reason };
-                    let _ = session.writer.send(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]);
-                    std::process::exit(2);
+            while let Ok(frames) = rx.recv() {
+                for (n, frame) in frames {
+                    turn.wait(n);
+                    let early = only_waits(&frame);
+                    if early {
+                        turn.release(n);
+                    }
+                    let result = match frame.header.kind {
+                        Kind::Launch => launch(&session, &frame),
+                        Kind::Service => service(&session, &frame),
+                        _ => execute(&session, &frame),
+                    };
+                    if !early {
+                        turn.release(n);
+                    }
+                    if let Err(Fatal(reason)) = result {
+                        let _ = fatal.send(Fatal(reason.clone()));
+                        // The main thread may be blocked reading: end the process from here so
+                        // the client learns at once. Exit releases the GPU state of the session.
+                        tracing::warn!("session ends: {reason}");
+                        let bye = Goodbye { reason };
+                        let _ = session.writer.send(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]);
+                        std::process::exit(2);
+                    }
                 }
             }
         })
@@ -807,6 +858,20 @@ mod tests {
         turn.release(0);
         t.join().unwrap();
         assert_eq!(*lock(&log), vec![0, 1]);
+    }
+
+    #[test]
+    fn batches_end_where_the_buffer_holds_no_whole_frame() {
+        let frame =
+            chidori_protocol::frame::to_vec(Header::new(Kind::Call, 3, 1, 7), &[0u8; 16], &[&[1u8; 5]]).unwrap();
+        assert!(whole_frame(&frame));
+        assert!(!whole_frame(&frame[..frame.len() - 1]), "the bulk is still missing a byte");
+        assert!(!whole_frame(&frame[..HEADER_LEN - 1]), "half a header");
+        assert!(!whole_frame(&[]));
+        let mut two = frame.clone();
+        two.extend_from_slice(&frame[..10]);
+        assert!(whole_frame(&two), "a whole frame first, then a partial one");
+        assert!(whole_frame(&[0xffu8; HEADER_LEN]), "garbage is read (and refused) at once, not waited on");
     }
 
     #[test]
