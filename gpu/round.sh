@@ -121,6 +121,19 @@ if want kernels; then
   row "second run uploads" "$(grep -i "module" "$LOGS/second-run-trace.txt" | tr -s ' ' | tr '\n' ';')"
 fi
 
+if want repeat; then
+  ok=0; n=${REPEAT:-3}
+  # Under gdb where there is one: an abort leaves every thread's native stack.
+  dbg=(); command -v gdb >/dev/null && dbg=(gdb -q -batch -ex run -ex "thread apply all bt 25" --args)
+  for i in $(seq "$n"); do
+    MALLOC_CHECK_=3 timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- "${dbg[@]}" python3 -X faulthandler \
+      "$SHARED/workloads/decode.py" --cache dynamic > "$LOGS/repeat-$i.out" 2> "$LOGS/repeat-$i.err"
+    grep -q '"tokens"' "$LOGS/repeat-$i.out" && ok=$((ok + 1))
+    grep -m1 '"tokens"' "$LOGS/repeat-$i.out" | cut -c1-120
+  done
+  row "decode dynamic repeated" "$ok of $n passed (repeat-*.err)"
+fi
+
 if want torch; then
   # `import torch` makes no call; the first result read back, on a fresh server (the fill
   # kernel's module is uploaded) and again (the module cache has it).
@@ -142,19 +155,10 @@ if want torch; then
   row "workloads" "rc=$rc (workloads.txt)"
   if [[ ${SUITE:-1} == 1 ]]; then
     timeout ${SUITE_TIMEOUT:-200} python3 gpu/torch-suite/compare.py --chidori "$CHIDORI" --server $SERVER \
-      --json "$LOGS/torch-suite.json" --timeout ${TORCH_RUN_TIMEOUT:-150} ${SUITE_WAN:+--wan-server 127.0.0.1:$WAN_PORT} > "$LOGS/torch-suite.txt" 2>&1
+      --json "$LOGS/torch-suite.json" --timeout ${TORCH_RUN_TIMEOUT:-150} ${SUITE_WAN:+--wan-server 127.0.0.1:$WAN_PORT} \
+      ${SUITE_WAN_ONLY:+--wan-only} > "$LOGS/torch-suite.txt" 2>&1
     rc=$?
     tail -40 "$LOGS/torch-suite.txt"
     row "torch suite" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite.txt)")"
   fi
-fi
-
-if want repeat; then
-  ok=0; n=${REPEAT:-3}
-  for i in $(seq "$n"); do
-    MALLOC_CHECK_=3 timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- python3 -X faulthandler \
-      "$SHARED/workloads/decode.py" --cache dynamic > "$LOGS/repeat-$i.out" 2> "$LOGS/repeat-$i.err" && ok=$((ok + 1))
-    tail -1 "$LOGS/repeat-$i.out"
-  done
-  row "decode dynamic repeated" "$ok of $n passed (repeat-*.err)"
 fi

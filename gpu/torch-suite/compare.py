@@ -135,12 +135,14 @@ def main():
     parser.add_argument("--chidori", required=True, help="path of the chidori binary")
     parser.add_argument("--server", required=True, help="HOST:PORT of chidori serve")
     parser.add_argument("--wan-server", help="HOST:PORT of a chidori serve reached over a WAN")
+    parser.add_argument("--wan-only", action="store_true", help="compare only the WAN run with the native one")
     parser.add_argument("--json", help="write runs and comparisons to this file")
     parser.add_argument("--only", help="comma-separated case names (default: all)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for each whole run")
     args = parser.parse_args()
 
-    targets = [("remote", args.server)] + ([("wan", args.wan_server)] if args.wan_server else [])
+    targets = [] if args.wan_only and args.wan_server else [("remote", args.server)]
+    targets += [("wan", args.wan_server)] if args.wan_server else []
     native = run("native", [], args.only, args.timeout)
     others = [run(label, [args.chidori, "run", "-s", server, "--"], args.only, args.timeout)
               for label, server in targets]
