@@ -122,16 +122,23 @@ if want kernels; then
 fi
 
 if want repeat; then
-  ok=0; n=${REPEAT:-3}
-  # Under gdb where there is one: an abort leaves every thread's native stack.
-  dbg=(); command -v gdb >/dev/null && dbg=(gdb -q -batch -ex run -ex "thread apply all bt 25" --args)
-  for i in $(seq "$n"); do
-    MALLOC_CHECK_=3 timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- "${dbg[@]}" python3 -X faulthandler \
-      "$SHARED/workloads/decode.py" --cache dynamic > "$LOGS/repeat-$i.out" 2> "$LOGS/repeat-$i.err"
-    grep -q '"tokens"' "$LOGS/repeat-$i.out" && ok=$((ok + 1))
-    grep -m1 '"tokens"' "$LOGS/repeat-$i.out" | cut -c1-120
+  # REPEAT_MODES: plain | mcheck (glibc's malloc checks: an abort nearer the corruption) |
+  # nocudnn (torch's cuDNN attention backend off: is the cuDNN path involved?)
+  wrapper='import runpy, sys, torch; torch.backends.cuda.enable_cudnn_sdp(False); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")'
+  for mode in ${REPEAT_MODES:-plain}; do
+    ok=0; n=${REPEAT:-3}
+    for i in $(seq "$n"); do
+      envs=(); py=(python3 -X faulthandler)
+      [[ $mode == mcheck ]] && envs=(LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0 MALLOC_CHECK_=3)
+      [[ $mode == nocudnn ]] && py=(python3 -X faulthandler -c "$wrapper")
+      env "${envs[@]}" timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run -s $SERVER -- "${py[@]}" \
+        "$SHARED/workloads/decode.py" --cache dynamic > "$LOGS/repeat-$mode-$i.out" 2> "$LOGS/repeat-$mode-$i.err"
+      grep -q '"tokens"' "$LOGS/repeat-$mode-$i.out" && ok=$((ok + 1))
+      grep -m1 '"tokens"' "$LOGS/repeat-$mode-$i.out" | cut -c1-150
+      grep -m3 -E "malloc|free\(\)|corrupt|Error" "$LOGS/repeat-$mode-$i.err"
+    done
+    row "decode dynamic $mode" "$ok of $n passed (repeat-$mode-*.err)"
   done
-  row "decode dynamic repeated" "$ok of $n passed (repeat-*.err)"
 fi
 
 if want torch; then
