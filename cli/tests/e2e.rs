@@ -419,14 +419,20 @@ int main(void) {
 }
 "#;
 
+/// Compile a C program that declares the cuDNN functions it uses and links the cuDNN 9 shim.
+fn cudnn_program(name: &str, source: &str) -> PathBuf {
+    let dir = chidori_tests::scratch(name);
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let exe = dir.join(name);
+    chidori_tests::cc(&src, &exe, &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libcudnn.so.9"]);
+    exe
+}
+
 #[test]
 fn cudnn_variant_packs_cost_no_round_trip() {
     let server = server();
-    let dir = chidori_tests::scratch("cudnn-packs");
-    let src = dir.join("packs.c");
-    std::fs::write(&src, CUDNN_VARIANT_PACKS).unwrap();
-    let exe = dir.join("packs");
-    chidori_tests::cc(&src, &exe, &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libcudnn.so.9"]);
+    let exe = cudnn_program("cudnn-packs", CUDNN_VARIANT_PACKS);
     let mut cmd = Command::new(chidori());
     cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
     let out = cmd.output().unwrap();
@@ -444,4 +450,46 @@ fn cudnn_variant_packs_cost_no_round_trip() {
     assert_eq!(row("cudnnBackendFinalize"), ["102", "2"], "{stderr}");
     assert_eq!(row("cudnnBackendExecute"), ["100", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendDestroyDescriptor"), ["100", "0"], "{stderr}");
+}
+
+/// cudnnBackendGetAttribute writes what the library wrote and nothing more: an array
+/// shorter than the requested count (the library has fewer elements) ends at a read-only
+/// page, and a Get of descriptors may pass a read-only array (it is only read).
+const CUDNN_GET_ATTRIBUTE: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+typedef void *desc_t;
+int cudnnBackendCreateDescriptor(int type, desc_t *d);
+int cudnnBackendGetAttribute(desc_t d, int name, int type, long long requested, long long *count, void *elements);
+int main(void) {
+  desc_t tensor = 0, engine = 0;
+  if (cudnnBackendCreateDescriptor(17, &tensor) || cudnnBackendCreateDescriptor(2, &engine)) return 2;
+  char *page = mmap(0, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) return 3;
+  memcpy(page + 4096, &engine, sizeof engine);
+  if (mprotect(page + 4096, 4096, PROT_READ)) return 4;
+  long long *two = (long long *)(page + 4096 - 16);
+  long long count = -1, described = -1, available = -1;
+  int a = cudnnBackendGetAttribute(tensor, 1, 3 /* INT64 */, 8, &count, two);
+  int b = cudnnBackendGetAttribute(tensor, 1, 15 /* descriptors */, 1, &described, page + 4096);
+  int c = cudnnBackendGetAttribute(tensor, 1, 3, 0, &available, 0);
+  printf("%d %d %d count=%lld described=%lld available=%lld first=%llx second=%llx\n", a, b, c, count, described,
+         available, (unsigned long long)two[0], (unsigned long long)two[1]);
+  return 0;
+}
+"#;
+
+#[test]
+fn cudnn_get_attribute_writes_only_what_the_library_wrote() {
+    let server = server();
+    let exe = cudnn_program("cudnn-get", CUDNN_GET_ATTRIBUTE);
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?} (a write past the elements faults); {stdout}\n{stderr}", out.status);
+    assert_eq!(
+        stdout.trim(),
+        "0 0 0 count=2 described=1 available=2 first=1111111111111111 second=1111111111111111",
+        "{stderr}"
+    );
 }

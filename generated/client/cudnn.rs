@@ -256,7 +256,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu126(
 ) -> u32 {
     unsafe { crate::custom::cudnn::cudnnBackendFinalize__cu126(descriptor) }
 }
-///`cudnnBackendGetAttribute` for CUDA 11.8, 12.1 (sync).
+///`cudnnBackendGetAttribute` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu118(
     descriptor: *mut c_void,
@@ -267,20 +267,17 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu118(
     arrayOfElements: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu118,
-            &[
-                (descriptor) as usize as u64,
-                (attributeName) as u64,
-                (attributeType) as u64,
-                (requestedElementCount) as i64 as u64,
-                (elementCount) as usize as u64,
-                (arrayOfElements) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudnn::cudnnBackendGetAttribute__cu118(
+            descriptor,
+            attributeName,
+            attributeType,
+            requestedElementCount,
+            elementCount,
+            arrayOfElements,
+        )
     }
 }
-///`cudnnBackendGetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnBackendGetAttribute` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu126(
     descriptor: *mut c_void,
@@ -291,17 +288,14 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu126(
     arrayOfElements: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu126,
-            &[
-                (descriptor) as usize as u64,
-                (attributeName) as u64,
-                (attributeType) as u64,
-                (requestedElementCount) as i64 as u64,
-                (elementCount) as usize as u64,
-                (arrayOfElements) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudnn::cudnnBackendGetAttribute__cu126(
+            descriptor,
+            attributeName,
+            attributeType,
+            requestedElementCount,
+            elementCount,
+            arrayOfElements,
+        )
     }
 }
 ///`cudnnBackendInitialize` for CUDA 11.8, 12.1 (sync).

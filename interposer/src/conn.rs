@@ -639,8 +639,10 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
             let err: AsyncError = messages::decode(&frame, "async error").map_err(|e| e.to_string())?;
             let library =
                 chidori_cuda::calls::VARIANTS.get(frame.header.call as usize).map(|d| d.library).unwrap_or("cudart");
+            // A call sent without waiting failed: its status reaches the program at the next
+            // waiting call of the library; say which call it was, once per message.
             if let Some(m) = &err.message {
-                tracing::debug!("server: {m}");
+                crate::log::once_owned(m, || tracing::warn!("server, for a call sent without waiting: {m}"));
             }
             conn.defer_error(library, err.status);
         }

@@ -400,6 +400,29 @@ impl Backend for Emulated {
                         2000
                     }
                 }
+                // Two elements of any attribute are available (one descriptor): a Get writes
+                // min(requested, available) elements and their count.
+                ("cudnn", "cudnnBackendGetAttribute") => {
+                    if !self.state().descriptors.contains_key(&a[0]) {
+                        2000
+                    } else {
+                        let (requested, available) = (a[3] as i64, if a[2] == 15 { 1 } else { 2 });
+                        let n = if a[5] == 0 { available } else { requested.clamp(0, available) };
+                        if a[4] != 0 {
+                            put_u64(a[4], n as u64);
+                        }
+                        let bytes = match desc.params.get(5) {
+                            Some(Wire::Buf { len: Some(len), .. }) => len.eval(a).unwrap_or(0),
+                            _ => 0,
+                        };
+                        if a[2] != 15 && a[5] != 0 && requested > 0 {
+                            let per = bytes / requested as u64;
+                            // SAFETY: the worker's buffer of `bytes` >= n * per bytes.
+                            std::ptr::write_bytes(a[5] as *mut u8, 0x11, (n as u64 * per) as usize);
+                        }
+                        SUCCESS
+                    }
+                }
                 ("cudnn", "cudnnBackendDestroyDescriptor") => {
                     if self.state().descriptors.remove(&a[0]).is_some() {
                         SUCCESS

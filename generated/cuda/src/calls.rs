@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 11298731034146426079u64;
+pub const SCHEMA_HASH: u64 = 16855665527600546256u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2261usize] = [
@@ -5769,8 +5769,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnBackendFinalize__cu118__call,
     &cudnn::cudnnBackendFinalize__cu126__async,
     &cudnn::cudnnBackendFinalize__cu126__call,
-    &cudnn::cudnnBackendGetAttribute__cu118,
-    &cudnn::cudnnBackendGetAttribute__cu126,
+    &cudnn::cudnnBackendGetAttribute__cu118__call,
+    &cudnn::cudnnBackendGetAttribute__cu118__descriptors,
+    &cudnn::cudnnBackendGetAttribute__cu126__call,
+    &cudnn::cudnnBackendGetAttribute__cu126__descriptors,
     &cudnn::cudnnBackendInitialize__cu118,
     &cudnn::cudnnBackendInitialize__cu126,
     &cudnn::cudnnBackendPopulateCudaGraph,
@@ -45943,8 +45945,8 @@ pub mod cudnn {
     static LEN_cudnnActivationForward__cu118_5: Len = Len::Lit(16u64);
     static LEN_cudnnActivationForward__cu126_6: Len = Len::Lit(16u64);
     static LEN_cudnnActivationForward__cu126_7: Len = Len::Lit(16u64);
-    static LEN_cudnnBackendGetAttribute__cu118_8: Len = Len::Param(3u8);
-    static LEN_cudnnBackendGetAttribute__cu118_9: Len = Len::Table(
+    static LEN_cudnnBackendGetAttribute__cu118__call_8: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu118__call_9: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -45952,25 +45954,12 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendGetAttribute__cu118_10: Len = Len::Mul(
-        &LEN_cudnnBackendGetAttribute__cu118_8,
-        &LEN_cudnnBackendGetAttribute__cu118_9,
+    static LEN_cudnnBackendGetAttribute__cu118__call_10: Len = Len::Mul(
+        &LEN_cudnnBackendGetAttribute__cu118__call_8,
+        &LEN_cudnnBackendGetAttribute__cu118__call_9,
     );
-    static LEN_cudnnBackendGetAttribute__cu126_11: Len = Len::Param(3u8);
-    static LEN_cudnnBackendGetAttribute__cu126_12: Len = Len::Table(
-        2u8,
-        &[
-            8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
-            4u32, 4u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 1u32, 4u32,
-            16u32, 4u32, 4u32, 4u32, 4u32,
-        ],
-    );
-    static LEN_cudnnBackendGetAttribute__cu126_13: Len = Len::Mul(
-        &LEN_cudnnBackendGetAttribute__cu126_11,
-        &LEN_cudnnBackendGetAttribute__cu126_12,
-    );
-    static LEN_cudnnBackendSetAttribute__cu118__call_14: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu118__call_15: Len = Len::Table(
+    static LEN_cudnnBackendGetAttribute__cu118__descriptors_11: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu118__descriptors_12: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -45978,12 +45967,12 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendSetAttribute__cu118__call_16: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu118__call_14,
-        &LEN_cudnnBackendSetAttribute__cu118__call_15,
+    static LEN_cudnnBackendGetAttribute__cu118__descriptors_13: Len = Len::Mul(
+        &LEN_cudnnBackendGetAttribute__cu118__descriptors_11,
+        &LEN_cudnnBackendGetAttribute__cu118__descriptors_12,
     );
-    static LEN_cudnnBackendSetAttribute__cu126__call_17: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu126__call_18: Len = Len::Table(
+    static LEN_cudnnBackendGetAttribute__cu126__call_14: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu126__call_15: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -45991,141 +45980,180 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendSetAttribute__cu126__call_19: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu126__call_17,
-        &LEN_cudnnBackendSetAttribute__cu126__call_18,
+    static LEN_cudnnBackendGetAttribute__cu126__call_16: Len = Len::Mul(
+        &LEN_cudnnBackendGetAttribute__cu126__call_14,
+        &LEN_cudnnBackendGetAttribute__cu126__call_15,
     );
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_20: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_21: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_22: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_23: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_24: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_25: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_26: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_27: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu118_28: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu118_29: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu126_30: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu126_31: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu118_32: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu118_33: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu126_34: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu126_35: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_36: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_37: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_38: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_39: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu118_40: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu118_41: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu126_42: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu126_43: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu118_44: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu118_45: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu126_46: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu126_47: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu118_48: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu118_49: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu126_50: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu126_51: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu118_52: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu118_53: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu126_54: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu126_55: Len = Len::Lit(16u64);
-    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_56: Len = Len::Param(
+    static LEN_cudnnBackendGetAttribute__cu126__descriptors_17: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu126__descriptors_18: Len = Len::Table(
+        2u8,
+        &[
+            8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
+            4u32, 4u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 1u32, 4u32,
+            16u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cudnnBackendGetAttribute__cu126__descriptors_19: Len = Len::Mul(
+        &LEN_cudnnBackendGetAttribute__cu126__descriptors_17,
+        &LEN_cudnnBackendGetAttribute__cu126__descriptors_18,
+    );
+    static LEN_cudnnBackendSetAttribute__cu118__call_20: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu118__call_21: Len = Len::Table(
+        2u8,
+        &[
+            8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
+            4u32, 4u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 1u32, 4u32,
+            16u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cudnnBackendSetAttribute__cu118__call_22: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu118__call_20,
+        &LEN_cudnnBackendSetAttribute__cu118__call_21,
+    );
+    static LEN_cudnnBackendSetAttribute__cu126__call_23: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126__call_24: Len = Len::Table(
+        2u8,
+        &[
+            8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
+            4u32, 4u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32, 1u32, 4u32,
+            16u32, 4u32, 4u32, 4u32, 4u32,
+        ],
+    );
+    static LEN_cudnnBackendSetAttribute__cu126__call_25: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu126__call_23,
+        &LEN_cudnnBackendSetAttribute__cu126__call_24,
+    );
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_26: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_27: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_28: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_29: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_30: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_31: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_32: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_33: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu118_34: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu118_35: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu126_36: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu126_37: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu118_38: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu118_39: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu126_40: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu126_41: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_42: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_43: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_44: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_45: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu118_46: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu118_47: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu126_48: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu126_49: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu118_50: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu118_51: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu126_52: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu126_53: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu118_54: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu118_55: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu126_56: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu126_57: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu118_58: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu118_59: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu126_60: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu126_61: Len = Len::Lit(16u64);
+    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_62: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_57: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_63: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_58: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_64: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_59: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_65: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_60: Len = Len::Param(8u8);
-    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_61: Len = Len::Param(8u8);
-    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_62: Len = Len::Param(
+    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_66: Len = Len::Param(8u8);
+    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_67: Len = Len::Param(8u8);
+    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_68: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_63: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_69: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_64: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_70: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_65: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_71: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_66: Len = Len::Param(5u8);
-    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_67: Len = Len::Param(5u8);
-    static LEN_cudnnGetFilterNdDescriptor__cu118_68: Len = Len::Param(1u8);
-    static LEN_cudnnGetFilterNdDescriptor__cu126_69: Len = Len::Param(1u8);
-    static LEN_cudnnGetLastErrorString_70: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu118_71: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu118_72: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu126_73: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu126_74: Len = Len::Param(1u8);
-    static LEN_cudnnLRNCrossChannelBackward__cu118_75: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu118_76: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu126_77: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu126_78: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu118_79: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu118_80: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu126_81: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu126_82: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu118_83: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu118_84: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu126_85: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu126_86: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu118_87: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu118_88: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu126_89: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu126_90: Len = Len::Lit(16u64);
-    static LEN_cudnnScaleTensor__cu118_91: Len = Len::Lit(16u64);
-    static LEN_cudnnScaleTensor__cu126_92: Len = Len::Lit(16u64);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu118_93: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu118_94: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu118_95: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu126_96: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu126_97: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu126_98: Len = Len::Param(1u8);
-    static LEN_cudnnSetFilterNdDescriptor__cu118_99: Len = Len::Param(3u8);
-    static LEN_cudnnSetFilterNdDescriptor__cu126_100: Len = Len::Param(3u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu118_101: Len = Len::Param(4u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu118_102: Len = Len::Lit(16u64);
-    static LEN_cudnnSetRNNDataDescriptor__cu126_103: Len = Len::Param(4u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu126_104: Len = Len::Lit(16u64);
-    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_105: Len = Len::Param(3u8);
-    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_106: Len = Len::Param(3u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu118_107: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu118_108: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu126_109: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu126_110: Len = Len::Param(2u8);
-    static LEN_cudnnSoftmaxBackward__cu118_111: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu118_112: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu126_113: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu126_114: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu118_115: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu118_116: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu126_117: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu126_118: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_119: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_120: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_121: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_122: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_123: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_124: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_125: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_126: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu118_127: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu118_128: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu126_129: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu126_130: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu118_131: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu118_132: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu126_133: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu126_134: Len = Len::Lit(16u64);
+    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_72: Len = Len::Param(5u8);
+    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_73: Len = Len::Param(5u8);
+    static LEN_cudnnGetFilterNdDescriptor__cu118_74: Len = Len::Param(1u8);
+    static LEN_cudnnGetFilterNdDescriptor__cu126_75: Len = Len::Param(1u8);
+    static LEN_cudnnGetLastErrorString_76: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118_77: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118_78: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126_79: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126_80: Len = Len::Param(1u8);
+    static LEN_cudnnLRNCrossChannelBackward__cu118_81: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu118_82: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu126_83: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu126_84: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu118_85: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu118_86: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu126_87: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu126_88: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu118_89: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu118_90: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu126_91: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu126_92: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu118_93: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu118_94: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu126_95: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu126_96: Len = Len::Lit(16u64);
+    static LEN_cudnnScaleTensor__cu118_97: Len = Len::Lit(16u64);
+    static LEN_cudnnScaleTensor__cu126_98: Len = Len::Lit(16u64);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_99: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_100: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_101: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_102: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_103: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_104: Len = Len::Param(1u8);
+    static LEN_cudnnSetFilterNdDescriptor__cu118_105: Len = Len::Param(3u8);
+    static LEN_cudnnSetFilterNdDescriptor__cu126_106: Len = Len::Param(3u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu118_107: Len = Len::Param(4u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu118_108: Len = Len::Lit(16u64);
+    static LEN_cudnnSetRNNDataDescriptor__cu126_109: Len = Len::Param(4u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu126_110: Len = Len::Lit(16u64);
+    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_111: Len = Len::Param(3u8);
+    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_112: Len = Len::Param(3u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu118_113: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu118_114: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu126_115: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu126_116: Len = Len::Param(2u8);
+    static LEN_cudnnSoftmaxBackward__cu118_117: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu118_118: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu126_119: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu126_120: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu118_121: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu118_122: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu126_123: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu126_124: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_125: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_126: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_127: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_128: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_129: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_130: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_131: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_132: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu118_133: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu118_134: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu126_135: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu126_136: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu118_137: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu118_138: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu126_139: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu126_140: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
         wire: 1215u32,
         call: 1183u32,
@@ -46704,11 +46732,11 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendGetAttribute__cu118: CallDesc = CallDesc {
+    pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
         wire: 1234u32,
         call: 1192u32,
         name: "cudnnBackendGetAttribute",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -46736,9 +46764,9 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Buf {
-                dir: Dir::InOut,
+                dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendGetAttribute__cu118_10),
+                len: Some(&LEN_cudnnBackendGetAttribute__cu118__call_10),
                 record: None,
             },
         ],
@@ -46751,11 +46779,58 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendGetAttribute__cu126: CallDesc = CallDesc {
+    pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
         wire: 1235u32,
         call: 1192u32,
         name: "cudnnBackendGetAttribute",
-        form: None,
+        form: Some("descriptors"),
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBackendGetAttribute__cu118__descriptors_13),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
+        wire: 1236u32,
+        call: 1192u32,
+        name: "cudnnBackendGetAttribute",
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -46783,9 +46858,56 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Buf {
-                dir: Dir::InOut,
+                dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendGetAttribute__cu126_13),
+                len: Some(&LEN_cudnnBackendGetAttribute__cu126__call_16),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
+        wire: 1237u32,
+        call: 1192u32,
+        name: "cudnnBackendGetAttribute",
+        form: Some("descriptors"),
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 55u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBackendGetAttribute__cu126__descriptors_19),
                 record: None,
             },
         ],
@@ -46799,7 +46921,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1236u32,
+        wire: 1238u32,
         call: 1193u32,
         name: "cudnnBackendInitialize",
         form: None,
@@ -46822,7 +46944,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1237u32,
+        wire: 1239u32,
         call: 1193u32,
         name: "cudnnBackendInitialize",
         form: None,
@@ -46845,7 +46967,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1238u32,
+        wire: 1240u32,
         call: 1194u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
@@ -46880,7 +47002,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1239u32,
+        wire: 1241u32,
         call: 1195u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
@@ -46907,7 +47029,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu118__call_16),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu118__call_22),
                 record: None,
             },
         ],
@@ -46921,7 +47043,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1240u32,
+        wire: 1242u32,
         call: 1195u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
@@ -46948,7 +47070,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu126__call_19),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu126__call_25),
                 record: None,
             },
         ],
@@ -46962,7 +47084,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1241u32,
+        wire: 1243u32,
         call: 1196u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
@@ -46997,7 +47119,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1242u32,
+        wire: 1244u32,
         call: 1197u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
@@ -47020,25 +47142,25 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_20),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_26),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_21),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_27),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_22),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_28),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_23),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_29),
                 record: None,
             },
             Wire::Handle {
@@ -47105,7 +47227,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1243u32,
+        wire: 1245u32,
         call: 1197u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
@@ -47128,25 +47250,25 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_24),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_30),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_25),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_31),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_26),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_32),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_27),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_33),
                 record: None,
             },
             Wire::Handle {
@@ -47213,7 +47335,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1244u32,
+        wire: 1246u32,
         call: 1198u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
@@ -47232,13 +47354,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_28),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_34),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_29),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_35),
                 record: None,
             },
             Wire::Handle {
@@ -47274,7 +47396,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1245u32,
+        wire: 1247u32,
         call: 1198u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
@@ -47293,13 +47415,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_30),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_36),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_31),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_37),
                 record: None,
             },
             Wire::Handle {
@@ -47335,7 +47457,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1246u32,
+        wire: 1248u32,
         call: 1199u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
@@ -47354,13 +47476,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_32),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_38),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_33),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_39),
                 record: None,
             },
             Wire::Handle {
@@ -47402,7 +47524,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1247u32,
+        wire: 1249u32,
         call: 1199u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
@@ -47421,13 +47543,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_34),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_40),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_35),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_41),
                 record: None,
             },
             Wire::Handle {
@@ -47469,7 +47591,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1248u32,
+        wire: 1250u32,
         call: 1200u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
@@ -47492,13 +47614,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_36),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_42),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_37),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_43),
                 record: None,
             },
             Wire::Handle {
@@ -47559,7 +47681,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1249u32,
+        wire: 1251u32,
         call: 1200u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
@@ -47582,13 +47704,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_38),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_44),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_39),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_45),
                 record: None,
             },
             Wire::Handle {
@@ -47649,7 +47771,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1250u32,
+        wire: 1252u32,
         call: 1201u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
@@ -47680,7 +47802,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1251u32,
+        wire: 1253u32,
         call: 1201u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
@@ -47711,7 +47833,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1252u32,
+        wire: 1254u32,
         call: 1202u32,
         name: "cudnnCTCLoss_v8",
         form: None,
@@ -47761,7 +47883,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1253u32,
+        wire: 1255u32,
         call: 1202u32,
         name: "cudnnCTCLoss_v8",
         form: None,
@@ -47811,7 +47933,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1254u32,
+        wire: 1256u32,
         call: 1203u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
@@ -47829,7 +47951,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1255u32,
+        wire: 1257u32,
         call: 1204u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
@@ -47847,7 +47969,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1256u32,
+        wire: 1258u32,
         call: 1205u32,
         name: "cudnnCnnVersionCheck",
         form: None,
@@ -47865,7 +47987,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1257u32,
+        wire: 1259u32,
         call: 1206u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
@@ -47880,7 +48002,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_40),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_46),
                 record: None,
             },
             Wire::Handle {
@@ -47909,7 +48031,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_41),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_47),
                 record: None,
             },
             Wire::Handle {
@@ -47928,7 +48050,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1258u32,
+        wire: 1260u32,
         call: 1206u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
@@ -47943,7 +48065,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_42),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_48),
                 record: None,
             },
             Wire::Handle {
@@ -47972,7 +48094,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_43),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_49),
                 record: None,
             },
             Wire::Handle {
@@ -47991,7 +48113,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1259u32,
+        wire: 1261u32,
         call: 1207u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
@@ -48006,7 +48128,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_44),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_50),
                 record: None,
             },
             Wire::Handle {
@@ -48035,7 +48157,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_45),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_51),
                 record: None,
             },
             Wire::Handle {
@@ -48054,7 +48176,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1260u32,
+        wire: 1262u32,
         call: 1207u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
@@ -48069,7 +48191,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_46),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_52),
                 record: None,
             },
             Wire::Handle {
@@ -48098,7 +48220,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_47),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_53),
                 record: None,
             },
             Wire::Handle {
@@ -48117,7 +48239,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1261u32,
+        wire: 1263u32,
         call: 1208u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
@@ -48132,7 +48254,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_48),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_54),
                 record: None,
             },
             Wire::Handle {
@@ -48161,7 +48283,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_49),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_55),
                 record: None,
             },
             Wire::Handle {
@@ -48194,7 +48316,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1262u32,
+        wire: 1264u32,
         call: 1208u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
@@ -48209,7 +48331,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_50),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_56),
                 record: None,
             },
             Wire::Handle {
@@ -48238,7 +48360,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_51),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_57),
                 record: None,
             },
             Wire::Handle {
@@ -48271,7 +48393,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1263u32,
+        wire: 1265u32,
         call: 1209u32,
         name: "cudnnConvolutionForward",
         form: None,
@@ -48286,7 +48408,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu118_52),
+                len: Some(&LEN_cudnnConvolutionForward__cu118_58),
                 record: None,
             },
             Wire::Handle {
@@ -48315,7 +48437,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu118_53),
+                len: Some(&LEN_cudnnConvolutionForward__cu118_59),
                 record: None,
             },
             Wire::Handle {
@@ -48334,7 +48456,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1264u32,
+        wire: 1266u32,
         call: 1209u32,
         name: "cudnnConvolutionForward",
         form: None,
@@ -48349,7 +48471,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu126_54),
+                len: Some(&LEN_cudnnConvolutionForward__cu126_60),
                 record: None,
             },
             Wire::Handle {
@@ -48378,7 +48500,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu126_55),
+                len: Some(&LEN_cudnnConvolutionForward__cu126_61),
                 record: None,
             },
             Wire::Handle {
@@ -48397,7 +48519,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1265u32,
+        wire: 1267u32,
         call: 1210u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
@@ -48424,7 +48546,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1266u32,
+        wire: 1268u32,
         call: 1211u32,
         name: "cudnnCreate",
         form: None,
@@ -48447,7 +48569,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1267u32,
+        wire: 1269u32,
         call: 1211u32,
         name: "cudnnCreate",
         form: None,
@@ -48470,7 +48592,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1268u32,
+        wire: 1270u32,
         call: 1212u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
@@ -48493,7 +48615,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1269u32,
+        wire: 1271u32,
         call: 1212u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
@@ -48516,7 +48638,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1270u32,
+        wire: 1272u32,
         call: 1213u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
@@ -48539,7 +48661,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1271u32,
+        wire: 1273u32,
         call: 1214u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
@@ -48566,7 +48688,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1272u32,
+        wire: 1274u32,
         call: 1215u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
@@ -48589,7 +48711,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1273u32,
+        wire: 1275u32,
         call: 1215u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
@@ -48612,7 +48734,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1274u32,
+        wire: 1276u32,
         call: 1216u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
@@ -48635,7 +48757,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1275u32,
+        wire: 1277u32,
         call: 1216u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
@@ -48658,7 +48780,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1276u32,
+        wire: 1278u32,
         call: 1217u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
@@ -48681,7 +48803,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1277u32,
+        wire: 1279u32,
         call: 1217u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
@@ -48704,7 +48826,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1278u32,
+        wire: 1280u32,
         call: 1218u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
@@ -48727,7 +48849,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1279u32,
+        wire: 1281u32,
         call: 1218u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
@@ -48750,7 +48872,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1280u32,
+        wire: 1282u32,
         call: 1219u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
@@ -48773,7 +48895,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1281u32,
+        wire: 1283u32,
         call: 1219u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
@@ -48796,7 +48918,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1282u32,
+        wire: 1284u32,
         call: 1220u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
@@ -48823,7 +48945,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1283u32,
+        wire: 1285u32,
         call: 1220u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
@@ -48850,7 +48972,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1284u32,
+        wire: 1286u32,
         call: 1221u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
@@ -48877,7 +48999,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1285u32,
+        wire: 1287u32,
         call: 1221u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
@@ -48904,7 +49026,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1286u32,
+        wire: 1288u32,
         call: 1222u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
@@ -48931,7 +49053,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1287u32,
+        wire: 1289u32,
         call: 1222u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
@@ -48958,7 +49080,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1288u32,
+        wire: 1290u32,
         call: 1223u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
@@ -48981,7 +49103,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1289u32,
+        wire: 1291u32,
         call: 1223u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
@@ -49004,7 +49126,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1290u32,
+        wire: 1292u32,
         call: 1224u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
@@ -49027,7 +49149,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1291u32,
+        wire: 1293u32,
         call: 1224u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
@@ -49050,7 +49172,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1292u32,
+        wire: 1294u32,
         call: 1225u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
@@ -49085,7 +49207,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1293u32,
+        wire: 1295u32,
         call: 1226u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
@@ -49108,7 +49230,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1294u32,
+        wire: 1296u32,
         call: 1226u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
@@ -49131,7 +49253,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1295u32,
+        wire: 1297u32,
         call: 1227u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
@@ -49154,7 +49276,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1296u32,
+        wire: 1298u32,
         call: 1227u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
@@ -49177,7 +49299,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1297u32,
+        wire: 1299u32,
         call: 1228u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
@@ -49200,7 +49322,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1298u32,
+        wire: 1300u32,
         call: 1228u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
@@ -49223,7 +49345,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1299u32,
+        wire: 1301u32,
         call: 1229u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
@@ -49246,7 +49368,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1300u32,
+        wire: 1302u32,
         call: 1229u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
@@ -49269,7 +49391,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1301u32,
+        wire: 1303u32,
         call: 1230u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
@@ -49292,7 +49414,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1302u32,
+        wire: 1304u32,
         call: 1230u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
@@ -49315,7 +49437,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1303u32,
+        wire: 1305u32,
         call: 1231u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
@@ -49338,7 +49460,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1304u32,
+        wire: 1306u32,
         call: 1231u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
@@ -49361,7 +49483,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1305u32,
+        wire: 1307u32,
         call: 1232u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
@@ -49384,7 +49506,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1306u32,
+        wire: 1308u32,
         call: 1232u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
@@ -49407,7 +49529,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1307u32,
+        wire: 1309u32,
         call: 1233u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
@@ -49430,7 +49552,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1308u32,
+        wire: 1310u32,
         call: 1233u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
@@ -49453,7 +49575,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1309u32,
+        wire: 1311u32,
         call: 1234u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
@@ -49484,7 +49606,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1310u32,
+        wire: 1312u32,
         call: 1234u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
@@ -49515,7 +49637,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1311u32,
+        wire: 1313u32,
         call: 1235u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
@@ -49554,7 +49676,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1312u32,
+        wire: 1314u32,
         call: 1235u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
@@ -49593,7 +49715,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1313u32,
+        wire: 1315u32,
         call: 1236u32,
         name: "cudnnDestroy",
         form: Some("call"),
@@ -49616,7 +49738,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1314u32,
+        wire: 1316u32,
         call: 1236u32,
         name: "cudnnDestroy",
         form: Some("call"),
@@ -49639,7 +49761,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1315u32,
+        wire: 1317u32,
         call: 1237u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
@@ -49662,7 +49784,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1316u32,
+        wire: 1318u32,
         call: 1237u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
@@ -49685,7 +49807,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1317u32,
+        wire: 1319u32,
         call: 1238u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
@@ -49708,7 +49830,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1318u32,
+        wire: 1320u32,
         call: 1239u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
@@ -49735,7 +49857,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1319u32,
+        wire: 1321u32,
         call: 1240u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
@@ -49758,7 +49880,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1320u32,
+        wire: 1322u32,
         call: 1240u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
@@ -49781,7 +49903,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1321u32,
+        wire: 1323u32,
         call: 1241u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
@@ -49804,7 +49926,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1322u32,
+        wire: 1324u32,
         call: 1241u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
@@ -49827,7 +49949,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1323u32,
+        wire: 1325u32,
         call: 1242u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
@@ -49850,7 +49972,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1324u32,
+        wire: 1326u32,
         call: 1242u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
@@ -49873,7 +49995,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1325u32,
+        wire: 1327u32,
         call: 1243u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
@@ -49896,7 +50018,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1326u32,
+        wire: 1328u32,
         call: 1243u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
@@ -49919,7 +50041,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1327u32,
+        wire: 1329u32,
         call: 1244u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
@@ -49942,7 +50064,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1328u32,
+        wire: 1330u32,
         call: 1244u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
@@ -49965,7 +50087,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1329u32,
+        wire: 1331u32,
         call: 1245u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
@@ -49988,7 +50110,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1330u32,
+        wire: 1332u32,
         call: 1245u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
@@ -50011,7 +50133,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1331u32,
+        wire: 1333u32,
         call: 1246u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
@@ -50034,7 +50156,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1332u32,
+        wire: 1334u32,
         call: 1246u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
@@ -50057,7 +50179,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1333u32,
+        wire: 1335u32,
         call: 1247u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
@@ -50080,7 +50202,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1334u32,
+        wire: 1336u32,
         call: 1247u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
@@ -50103,7 +50225,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1335u32,
+        wire: 1337u32,
         call: 1248u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
@@ -50126,7 +50248,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1336u32,
+        wire: 1338u32,
         call: 1248u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
@@ -50149,7 +50271,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1337u32,
+        wire: 1339u32,
         call: 1249u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
@@ -50172,7 +50294,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1338u32,
+        wire: 1340u32,
         call: 1249u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
@@ -50195,7 +50317,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1339u32,
+        wire: 1341u32,
         call: 1250u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
@@ -50218,7 +50340,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1340u32,
+        wire: 1342u32,
         call: 1251u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
@@ -50241,7 +50363,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1341u32,
+        wire: 1343u32,
         call: 1251u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
@@ -50264,7 +50386,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1342u32,
+        wire: 1344u32,
         call: 1252u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
@@ -50287,7 +50409,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1343u32,
+        wire: 1345u32,
         call: 1252u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
@@ -50310,7 +50432,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1344u32,
+        wire: 1346u32,
         call: 1253u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
@@ -50333,7 +50455,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1345u32,
+        wire: 1347u32,
         call: 1253u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
@@ -50356,7 +50478,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
+        wire: 1348u32,
         call: 1254u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
@@ -50379,7 +50501,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
+        wire: 1349u32,
         call: 1254u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
@@ -50402,7 +50524,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
+        wire: 1350u32,
         call: 1255u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
@@ -50425,7 +50547,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
+        wire: 1351u32,
         call: 1255u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
@@ -50448,7 +50570,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
+        wire: 1352u32,
         call: 1256u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
@@ -50471,7 +50593,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
+        wire: 1353u32,
         call: 1256u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
@@ -50494,7 +50616,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
+        wire: 1354u32,
         call: 1257u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
@@ -50517,7 +50639,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
+        wire: 1355u32,
         call: 1257u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
@@ -50540,7 +50662,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
+        wire: 1356u32,
         call: 1258u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
@@ -50563,7 +50685,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
+        wire: 1357u32,
         call: 1258u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
@@ -50586,7 +50708,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
+        wire: 1358u32,
         call: 1259u32,
         name: "cudnnDropoutBackward",
         form: None,
@@ -50628,7 +50750,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
+        wire: 1359u32,
         call: 1259u32,
         name: "cudnnDropoutBackward",
         form: None,
@@ -50670,7 +50792,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
+        wire: 1360u32,
         call: 1260u32,
         name: "cudnnDropoutForward",
         form: None,
@@ -50712,7 +50834,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
+        wire: 1361u32,
         call: 1260u32,
         name: "cudnnDropoutForward",
         form: None,
@@ -50754,7 +50876,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
+        wire: 1362u32,
         call: 1261u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
@@ -50783,7 +50905,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
+        wire: 1363u32,
         call: 1261u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
@@ -50812,7 +50934,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
+        wire: 1364u32,
         call: 1262u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
@@ -50841,7 +50963,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
+        wire: 1365u32,
         call: 1262u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
@@ -50870,7 +50992,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1364u32,
+        wire: 1366u32,
         call: 1263u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
@@ -50914,7 +51036,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_56),
+                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_62),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
             Wire::Device,
@@ -50933,7 +51055,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1365u32,
+        wire: 1367u32,
         call: 1263u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
@@ -50977,7 +51099,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_57),
+                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_63),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
             Wire::Device,
@@ -50996,7 +51118,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
+        wire: 1368u32,
         call: 1264u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
@@ -51040,7 +51162,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_58),
+                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_64),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51059,7 +51181,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
+        wire: 1369u32,
         call: 1264u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
@@ -51103,7 +51225,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_59),
+                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_65),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51122,7 +51244,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1368u32,
+        wire: 1370u32,
         call: 1265u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
@@ -51166,7 +51288,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_60),
+                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_66),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51185,7 +51307,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1369u32,
+        wire: 1371u32,
         call: 1265u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
@@ -51229,7 +51351,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_61),
+                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_67),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51248,7 +51370,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
+        wire: 1372u32,
         call: 1266u32,
         name: "cudnnFusedOpsExecute",
         form: None,
@@ -51279,7 +51401,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
+        wire: 1373u32,
         call: 1266u32,
         name: "cudnnFusedOpsExecute",
         form: None,
@@ -51310,7 +51432,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
+        wire: 1374u32,
         call: 1267u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
@@ -51351,7 +51473,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
+        wire: 1375u32,
         call: 1267u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
@@ -51392,7 +51514,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
+        wire: 1376u32,
         call: 1268u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
@@ -51421,7 +51543,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
+        wire: 1377u32,
         call: 1268u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
@@ -51450,7 +51572,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1376u32,
+        wire: 1378u32,
         call: 1269u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
@@ -51495,7 +51617,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1377u32,
+        wire: 1379u32,
         call: 1270u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
@@ -51528,7 +51650,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1378u32,
+        wire: 1380u32,
         call: 1271u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
@@ -51593,7 +51715,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1379u32,
+        wire: 1381u32,
         call: 1271u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
@@ -51658,7 +51780,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1380u32,
+        wire: 1382u32,
         call: 1272u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
@@ -51715,7 +51837,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1381u32,
+        wire: 1383u32,
         call: 1272u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
@@ -51772,7 +51894,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1382u32,
+        wire: 1384u32,
         call: 1273u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
@@ -51817,7 +51939,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1383u32,
+        wire: 1385u32,
         call: 1273u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
@@ -51862,7 +51984,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
+        wire: 1386u32,
         call: 1274u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
@@ -51891,7 +52013,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
+        wire: 1387u32,
         call: 1274u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
@@ -51920,7 +52042,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
+        wire: 1388u32,
         call: 1275u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
@@ -51961,7 +52083,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
+        wire: 1389u32,
         call: 1275u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
@@ -52002,7 +52124,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1388u32,
+        wire: 1390u32,
         call: 1276u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
@@ -52047,7 +52169,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1389u32,
+        wire: 1391u32,
         call: 1276u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
@@ -52092,7 +52214,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1390u32,
+        wire: 1392u32,
         call: 1277u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
@@ -52163,7 +52285,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1391u32,
+        wire: 1393u32,
         call: 1277u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
@@ -52234,7 +52356,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1392u32,
+        wire: 1394u32,
         call: 1278u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
@@ -52284,7 +52406,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1393u32,
+        wire: 1395u32,
         call: 1278u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
@@ -52334,7 +52456,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1394u32,
+        wire: 1396u32,
         call: 1279u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
@@ -52363,7 +52485,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1395u32,
+        wire: 1397u32,
         call: 1279u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
@@ -52392,7 +52514,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1396u32,
+        wire: 1398u32,
         call: 1280u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
@@ -52433,7 +52555,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_62),
+                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_68),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
         ],
@@ -52447,7 +52569,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1397u32,
+        wire: 1399u32,
         call: 1280u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
@@ -52488,7 +52610,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_63),
+                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_69),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
         ],
@@ -52502,7 +52624,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
+        wire: 1400u32,
         call: 1281u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
@@ -52551,7 +52673,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
+        wire: 1401u32,
         call: 1281u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
@@ -52600,7 +52722,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
+        wire: 1402u32,
         call: 1282u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
@@ -52629,7 +52751,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
+        wire: 1403u32,
         call: 1282u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
@@ -52658,7 +52780,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
+        wire: 1404u32,
         call: 1283u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
@@ -52699,7 +52821,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_64),
+                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_70),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
         ],
@@ -52713,7 +52835,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
+        wire: 1405u32,
         call: 1283u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
@@ -52754,7 +52876,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_65),
+                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_71),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
         ],
@@ -52768,7 +52890,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
+        wire: 1406u32,
         call: 1284u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
@@ -52817,7 +52939,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
+        wire: 1407u32,
         call: 1284u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
@@ -52866,7 +52988,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
+        wire: 1408u32,
         call: 1285u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
@@ -52895,7 +53017,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
+        wire: 1409u32,
         call: 1285u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
@@ -52924,7 +53046,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
+        wire: 1410u32,
         call: 1286u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
@@ -52965,7 +53087,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_66),
+                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_72),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
         ],
@@ -52979,7 +53101,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
+        wire: 1411u32,
         call: 1286u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
@@ -53020,7 +53142,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_67),
+                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_73),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
         ],
@@ -53034,7 +53156,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
+        wire: 1412u32,
         call: 1287u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
@@ -53083,7 +53205,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
+        wire: 1413u32,
         call: 1287u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
@@ -53132,7 +53254,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1412u32,
+        wire: 1414u32,
         call: 1288u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
@@ -53161,7 +53283,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1413u32,
+        wire: 1415u32,
         call: 1288u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
@@ -53190,7 +53312,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
+        wire: 1416u32,
         call: 1289u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
@@ -53219,7 +53341,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
+        wire: 1417u32,
         call: 1289u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
@@ -53248,7 +53370,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1416u32,
+        wire: 1418u32,
         call: 1290u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
@@ -53289,7 +53411,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1417u32,
+        wire: 1419u32,
         call: 1290u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
@@ -53330,7 +53452,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1418u32,
+        wire: 1420u32,
         call: 1291u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
@@ -53359,7 +53481,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1419u32,
+        wire: 1421u32,
         call: 1291u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
@@ -53388,7 +53510,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1420u32,
+        wire: 1422u32,
         call: 1292u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
@@ -53409,7 +53531,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1421u32,
+        wire: 1423u32,
         call: 1292u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
@@ -53430,7 +53552,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1422u32,
+        wire: 1424u32,
         call: 1293u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
@@ -53470,7 +53592,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1423u32,
+        wire: 1425u32,
         call: 1293u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
@@ -53510,7 +53632,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1424u32,
+        wire: 1426u32,
         call: 1294u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
@@ -53564,7 +53686,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1425u32,
+        wire: 1427u32,
         call: 1294u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
@@ -53618,7 +53740,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1426u32,
+        wire: 1428u32,
         call: 1295u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
@@ -53655,7 +53777,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu118_68),
+                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu118_74),
                 record: None,
             },
         ],
@@ -53669,7 +53791,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1427u32,
+        wire: 1429u32,
         call: 1295u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
@@ -53706,7 +53828,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu126_69),
+                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu126_75),
                 record: None,
             },
         ],
@@ -53720,7 +53842,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1428u32,
+        wire: 1430u32,
         call: 1296u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
@@ -53749,7 +53871,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1429u32,
+        wire: 1431u32,
         call: 1296u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
@@ -53778,7 +53900,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1430u32,
+        wire: 1432u32,
         call: 1297u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
@@ -53853,7 +53975,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1431u32,
+        wire: 1433u32,
         call: 1297u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
@@ -53928,7 +54050,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1432u32,
+        wire: 1434u32,
         call: 1298u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
@@ -53975,7 +54097,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1433u32,
+        wire: 1435u32,
         call: 1298u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
@@ -54022,7 +54144,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1434u32,
+        wire: 1436u32,
         call: 1299u32,
         name: "cudnnGetLastErrorString",
         form: None,
@@ -54033,7 +54155,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudnnGetLastErrorString_70),
+                len: Some(&LEN_cudnnGetLastErrorString_76),
                 record: None,
             },
             Wire::Val {
@@ -54051,7 +54173,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1435u32,
+        wire: 1437u32,
         call: 1300u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
@@ -54072,7 +54194,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1436u32,
+        wire: 1438u32,
         call: 1300u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
@@ -54093,7 +54215,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1437u32,
+        wire: 1439u32,
         call: 1301u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
@@ -54170,7 +54292,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1438u32,
+        wire: 1440u32,
         call: 1301u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
@@ -54247,7 +54369,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1439u32,
+        wire: 1441u32,
         call: 1302u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
@@ -54316,7 +54438,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1440u32,
+        wire: 1442u32,
         call: 1302u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
@@ -54385,7 +54507,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1441u32,
+        wire: 1443u32,
         call: 1303u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
@@ -54438,7 +54560,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1442u32,
+        wire: 1444u32,
         call: 1303u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
@@ -54491,7 +54613,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1443u32,
+        wire: 1445u32,
         call: 1304u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
@@ -54532,7 +54654,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1444u32,
+        wire: 1446u32,
         call: 1304u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
@@ -54573,7 +54695,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1445u32,
+        wire: 1447u32,
         call: 1305u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
@@ -54644,7 +54766,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1446u32,
+        wire: 1448u32,
         call: 1305u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
@@ -54715,7 +54837,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1447u32,
+        wire: 1449u32,
         call: 1306u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
@@ -54761,7 +54883,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1448u32,
+        wire: 1450u32,
         call: 1306u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
@@ -54807,7 +54929,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1449u32,
+        wire: 1451u32,
         call: 1307u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
@@ -54870,7 +54992,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1450u32,
+        wire: 1452u32,
         call: 1307u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
@@ -54933,7 +55055,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
+        wire: 1453u32,
         call: 1308u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
@@ -54970,7 +55092,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
+        wire: 1454u32,
         call: 1308u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
@@ -55007,7 +55129,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
+        wire: 1455u32,
         call: 1309u32,
         name: "cudnnGetProperty",
         form: None,
@@ -55036,7 +55158,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
+        wire: 1456u32,
         call: 1309u32,
         name: "cudnnGetProperty",
         form: None,
@@ -55065,7 +55187,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1455u32,
+        wire: 1457u32,
         call: 1310u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
@@ -55098,7 +55220,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1456u32,
+        wire: 1458u32,
         call: 1311u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
@@ -55131,7 +55253,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1457u32,
+        wire: 1459u32,
         call: 1312u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
@@ -55160,7 +55282,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1458u32,
+        wire: 1460u32,
         call: 1313u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
@@ -55193,7 +55315,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1459u32,
+        wire: 1461u32,
         call: 1314u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
@@ -55226,7 +55348,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1460u32,
+        wire: 1462u32,
         call: 1315u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
@@ -55255,7 +55377,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1461u32,
+        wire: 1463u32,
         call: 1316u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
@@ -55284,7 +55406,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1462u32,
+        wire: 1464u32,
         call: 1317u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
@@ -55325,7 +55447,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1463u32,
+        wire: 1465u32,
         call: 1318u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
@@ -55372,7 +55494,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1464u32,
+        wire: 1466u32,
         call: 1318u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
@@ -55419,7 +55541,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
-        wire: 1465u32,
+        wire: 1467u32,
         call: 1319u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
@@ -55479,7 +55601,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
-        wire: 1466u32,
+        wire: 1468u32,
         call: 1319u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
@@ -55539,7 +55661,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1467u32,
+        wire: 1469u32,
         call: 1320u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
@@ -55572,7 +55694,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1468u32,
+        wire: 1470u32,
         call: 1320u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
@@ -55605,7 +55727,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1469u32,
+        wire: 1471u32,
         call: 1321u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
@@ -55658,7 +55780,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1470u32,
+        wire: 1472u32,
         call: 1321u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
@@ -55711,7 +55833,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1471u32,
+        wire: 1473u32,
         call: 1322u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
@@ -55752,7 +55874,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1472u32,
+        wire: 1474u32,
         call: 1322u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
@@ -55793,7 +55915,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1473u32,
+        wire: 1475u32,
         call: 1323u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
@@ -55834,7 +55956,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1474u32,
+        wire: 1476u32,
         call: 1323u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
@@ -55875,7 +55997,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1475u32,
+        wire: 1477u32,
         call: 1324u32,
         name: "cudnnGetStream",
         form: Some("call"),
@@ -55902,7 +56024,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1476u32,
+        wire: 1478u32,
         call: 1324u32,
         name: "cudnnGetStream",
         form: Some("call"),
@@ -55929,7 +56051,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1477u32,
+        wire: 1479u32,
         call: 1325u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
@@ -56001,7 +56123,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1478u32,
+        wire: 1480u32,
         call: 1325u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
@@ -56073,7 +56195,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1479u32,
+        wire: 1481u32,
         call: 1326u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
@@ -56104,13 +56226,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_71),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_77),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_72),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_78),
                 record: None,
             },
         ],
@@ -56124,7 +56246,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1480u32,
+        wire: 1482u32,
         call: 1326u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
@@ -56155,13 +56277,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_73),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_79),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_74),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_80),
                 record: None,
             },
         ],
@@ -56175,7 +56297,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1481u32,
+        wire: 1483u32,
         call: 1327u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
@@ -56204,7 +56326,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1482u32,
+        wire: 1484u32,
         call: 1327u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
@@ -56233,7 +56355,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1483u32,
+        wire: 1485u32,
         call: 1328u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
@@ -56290,7 +56412,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1484u32,
+        wire: 1486u32,
         call: 1328u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
@@ -56347,7 +56469,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1485u32,
+        wire: 1487u32,
         call: 1329u32,
         name: "cudnnGetVersion",
         form: Some("call"),
@@ -56368,7 +56490,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1486u32,
+        wire: 1488u32,
         call: 1329u32,
         name: "cudnnGetVersion",
         form: Some("call"),
@@ -56389,7 +56511,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1487u32,
+        wire: 1489u32,
         call: 1330u32,
         name: "cudnnGraphVersionCheck",
         form: None,
@@ -56407,7 +56529,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1488u32,
+        wire: 1490u32,
         call: 1331u32,
         name: "cudnnInitTransformDest",
         form: None,
@@ -56444,7 +56566,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1489u32,
+        wire: 1491u32,
         call: 1331u32,
         name: "cudnnInitTransformDest",
         form: None,
@@ -56481,7 +56603,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1490u32,
+        wire: 1492u32,
         call: 1332u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
@@ -56504,7 +56626,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_75),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_81),
                 record: None,
             },
             Wire::Handle {
@@ -56525,7 +56647,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_76),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_82),
                 record: None,
             },
             Wire::Handle {
@@ -56544,7 +56666,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1491u32,
+        wire: 1493u32,
         call: 1332u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
@@ -56567,7 +56689,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_77),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_83),
                 record: None,
             },
             Wire::Handle {
@@ -56588,7 +56710,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_78),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_84),
                 record: None,
             },
             Wire::Handle {
@@ -56607,7 +56729,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1492u32,
+        wire: 1494u32,
         call: 1333u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
@@ -56630,7 +56752,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_79),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_85),
                 record: None,
             },
             Wire::Handle {
@@ -56641,7 +56763,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_80),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_86),
                 record: None,
             },
             Wire::Handle {
@@ -56660,7 +56782,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1493u32,
+        wire: 1495u32,
         call: 1333u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
@@ -56683,7 +56805,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_81),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_87),
                 record: None,
             },
             Wire::Handle {
@@ -56694,7 +56816,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_82),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_88),
                 record: None,
             },
             Wire::Handle {
@@ -56713,7 +56835,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1494u32,
+        wire: 1496u32,
         call: 1334u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
@@ -56750,7 +56872,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1495u32,
+        wire: 1497u32,
         call: 1334u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
@@ -56787,7 +56909,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1496u32,
+        wire: 1498u32,
         call: 1335u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
@@ -56805,7 +56927,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1497u32,
+        wire: 1499u32,
         call: 1336u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
@@ -56823,7 +56945,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1498u32,
+        wire: 1500u32,
         call: 1337u32,
         name: "cudnnOpsVersionCheck",
         form: None,
@@ -56841,7 +56963,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1499u32,
+        wire: 1501u32,
         call: 1338u32,
         name: "cudnnPoolingBackward",
         form: None,
@@ -56860,7 +56982,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu118_83),
+                len: Some(&LEN_cudnnPoolingBackward__cu118_89),
                 record: None,
             },
             Wire::Handle {
@@ -56881,7 +57003,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu118_84),
+                len: Some(&LEN_cudnnPoolingBackward__cu118_90),
                 record: None,
             },
             Wire::Handle {
@@ -56900,7 +57022,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1500u32,
+        wire: 1502u32,
         call: 1338u32,
         name: "cudnnPoolingBackward",
         form: None,
@@ -56919,7 +57041,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu126_85),
+                len: Some(&LEN_cudnnPoolingBackward__cu126_91),
                 record: None,
             },
             Wire::Handle {
@@ -56940,7 +57062,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu126_86),
+                len: Some(&LEN_cudnnPoolingBackward__cu126_92),
                 record: None,
             },
             Wire::Handle {
@@ -56959,7 +57081,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1501u32,
+        wire: 1503u32,
         call: 1339u32,
         name: "cudnnPoolingForward",
         form: None,
@@ -56978,7 +57100,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu118_87),
+                len: Some(&LEN_cudnnPoolingForward__cu118_93),
                 record: None,
             },
             Wire::Handle {
@@ -56989,7 +57111,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu118_88),
+                len: Some(&LEN_cudnnPoolingForward__cu118_94),
                 record: None,
             },
             Wire::Handle {
@@ -57008,7 +57130,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1502u32,
+        wire: 1504u32,
         call: 1339u32,
         name: "cudnnPoolingForward",
         form: None,
@@ -57027,7 +57149,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu126_89),
+                len: Some(&LEN_cudnnPoolingForward__cu126_95),
                 record: None,
             },
             Wire::Handle {
@@ -57038,7 +57160,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu126_90),
+                len: Some(&LEN_cudnnPoolingForward__cu126_96),
                 record: None,
             },
             Wire::Handle {
@@ -57057,7 +57179,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1503u32,
+        wire: 1505u32,
         call: 1340u32,
         name: "cudnnQueryRuntimeError",
         form: None,
@@ -57094,7 +57216,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1504u32,
+        wire: 1506u32,
         call: 1340u32,
         name: "cudnnQueryRuntimeError",
         form: None,
@@ -57131,7 +57253,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1505u32,
+        wire: 1507u32,
         call: 1341u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
@@ -57199,7 +57321,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1506u32,
+        wire: 1508u32,
         call: 1341u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
@@ -57267,7 +57389,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1507u32,
+        wire: 1509u32,
         call: 1342u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
@@ -57324,7 +57446,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1508u32,
+        wire: 1510u32,
         call: 1343u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
@@ -57386,7 +57508,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1509u32,
+        wire: 1511u32,
         call: 1343u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
@@ -57448,7 +57570,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1510u32,
+        wire: 1512u32,
         call: 1344u32,
         name: "cudnnRNNForward",
         form: None,
@@ -57517,7 +57639,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1511u32,
+        wire: 1513u32,
         call: 1344u32,
         name: "cudnnRNNForward",
         form: None,
@@ -57586,7 +57708,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1512u32,
+        wire: 1514u32,
         call: 1345u32,
         name: "cudnnRNNGetClip",
         form: None,
@@ -57637,7 +57759,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1513u32,
+        wire: 1515u32,
         call: 1346u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
@@ -57684,7 +57806,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1514u32,
+        wire: 1516u32,
         call: 1346u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
@@ -57731,7 +57853,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1515u32,
+        wire: 1517u32,
         call: 1347u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
@@ -57772,7 +57894,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1516u32,
+        wire: 1518u32,
         call: 1348u32,
         name: "cudnnRNNSetClip",
         form: None,
@@ -57815,7 +57937,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1517u32,
+        wire: 1519u32,
         call: 1349u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
@@ -57854,7 +57976,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1518u32,
+        wire: 1520u32,
         call: 1349u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
@@ -57893,7 +58015,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1519u32,
+        wire: 1521u32,
         call: 1350u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
@@ -57928,7 +58050,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1520u32,
+        wire: 1522u32,
         call: 1351u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
@@ -57968,7 +58090,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1521u32,
+        wire: 1523u32,
         call: 1351u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
@@ -58008,7 +58130,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1522u32,
+        wire: 1524u32,
         call: 1352u32,
         name: "cudnnScaleTensor",
         form: None,
@@ -58028,7 +58150,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnScaleTensor__cu118_91),
+                len: Some(&LEN_cudnnScaleTensor__cu118_97),
                 record: None,
             },
         ],
@@ -58042,7 +58164,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1523u32,
+        wire: 1525u32,
         call: 1352u32,
         name: "cudnnScaleTensor",
         form: None,
@@ -58062,7 +58184,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnScaleTensor__cu126_92),
+                len: Some(&LEN_cudnnScaleTensor__cu126_98),
                 record: None,
             },
         ],
@@ -58076,7 +58198,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1524u32,
+        wire: 1526u32,
         call: 1353u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
@@ -58111,7 +58233,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1525u32,
+        wire: 1527u32,
         call: 1353u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
@@ -58146,7 +58268,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1526u32,
+        wire: 1528u32,
         call: 1354u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
@@ -58173,7 +58295,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1527u32,
+        wire: 1529u32,
         call: 1354u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
@@ -58200,7 +58322,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1528u32,
+        wire: 1530u32,
         call: 1355u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
@@ -58224,7 +58346,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1529u32,
+        wire: 1531u32,
         call: 1356u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
@@ -58263,7 +58385,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1530u32,
+        wire: 1532u32,
         call: 1357u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
@@ -58362,7 +58484,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1531u32,
+        wire: 1533u32,
         call: 1357u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
@@ -58461,7 +58583,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1532u32,
+        wire: 1534u32,
         call: 1358u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
@@ -58488,7 +58610,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1533u32,
+        wire: 1535u32,
         call: 1358u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
@@ -58515,7 +58637,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1534u32,
+        wire: 1536u32,
         call: 1359u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
@@ -58550,7 +58672,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1535u32,
+        wire: 1537u32,
         call: 1359u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
@@ -58585,7 +58707,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1536u32,
+        wire: 1538u32,
         call: 1360u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
@@ -58624,7 +58746,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1537u32,
+        wire: 1539u32,
         call: 1360u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
@@ -58663,7 +58785,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1538u32,
+        wire: 1540u32,
         call: 1361u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
@@ -58702,7 +58824,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1539u32,
+        wire: 1541u32,
         call: 1362u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
@@ -58757,7 +58879,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1540u32,
+        wire: 1542u32,
         call: 1362u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
@@ -58812,7 +58934,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1541u32,
+        wire: 1543u32,
         call: 1363u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
@@ -58839,7 +58961,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1542u32,
+        wire: 1544u32,
         call: 1363u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
@@ -58866,7 +58988,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1543u32,
+        wire: 1545u32,
         call: 1364u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
@@ -58893,7 +59015,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1544u32,
+        wire: 1546u32,
         call: 1364u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
@@ -58920,7 +59042,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
+        wire: 1547u32,
         call: 1365u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
@@ -58939,19 +59061,19 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_93),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_99),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_94),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_100),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_95),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_101),
                 record: None,
             },
             Wire::Val {
@@ -58973,7 +59095,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
+        wire: 1548u32,
         call: 1365u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
@@ -58992,19 +59114,19 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_96),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_102),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_97),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_103),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_98),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_104),
                 record: None,
             },
             Wire::Val {
@@ -59026,7 +59148,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1547u32,
+        wire: 1549u32,
         call: 1366u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
@@ -59053,7 +59175,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1548u32,
+        wire: 1550u32,
         call: 1366u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
@@ -59080,7 +59202,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1549u32,
+        wire: 1551u32,
         call: 1367u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
@@ -59120,7 +59242,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1550u32,
+        wire: 1552u32,
         call: 1367u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
@@ -59160,7 +59282,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
+        wire: 1553u32,
         call: 1368u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
@@ -59207,7 +59329,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
+        wire: 1554u32,
         call: 1368u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
@@ -59254,7 +59376,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1553u32,
+        wire: 1555u32,
         call: 1369u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
@@ -59281,7 +59403,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu118_99),
+                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu118_105),
                 record: None,
             },
         ],
@@ -59295,7 +59417,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1554u32,
+        wire: 1556u32,
         call: 1369u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
@@ -59322,7 +59444,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu126_100),
+                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu126_106),
                 record: None,
             },
         ],
@@ -59336,7 +59458,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
+        wire: 1557u32,
         call: 1370u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
@@ -59375,7 +59497,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
+        wire: 1558u32,
         call: 1370u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
@@ -59414,7 +59536,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1557u32,
+        wire: 1559u32,
         call: 1371u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
@@ -59449,7 +59571,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1558u32,
+        wire: 1560u32,
         call: 1371u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
@@ -59484,7 +59606,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1559u32,
+        wire: 1561u32,
         call: 1372u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
@@ -59511,7 +59633,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1560u32,
+        wire: 1562u32,
         call: 1373u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
@@ -59566,7 +59688,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1561u32,
+        wire: 1563u32,
         call: 1373u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
@@ -59621,7 +59743,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1562u32,
+        wire: 1564u32,
         call: 1374u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
@@ -59652,7 +59774,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1563u32,
+        wire: 1565u32,
         call: 1375u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
@@ -59679,7 +59801,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1564u32,
+        wire: 1566u32,
         call: 1376u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
@@ -59714,13 +59836,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_101),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_107),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_102),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_108),
                 record: None,
             },
         ],
@@ -59734,7 +59856,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1565u32,
+        wire: 1567u32,
         call: 1376u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
@@ -59769,13 +59891,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_103),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_109),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_104),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_110),
                 record: None,
             },
         ],
@@ -59789,7 +59911,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1566u32,
+        wire: 1568u32,
         call: 1377u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
@@ -59848,7 +59970,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1567u32,
+        wire: 1569u32,
         call: 1378u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
@@ -59927,7 +60049,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1568u32,
+        wire: 1570u32,
         call: 1378u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
@@ -60006,7 +60128,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1569u32,
+        wire: 1571u32,
         call: 1379u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
@@ -60033,7 +60155,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1570u32,
+        wire: 1572u32,
         call: 1380u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
@@ -60060,7 +60182,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1571u32,
+        wire: 1573u32,
         call: 1381u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
@@ -60095,7 +60217,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1572u32,
+        wire: 1574u32,
         call: 1382u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
@@ -60138,7 +60260,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1573u32,
+        wire: 1575u32,
         call: 1382u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
@@ -60181,7 +60303,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1574u32,
+        wire: 1576u32,
         call: 1383u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
@@ -60208,7 +60330,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_105),
+                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_111),
                 record: None,
             },
         ],
@@ -60222,7 +60344,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1575u32,
+        wire: 1577u32,
         call: 1383u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
@@ -60249,7 +60371,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_106),
+                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_112),
                 record: None,
             },
         ],
@@ -60263,7 +60385,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1576u32,
+        wire: 1578u32,
         call: 1384u32,
         name: "cudnnSetStream",
         form: Some("call"),
@@ -60290,7 +60412,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1577u32,
+        wire: 1579u32,
         call: 1384u32,
         name: "cudnnSetStream",
         form: Some("call"),
@@ -60317,7 +60439,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1578u32,
+        wire: 1580u32,
         call: 1385u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
@@ -60364,7 +60486,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1579u32,
+        wire: 1581u32,
         call: 1385u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
@@ -60411,7 +60533,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1580u32,
+        wire: 1582u32,
         call: 1386u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
@@ -60470,7 +60592,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1581u32,
+        wire: 1583u32,
         call: 1386u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
@@ -60529,7 +60651,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1582u32,
+        wire: 1584u32,
         call: 1387u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
@@ -60552,13 +60674,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_107),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_113),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_108),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_114),
                 record: None,
             },
         ],
@@ -60572,7 +60694,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1583u32,
+        wire: 1585u32,
         call: 1387u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
@@ -60595,13 +60717,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_109),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_115),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_110),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_116),
                 record: None,
             },
         ],
@@ -60615,7 +60737,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1584u32,
+        wire: 1586u32,
         call: 1388u32,
         name: "cudnnSoftmaxBackward",
         form: None,
@@ -60638,7 +60760,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu118_111),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu118_117),
                 record: None,
             },
             Wire::Handle {
@@ -60654,7 +60776,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu118_112),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu118_118),
                 record: None,
             },
             Wire::Handle {
@@ -60673,7 +60795,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1585u32,
+        wire: 1587u32,
         call: 1388u32,
         name: "cudnnSoftmaxBackward",
         form: None,
@@ -60696,7 +60818,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu126_113),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu126_119),
                 record: None,
             },
             Wire::Handle {
@@ -60712,7 +60834,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu126_114),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu126_120),
                 record: None,
             },
             Wire::Handle {
@@ -60731,7 +60853,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1586u32,
+        wire: 1588u32,
         call: 1389u32,
         name: "cudnnSoftmaxForward",
         form: None,
@@ -60754,7 +60876,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu118_115),
+                len: Some(&LEN_cudnnSoftmaxForward__cu118_121),
                 record: None,
             },
             Wire::Handle {
@@ -60765,7 +60887,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu118_116),
+                len: Some(&LEN_cudnnSoftmaxForward__cu118_122),
                 record: None,
             },
             Wire::Handle {
@@ -60784,7 +60906,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1587u32,
+        wire: 1589u32,
         call: 1389u32,
         name: "cudnnSoftmaxForward",
         form: None,
@@ -60807,7 +60929,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu126_117),
+                len: Some(&LEN_cudnnSoftmaxForward__cu126_123),
                 record: None,
             },
             Wire::Handle {
@@ -60818,7 +60940,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu126_118),
+                len: Some(&LEN_cudnnSoftmaxForward__cu126_124),
                 record: None,
             },
             Wire::Handle {
@@ -60837,7 +60959,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1588u32,
+        wire: 1590u32,
         call: 1390u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
@@ -60866,7 +60988,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1589u32,
+        wire: 1591u32,
         call: 1390u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
@@ -60895,7 +61017,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
+        wire: 1592u32,
         call: 1391u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
@@ -60924,7 +61046,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
+        wire: 1593u32,
         call: 1391u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
@@ -60953,7 +61075,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
+        wire: 1594u32,
         call: 1392u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
@@ -60972,7 +61094,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_119),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_125),
                 record: None,
             },
             Wire::Handle {
@@ -60983,7 +61105,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_120),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_126),
                 record: None,
             },
             Wire::Handle {
@@ -60994,7 +61116,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_121),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_127),
                 record: None,
             },
             Wire::Handle {
@@ -61006,7 +61128,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_122),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_128),
                 record: None,
             },
             Wire::Device,
@@ -61021,7 +61143,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
+        wire: 1595u32,
         call: 1392u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
@@ -61040,7 +61162,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_123),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_129),
                 record: None,
             },
             Wire::Handle {
@@ -61051,7 +61173,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_124),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_130),
                 record: None,
             },
             Wire::Handle {
@@ -61062,7 +61184,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_125),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_131),
                 record: None,
             },
             Wire::Handle {
@@ -61074,7 +61196,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_126),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_132),
                 record: None,
             },
             Wire::Device,
@@ -61089,7 +61211,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
+        wire: 1596u32,
         call: 1393u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
@@ -61108,7 +61230,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_127),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_133),
                 record: None,
             },
             Wire::Handle {
@@ -61120,7 +61242,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_128),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_134),
                 record: None,
             },
             Wire::Handle {
@@ -61139,7 +61261,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
+        wire: 1597u32,
         call: 1393u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
@@ -61158,7 +61280,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_129),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_135),
                 record: None,
             },
             Wire::Handle {
@@ -61170,7 +61292,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_130),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_136),
                 record: None,
             },
             Wire::Handle {
@@ -61189,7 +61311,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
+        wire: 1598u32,
         call: 1394u32,
         name: "cudnnTransformTensor",
         form: None,
@@ -61204,7 +61326,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu118_131),
+                len: Some(&LEN_cudnnTransformTensor__cu118_137),
                 record: None,
             },
             Wire::Handle {
@@ -61215,7 +61337,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu118_132),
+                len: Some(&LEN_cudnnTransformTensor__cu118_138),
                 record: None,
             },
             Wire::Handle {
@@ -61234,7 +61356,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
+        wire: 1599u32,
         call: 1394u32,
         name: "cudnnTransformTensor",
         form: None,
@@ -61249,7 +61371,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu126_133),
+                len: Some(&LEN_cudnnTransformTensor__cu126_139),
                 record: None,
             },
             Wire::Handle {
@@ -61260,7 +61382,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu126_134),
+                len: Some(&LEN_cudnnTransformTensor__cu126_140),
                 record: None,
             },
             Wire::Handle {
@@ -61285,7 +61407,7 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1799u32,
+        wire: 1801u32,
         call: 1596u32,
         name: "cufftCreate",
         form: None,
@@ -61310,7 +61432,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1800u32,
+        wire: 1802u32,
         call: 1597u32,
         name: "cufftDestroy",
         form: None,
@@ -61333,7 +61455,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1801u32,
+        wire: 1803u32,
         call: 1598u32,
         name: "cufftResetPlanProperty",
         form: None,
@@ -61360,7 +61482,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1802u32,
+        wire: 1804u32,
         call: 1599u32,
         name: "cufftSetAutoAllocation",
         form: None,
@@ -61387,7 +61509,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1803u32,
+        wire: 1805u32,
         call: 1600u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
@@ -61418,7 +61540,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1804u32,
+        wire: 1806u32,
         call: 1601u32,
         name: "cufftSetStream",
         form: None,
@@ -61445,7 +61567,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1805u32,
+        wire: 1807u32,
         call: 1602u32,
         name: "cufftSetWorkArea",
         form: None,
@@ -61469,7 +61591,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1806u32,
+        wire: 1808u32,
         call: 1603u32,
         name: "cufftXtClearCallback",
         form: None,
@@ -61496,7 +61618,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1807u32,
+        wire: 1809u32,
         call: 1604u32,
         name: "cufftXtExec",
         form: None,
@@ -61525,7 +61647,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1808u32,
+        wire: 1810u32,
         call: 1605u32,
         name: "cufftXtMakePlanMany",
         form: None,
@@ -61608,7 +61730,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1809u32,
+        wire: 1811u32,
         call: 1606u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
@@ -61639,7 +61761,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1810u32,
+        wire: 1812u32,
         call: 1607u32,
         name: "cufftXtSetDistribution",
         form: None,
@@ -61677,7 +61799,7 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1811u32,
+        wire: 1813u32,
         call: 1608u32,
         name: "curandCreateGenerator",
         form: None,
@@ -61704,7 +61826,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1812u32,
+        wire: 1814u32,
         call: 1609u32,
         name: "curandCreateGeneratorHost",
         form: None,
@@ -61731,7 +61853,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1813u32,
+        wire: 1815u32,
         call: 1610u32,
         name: "curandCreatePoissonDistribution",
         form: None,
@@ -61758,7 +61880,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1814u32,
+        wire: 1816u32,
         call: 1611u32,
         name: "curandDestroyDistribution",
         form: None,
@@ -61781,7 +61903,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1815u32,
+        wire: 1817u32,
         call: 1612u32,
         name: "curandDestroyGenerator",
         form: None,
@@ -61804,7 +61926,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1816u32,
+        wire: 1818u32,
         call: 1613u32,
         name: "curandGenerateSeeds",
         form: None,
@@ -61827,7 +61949,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1817u32,
+        wire: 1819u32,
         call: 1614u32,
         name: "curandSetGeneratorOffset",
         form: None,
@@ -61854,7 +61976,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1818u32,
+        wire: 1820u32,
         call: 1615u32,
         name: "curandSetGeneratorOrdering",
         form: None,
@@ -61881,7 +62003,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1819u32,
+        wire: 1821u32,
         call: 1616u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
@@ -61908,7 +62030,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1820u32,
+        wire: 1822u32,
         call: 1617u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
@@ -61935,7 +62057,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1821u32,
+        wire: 1823u32,
         call: 1618u32,
         name: "curandSetStream",
         form: None,
@@ -61974,7 +62096,7 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2125u32,
+        wire: 2127u32,
         call: 1922u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
@@ -62011,7 +62133,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2126u32,
+        wire: 2128u32,
         call: 1923u32,
         name: "cusolverDnCgeqrf",
         form: None,
@@ -62054,7 +62176,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2127u32,
+        wire: 2129u32,
         call: 1924u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
@@ -62096,7 +62218,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2128u32,
+        wire: 2130u32,
         call: 1925u32,
         name: "cusolverDnCgesvd",
         form: None,
@@ -62158,7 +62280,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2129u32,
+        wire: 2131u32,
         call: 1926u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
@@ -62195,7 +62317,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2130u32,
+        wire: 2132u32,
         call: 1927u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
@@ -62282,7 +62404,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2131u32,
+        wire: 2133u32,
         call: 1928u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
@@ -62363,7 +62485,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2132u32,
+        wire: 2134u32,
         call: 1929u32,
         name: "cusolverDnCgesvdj",
         form: None,
@@ -62428,7 +62550,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2133u32,
+        wire: 2135u32,
         call: 1930u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
@@ -62493,7 +62615,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2134u32,
+        wire: 2136u32,
         call: 1931u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
@@ -62558,7 +62680,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2135u32,
+        wire: 2137u32,
         call: 1932u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
@@ -62623,7 +62745,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2136u32,
+        wire: 2138u32,
         call: 1933u32,
         name: "cusolverDnCgetrf",
         form: None,
@@ -62662,7 +62784,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2137u32,
+        wire: 2139u32,
         call: 1934u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
@@ -62704,7 +62826,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2138u32,
+        wire: 2140u32,
         call: 1935u32,
         name: "cusolverDnCgetrs",
         form: None,
@@ -62751,7 +62873,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2139u32,
+        wire: 2141u32,
         call: 1936u32,
         name: "cusolverDnCheevd",
         form: None,
@@ -62798,7 +62920,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2140u32,
+        wire: 2142u32,
         call: 1937u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
@@ -62845,7 +62967,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2141u32,
+        wire: 2143u32,
         call: 1938u32,
         name: "cusolverDnCheevj",
         form: None,
@@ -62896,7 +63018,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2142u32,
+        wire: 2144u32,
         call: 1939u32,
         name: "cusolverDnCheevjBatched",
         form: None,
@@ -62951,7 +63073,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2143u32,
+        wire: 2145u32,
         call: 1940u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
@@ -63006,7 +63128,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2144u32,
+        wire: 2146u32,
         call: 1941u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
@@ -63057,7 +63179,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2145u32,
+        wire: 2147u32,
         call: 1942u32,
         name: "cusolverDnChegvd",
         form: None,
@@ -63113,7 +63235,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2146u32,
+        wire: 2148u32,
         call: 1943u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
@@ -63169,7 +63291,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2147u32,
+        wire: 2149u32,
         call: 1944u32,
         name: "cusolverDnChegvj",
         form: None,
@@ -63229,7 +63351,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2148u32,
+        wire: 2150u32,
         call: 1945u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
@@ -63289,7 +63411,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2149u32,
+        wire: 2151u32,
         call: 1946u32,
         name: "cusolverDnClaswp",
         form: None,
@@ -63334,7 +63456,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2150u32,
+        wire: 2152u32,
         call: 1947u32,
         name: "cusolverDnClauum",
         form: None,
@@ -63376,7 +63498,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2151u32,
+        wire: 2153u32,
         call: 1948u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
@@ -63418,7 +63540,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2152u32,
+        wire: 2154u32,
         call: 1949u32,
         name: "cusolverDnCpotrf",
         form: None,
@@ -63460,7 +63582,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2153u32,
+        wire: 2155u32,
         call: 1950u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
@@ -63501,7 +63623,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2154u32,
+        wire: 2156u32,
         call: 1951u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
@@ -63543,7 +63665,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2155u32,
+        wire: 2157u32,
         call: 1952u32,
         name: "cusolverDnCpotri",
         form: None,
@@ -63585,7 +63707,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2156u32,
+        wire: 2158u32,
         call: 1953u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
@@ -63627,7 +63749,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2157u32,
+        wire: 2159u32,
         call: 1954u32,
         name: "cusolverDnCpotrs",
         form: None,
@@ -63673,7 +63795,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2158u32,
+        wire: 2160u32,
         call: 1955u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
@@ -63723,7 +63845,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2159u32,
+        wire: 2161u32,
         call: 1956u32,
         name: "cusolverDnCreate",
         form: None,
@@ -63746,7 +63868,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2160u32,
+        wire: 2162u32,
         call: 1957u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
@@ -63769,7 +63891,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2161u32,
+        wire: 2163u32,
         call: 1958u32,
         name: "cusolverDnCreateParams",
         form: None,
@@ -63792,7 +63914,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2162u32,
+        wire: 2164u32,
         call: 1959u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
@@ -63815,7 +63937,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2163u32,
+        wire: 2165u32,
         call: 1960u32,
         name: "cusolverDnCsytrf",
         form: None,
@@ -63858,7 +63980,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2164u32,
+        wire: 2166u32,
         call: 1961u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
@@ -63896,7 +64018,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2165u32,
+        wire: 2167u32,
         call: 1962u32,
         name: "cusolverDnCsytri",
         form: None,
@@ -63939,7 +64061,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2166u32,
+        wire: 2168u32,
         call: 1963u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
@@ -63982,7 +64104,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2167u32,
+        wire: 2169u32,
         call: 1964u32,
         name: "cusolverDnCungbr",
         form: None,
@@ -64033,7 +64155,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2168u32,
+        wire: 2170u32,
         call: 1965u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
@@ -64084,7 +64206,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2169u32,
+        wire: 2171u32,
         call: 1966u32,
         name: "cusolverDnCungqr",
         form: None,
@@ -64131,7 +64253,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2170u32,
+        wire: 2172u32,
         call: 1967u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
@@ -64178,7 +64300,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2171u32,
+        wire: 2173u32,
         call: 1968u32,
         name: "cusolverDnCungtr",
         form: None,
@@ -64221,7 +64343,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2172u32,
+        wire: 2174u32,
         call: 1969u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
@@ -64264,7 +64386,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2173u32,
+        wire: 2175u32,
         call: 1970u32,
         name: "cusolverDnCunmqr",
         form: None,
@@ -64324,7 +64446,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2174u32,
+        wire: 2176u32,
         call: 1971u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
@@ -64384,7 +64506,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2175u32,
+        wire: 2177u32,
         call: 1972u32,
         name: "cusolverDnCunmtr",
         form: None,
@@ -64444,7 +64566,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2176u32,
+        wire: 2178u32,
         call: 1973u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
@@ -64504,7 +64626,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2177u32,
+        wire: 2179u32,
         call: 1974u32,
         name: "cusolverDnDestroy",
         form: None,
@@ -64527,7 +64649,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2178u32,
+        wire: 2180u32,
         call: 1975u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
@@ -64550,7 +64672,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2179u32,
+        wire: 2181u32,
         call: 1976u32,
         name: "cusolverDnDestroyParams",
         form: None,
@@ -64573,7 +64695,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2180u32,
+        wire: 2182u32,
         call: 1977u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
@@ -64596,7 +64718,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2181u32,
+        wire: 2183u32,
         call: 1978u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
@@ -64633,7 +64755,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2182u32,
+        wire: 2184u32,
         call: 1979u32,
         name: "cusolverDnDgeqrf",
         form: None,
@@ -64676,7 +64798,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2183u32,
+        wire: 2185u32,
         call: 1980u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
@@ -64718,7 +64840,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2184u32,
+        wire: 2186u32,
         call: 1981u32,
         name: "cusolverDnDgesvd",
         form: None,
@@ -64780,7 +64902,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2185u32,
+        wire: 2187u32,
         call: 1982u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
@@ -64817,7 +64939,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2186u32,
+        wire: 2188u32,
         call: 1983u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
@@ -64904,7 +65026,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2187u32,
+        wire: 2189u32,
         call: 1984u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
@@ -64985,7 +65107,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2188u32,
+        wire: 2190u32,
         call: 1985u32,
         name: "cusolverDnDgesvdj",
         form: None,
@@ -65050,7 +65172,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2189u32,
+        wire: 2191u32,
         call: 1986u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
@@ -65115,7 +65237,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2190u32,
+        wire: 2192u32,
         call: 1987u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
@@ -65180,7 +65302,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2191u32,
+        wire: 2193u32,
         call: 1988u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
@@ -65245,7 +65367,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2192u32,
+        wire: 2194u32,
         call: 1989u32,
         name: "cusolverDnDgetrf",
         form: None,
@@ -65284,7 +65406,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2193u32,
+        wire: 2195u32,
         call: 1990u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
@@ -65326,7 +65448,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2194u32,
+        wire: 2196u32,
         call: 1991u32,
         name: "cusolverDnDgetrs",
         form: None,
@@ -65373,7 +65495,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2195u32,
+        wire: 2197u32,
         call: 1992u32,
         name: "cusolverDnDlaswp",
         form: None,
@@ -65418,7 +65540,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2196u32,
+        wire: 2198u32,
         call: 1993u32,
         name: "cusolverDnDlauum",
         form: None,
@@ -65460,7 +65582,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2197u32,
+        wire: 2199u32,
         call: 1994u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
@@ -65502,7 +65624,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2198u32,
+        wire: 2200u32,
         call: 1995u32,
         name: "cusolverDnDorgbr",
         form: None,
@@ -65553,7 +65675,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2199u32,
+        wire: 2201u32,
         call: 1996u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
@@ -65604,7 +65726,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2200u32,
+        wire: 2202u32,
         call: 1997u32,
         name: "cusolverDnDorgqr",
         form: None,
@@ -65651,7 +65773,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2201u32,
+        wire: 2203u32,
         call: 1998u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
@@ -65698,7 +65820,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2202u32,
+        wire: 2204u32,
         call: 1999u32,
         name: "cusolverDnDorgtr",
         form: None,
@@ -65741,7 +65863,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2203u32,
+        wire: 2205u32,
         call: 2000u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
@@ -65784,7 +65906,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2204u32,
+        wire: 2206u32,
         call: 2001u32,
         name: "cusolverDnDormqr",
         form: None,
@@ -65844,7 +65966,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2205u32,
+        wire: 2207u32,
         call: 2002u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
@@ -65904,7 +66026,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2206u32,
+        wire: 2208u32,
         call: 2003u32,
         name: "cusolverDnDormtr",
         form: None,
@@ -65964,7 +66086,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2207u32,
+        wire: 2209u32,
         call: 2004u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
@@ -66024,7 +66146,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2208u32,
+        wire: 2210u32,
         call: 2005u32,
         name: "cusolverDnDpotrf",
         form: None,
@@ -66066,7 +66188,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2209u32,
+        wire: 2211u32,
         call: 2006u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
@@ -66107,7 +66229,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2210u32,
+        wire: 2212u32,
         call: 2007u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
@@ -66149,7 +66271,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2211u32,
+        wire: 2213u32,
         call: 2008u32,
         name: "cusolverDnDpotri",
         form: None,
@@ -66191,7 +66313,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2212u32,
+        wire: 2214u32,
         call: 2009u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
@@ -66233,7 +66355,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2213u32,
+        wire: 2215u32,
         call: 2010u32,
         name: "cusolverDnDpotrs",
         form: None,
@@ -66279,7 +66401,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2214u32,
+        wire: 2216u32,
         call: 2011u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
@@ -66329,7 +66451,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2215u32,
+        wire: 2217u32,
         call: 2012u32,
         name: "cusolverDnDsyevd",
         form: None,
@@ -66376,7 +66498,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2216u32,
+        wire: 2218u32,
         call: 2013u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
@@ -66423,7 +66545,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2217u32,
+        wire: 2219u32,
         call: 2014u32,
         name: "cusolverDnDsyevj",
         form: None,
@@ -66474,7 +66596,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2218u32,
+        wire: 2220u32,
         call: 2015u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
@@ -66529,7 +66651,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2219u32,
+        wire: 2221u32,
         call: 2016u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
@@ -66584,7 +66706,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2220u32,
+        wire: 2222u32,
         call: 2017u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
@@ -66635,7 +66757,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2221u32,
+        wire: 2223u32,
         call: 2018u32,
         name: "cusolverDnDsygvd",
         form: None,
@@ -66691,7 +66813,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2222u32,
+        wire: 2224u32,
         call: 2019u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
@@ -66747,7 +66869,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2223u32,
+        wire: 2225u32,
         call: 2020u32,
         name: "cusolverDnDsygvj",
         form: None,
@@ -66807,7 +66929,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2224u32,
+        wire: 2226u32,
         call: 2021u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
@@ -66867,7 +66989,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2225u32,
+        wire: 2227u32,
         call: 2022u32,
         name: "cusolverDnDsytrf",
         form: None,
@@ -66910,7 +67032,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2226u32,
+        wire: 2228u32,
         call: 2023u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
@@ -66948,7 +67070,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2227u32,
+        wire: 2229u32,
         call: 2024u32,
         name: "cusolverDnDsytri",
         form: None,
@@ -66991,7 +67113,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2228u32,
+        wire: 2230u32,
         call: 2025u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
@@ -67034,7 +67156,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2229u32,
+        wire: 2231u32,
         call: 2026u32,
         name: "cusolverDnGetStream",
         form: None,
@@ -67061,7 +67183,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2230u32,
+        wire: 2232u32,
         call: 2027u32,
         name: "cusolverDnGetrs",
         form: None,
@@ -67120,7 +67242,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2231u32,
+        wire: 2233u32,
         call: 2028u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
@@ -67143,7 +67265,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2232u32,
+        wire: 2234u32,
         call: 2029u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
@@ -67166,7 +67288,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2233u32,
+        wire: 2235u32,
         call: 2030u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
@@ -67189,7 +67311,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2234u32,
+        wire: 2236u32,
         call: 2031u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
@@ -67212,7 +67334,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2235u32,
+        wire: 2237u32,
         call: 2032u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
@@ -67235,7 +67357,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2236u32,
+        wire: 2238u32,
         call: 2033u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
@@ -67258,7 +67380,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2237u32,
+        wire: 2239u32,
         call: 2034u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
@@ -67281,7 +67403,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2238u32,
+        wire: 2240u32,
         call: 2035u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
@@ -67308,7 +67430,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2239u32,
+        wire: 2241u32,
         call: 2036u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
@@ -67335,7 +67457,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2240u32,
+        wire: 2242u32,
         call: 2037u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
@@ -67362,7 +67484,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2241u32,
+        wire: 2243u32,
         call: 2038u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
@@ -67389,7 +67511,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2242u32,
+        wire: 2244u32,
         call: 2039u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
@@ -67416,7 +67538,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2243u32,
+        wire: 2245u32,
         call: 2040u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
@@ -67447,7 +67569,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2244u32,
+        wire: 2246u32,
         call: 2041u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
@@ -67474,7 +67596,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2245u32,
+        wire: 2247u32,
         call: 2042u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
@@ -67501,7 +67623,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2246u32,
+        wire: 2248u32,
         call: 2043u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
@@ -67519,7 +67641,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2247u32,
+        wire: 2249u32,
         call: 2044u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
@@ -67542,7 +67664,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2248u32,
+        wire: 2250u32,
         call: 2045u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
@@ -67565,7 +67687,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2249u32,
+        wire: 2251u32,
         call: 2046u32,
         name: "cusolverDnPotrs",
         form: None,
@@ -67623,7 +67745,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2250u32,
+        wire: 2252u32,
         call: 2047u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
@@ -67654,7 +67776,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2251u32,
+        wire: 2253u32,
         call: 2048u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
@@ -67681,7 +67803,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2252u32,
+        wire: 2254u32,
         call: 2049u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
@@ -67708,7 +67830,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2253u32,
+        wire: 2255u32,
         call: 2050u32,
         name: "cusolverDnSetMathMode",
         form: None,
@@ -67735,7 +67857,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2254u32,
+        wire: 2256u32,
         call: 2051u32,
         name: "cusolverDnSetStream",
         form: None,
@@ -67762,7 +67884,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2255u32,
+        wire: 2257u32,
         call: 2052u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
@@ -67799,7 +67921,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2256u32,
+        wire: 2258u32,
         call: 2053u32,
         name: "cusolverDnSgeqrf",
         form: None,
@@ -67842,7 +67964,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2257u32,
+        wire: 2259u32,
         call: 2054u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
@@ -67884,7 +68006,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2258u32,
+        wire: 2260u32,
         call: 2055u32,
         name: "cusolverDnSgesvd",
         form: None,
@@ -67946,7 +68068,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2259u32,
+        wire: 2261u32,
         call: 2056u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
@@ -67983,7 +68105,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2260u32,
+        wire: 2262u32,
         call: 2057u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
@@ -68070,7 +68192,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2261u32,
+        wire: 2263u32,
         call: 2058u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
@@ -68151,7 +68273,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2262u32,
+        wire: 2264u32,
         call: 2059u32,
         name: "cusolverDnSgesvdj",
         form: None,
@@ -68216,7 +68338,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2263u32,
+        wire: 2265u32,
         call: 2060u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
@@ -68281,7 +68403,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2264u32,
+        wire: 2266u32,
         call: 2061u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
@@ -68346,7 +68468,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2265u32,
+        wire: 2267u32,
         call: 2062u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
@@ -68411,7 +68533,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2266u32,
+        wire: 2268u32,
         call: 2063u32,
         name: "cusolverDnSgetrf",
         form: None,
@@ -68450,7 +68572,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2267u32,
+        wire: 2269u32,
         call: 2064u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
@@ -68492,7 +68614,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2268u32,
+        wire: 2270u32,
         call: 2065u32,
         name: "cusolverDnSgetrs",
         form: None,
@@ -68539,7 +68661,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2269u32,
+        wire: 2271u32,
         call: 2066u32,
         name: "cusolverDnSlaswp",
         form: None,
@@ -68584,7 +68706,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2270u32,
+        wire: 2272u32,
         call: 2067u32,
         name: "cusolverDnSlauum",
         form: None,
@@ -68626,7 +68748,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2271u32,
+        wire: 2273u32,
         call: 2068u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
@@ -68668,7 +68790,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2272u32,
+        wire: 2274u32,
         call: 2069u32,
         name: "cusolverDnSorgbr",
         form: None,
@@ -68719,7 +68841,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2273u32,
+        wire: 2275u32,
         call: 2070u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
@@ -68770,7 +68892,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2274u32,
+        wire: 2276u32,
         call: 2071u32,
         name: "cusolverDnSorgqr",
         form: None,
@@ -68817,7 +68939,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2275u32,
+        wire: 2277u32,
         call: 2072u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
@@ -68864,7 +68986,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2276u32,
+        wire: 2278u32,
         call: 2073u32,
         name: "cusolverDnSorgtr",
         form: None,
@@ -68907,7 +69029,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2277u32,
+        wire: 2279u32,
         call: 2074u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
@@ -68950,7 +69072,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2278u32,
+        wire: 2280u32,
         call: 2075u32,
         name: "cusolverDnSormqr",
         form: None,
@@ -69010,7 +69132,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2279u32,
+        wire: 2281u32,
         call: 2076u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
@@ -69070,7 +69192,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2280u32,
+        wire: 2282u32,
         call: 2077u32,
         name: "cusolverDnSormtr",
         form: None,
@@ -69130,7 +69252,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2281u32,
+        wire: 2283u32,
         call: 2078u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
@@ -69190,7 +69312,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2282u32,
+        wire: 2284u32,
         call: 2079u32,
         name: "cusolverDnSpotrf",
         form: None,
@@ -69232,7 +69354,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2283u32,
+        wire: 2285u32,
         call: 2080u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
@@ -69273,7 +69395,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2284u32,
+        wire: 2286u32,
         call: 2081u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
@@ -69315,7 +69437,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2285u32,
+        wire: 2287u32,
         call: 2082u32,
         name: "cusolverDnSpotri",
         form: None,
@@ -69357,7 +69479,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2286u32,
+        wire: 2288u32,
         call: 2083u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
@@ -69399,7 +69521,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2287u32,
+        wire: 2289u32,
         call: 2084u32,
         name: "cusolverDnSpotrs",
         form: None,
@@ -69445,7 +69567,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2288u32,
+        wire: 2290u32,
         call: 2085u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
@@ -69495,7 +69617,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2289u32,
+        wire: 2291u32,
         call: 2086u32,
         name: "cusolverDnSsyevd",
         form: None,
@@ -69542,7 +69664,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2290u32,
+        wire: 2292u32,
         call: 2087u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
@@ -69589,7 +69711,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2291u32,
+        wire: 2293u32,
         call: 2088u32,
         name: "cusolverDnSsyevj",
         form: None,
@@ -69640,7 +69762,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2292u32,
+        wire: 2294u32,
         call: 2089u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
@@ -69695,7 +69817,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2293u32,
+        wire: 2295u32,
         call: 2090u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
@@ -69750,7 +69872,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2294u32,
+        wire: 2296u32,
         call: 2091u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
@@ -69801,7 +69923,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2295u32,
+        wire: 2297u32,
         call: 2092u32,
         name: "cusolverDnSsygvd",
         form: None,
@@ -69857,7 +69979,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
+        wire: 2298u32,
         call: 2093u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
@@ -69913,7 +70035,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2297u32,
+        wire: 2299u32,
         call: 2094u32,
         name: "cusolverDnSsygvj",
         form: None,
@@ -69973,7 +70095,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
+        wire: 2300u32,
         call: 2095u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
@@ -70033,7 +70155,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2299u32,
+        wire: 2301u32,
         call: 2096u32,
         name: "cusolverDnSsytrf",
         form: None,
@@ -70076,7 +70198,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
+        wire: 2302u32,
         call: 2097u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
@@ -70114,7 +70236,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2301u32,
+        wire: 2303u32,
         call: 2098u32,
         name: "cusolverDnSsytri",
         form: None,
@@ -70157,7 +70279,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
+        wire: 2304u32,
         call: 2099u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
@@ -70200,7 +70322,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2303u32,
+        wire: 2305u32,
         call: 2100u32,
         name: "cusolverDnXgeev",
         form: None,
@@ -70291,7 +70413,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
+        wire: 2306u32,
         call: 2101u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
@@ -70378,7 +70500,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2305u32,
+        wire: 2307u32,
         call: 2102u32,
         name: "cusolverDnXgeqrf",
         form: None,
@@ -70447,7 +70569,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
+        wire: 2308u32,
         call: 2103u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
@@ -70512,7 +70634,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2307u32,
+        wire: 2309u32,
         call: 2104u32,
         name: "cusolverDnXgesvd",
         form: None,
@@ -70607,7 +70729,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2308u32,
+        wire: 2310u32,
         call: 2105u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
@@ -70698,7 +70820,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2309u32,
+        wire: 2311u32,
         call: 2106u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
@@ -70725,7 +70847,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2310u32,
+        wire: 2312u32,
         call: 2107u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
@@ -70752,7 +70874,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2311u32,
+        wire: 2313u32,
         call: 2108u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
@@ -70779,7 +70901,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2312u32,
+        wire: 2314u32,
         call: 2109u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
@@ -70870,7 +70992,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2313u32,
+        wire: 2315u32,
         call: 2110u32,
         name: "cusolverDnXgetrf",
         form: None,
@@ -70935,7 +71057,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2314u32,
+        wire: 2316u32,
         call: 2111u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
@@ -70995,7 +71117,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2315u32,
+        wire: 2317u32,
         call: 2112u32,
         name: "cusolverDnXgetrs",
         form: None,
@@ -71054,7 +71176,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2316u32,
+        wire: 2318u32,
         call: 2113u32,
         name: "cusolverDnXpotrf",
         form: None,
@@ -71118,7 +71240,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2317u32,
+        wire: 2319u32,
         call: 2114u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
@@ -71178,7 +71300,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2318u32,
+        wire: 2320u32,
         call: 2115u32,
         name: "cusolverDnXpotrs",
         form: None,
@@ -71236,7 +71358,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2319u32,
+        wire: 2321u32,
         call: 2116u32,
         name: "cusolverDnXsyevBatched",
         form: None,
@@ -71313,7 +71435,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2320u32,
+        wire: 2322u32,
         call: 2117u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
@@ -71386,7 +71508,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2321u32,
+        wire: 2323u32,
         call: 2118u32,
         name: "cusolverDnXsyevd",
         form: None,
@@ -71459,7 +71581,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2322u32,
+        wire: 2324u32,
         call: 2119u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
@@ -71528,7 +71650,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2323u32,
+        wire: 2325u32,
         call: 2120u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
@@ -71555,7 +71677,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2324u32,
+        wire: 2326u32,
         call: 2121u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
@@ -71582,7 +71704,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2325u32,
+        wire: 2327u32,
         call: 2122u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
@@ -71609,7 +71731,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2326u32,
+        wire: 2328u32,
         call: 2123u32,
         name: "cusolverDnXsytrs",
         form: None,
@@ -71679,7 +71801,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2327u32,
+        wire: 2329u32,
         call: 2124u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
@@ -71745,7 +71867,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2328u32,
+        wire: 2330u32,
         call: 2125u32,
         name: "cusolverDnXtrtri",
         form: None,
@@ -71805,7 +71927,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2329u32,
+        wire: 2331u32,
         call: 2126u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
@@ -71861,7 +71983,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2330u32,
+        wire: 2332u32,
         call: 2127u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
@@ -71898,7 +72020,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2331u32,
+        wire: 2333u32,
         call: 2128u32,
         name: "cusolverDnZgeqrf",
         form: None,
@@ -71941,7 +72063,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2332u32,
+        wire: 2334u32,
         call: 2129u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
@@ -71983,7 +72105,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2333u32,
+        wire: 2335u32,
         call: 2130u32,
         name: "cusolverDnZgesvd",
         form: None,
@@ -72045,7 +72167,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2334u32,
+        wire: 2336u32,
         call: 2131u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
@@ -72082,7 +72204,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2335u32,
+        wire: 2337u32,
         call: 2132u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
@@ -72169,7 +72291,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
+        wire: 2338u32,
         call: 2133u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
@@ -72250,7 +72372,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2337u32,
+        wire: 2339u32,
         call: 2134u32,
         name: "cusolverDnZgesvdj",
         form: None,
@@ -72315,7 +72437,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2338u32,
+        wire: 2340u32,
         call: 2135u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
@@ -72380,7 +72502,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2339u32,
+        wire: 2341u32,
         call: 2136u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
@@ -72445,7 +72567,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2340u32,
+        wire: 2342u32,
         call: 2137u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
@@ -72510,7 +72632,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2341u32,
+        wire: 2343u32,
         call: 2138u32,
         name: "cusolverDnZgetrf",
         form: None,
@@ -72549,7 +72671,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2342u32,
+        wire: 2344u32,
         call: 2139u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
@@ -72591,7 +72713,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2343u32,
+        wire: 2345u32,
         call: 2140u32,
         name: "cusolverDnZgetrs",
         form: None,
@@ -72638,7 +72760,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2344u32,
+        wire: 2346u32,
         call: 2141u32,
         name: "cusolverDnZheevd",
         form: None,
@@ -72685,7 +72807,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2345u32,
+        wire: 2347u32,
         call: 2142u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
@@ -72732,7 +72854,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2346u32,
+        wire: 2348u32,
         call: 2143u32,
         name: "cusolverDnZheevj",
         form: None,
@@ -72783,7 +72905,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2347u32,
+        wire: 2349u32,
         call: 2144u32,
         name: "cusolverDnZheevjBatched",
         form: None,
@@ -72838,7 +72960,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2348u32,
+        wire: 2350u32,
         call: 2145u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
@@ -72893,7 +73015,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2349u32,
+        wire: 2351u32,
         call: 2146u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
@@ -72944,7 +73066,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2350u32,
+        wire: 2352u32,
         call: 2147u32,
         name: "cusolverDnZhegvd",
         form: None,
@@ -73000,7 +73122,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2351u32,
+        wire: 2353u32,
         call: 2148u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
@@ -73056,7 +73178,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2352u32,
+        wire: 2354u32,
         call: 2149u32,
         name: "cusolverDnZhegvj",
         form: None,
@@ -73116,7 +73238,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2353u32,
+        wire: 2355u32,
         call: 2150u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
@@ -73176,7 +73298,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2354u32,
+        wire: 2356u32,
         call: 2151u32,
         name: "cusolverDnZlaswp",
         form: None,
@@ -73221,7 +73343,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2355u32,
+        wire: 2357u32,
         call: 2152u32,
         name: "cusolverDnZlauum",
         form: None,
@@ -73263,7 +73385,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2356u32,
+        wire: 2358u32,
         call: 2153u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
@@ -73305,7 +73427,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2357u32,
+        wire: 2359u32,
         call: 2154u32,
         name: "cusolverDnZpotrf",
         form: None,
@@ -73347,7 +73469,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2358u32,
+        wire: 2360u32,
         call: 2155u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
@@ -73388,7 +73510,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2359u32,
+        wire: 2361u32,
         call: 2156u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
@@ -73430,7 +73552,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2360u32,
+        wire: 2362u32,
         call: 2157u32,
         name: "cusolverDnZpotri",
         form: None,
@@ -73472,7 +73594,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2361u32,
+        wire: 2363u32,
         call: 2158u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
@@ -73514,7 +73636,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2362u32,
+        wire: 2364u32,
         call: 2159u32,
         name: "cusolverDnZpotrs",
         form: None,
@@ -73560,7 +73682,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2363u32,
+        wire: 2365u32,
         call: 2160u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
@@ -73610,7 +73732,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2364u32,
+        wire: 2366u32,
         call: 2161u32,
         name: "cusolverDnZsytrf",
         form: None,
@@ -73653,7 +73775,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
+        wire: 2367u32,
         call: 2162u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
@@ -73691,7 +73813,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2366u32,
+        wire: 2368u32,
         call: 2163u32,
         name: "cusolverDnZsytri",
         form: None,
@@ -73734,7 +73856,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
+        wire: 2369u32,
         call: 2164u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
@@ -73777,7 +73899,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2368u32,
+        wire: 2370u32,
         call: 2165u32,
         name: "cusolverDnZungbr",
         form: None,
@@ -73828,7 +73950,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
+        wire: 2371u32,
         call: 2166u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
@@ -73879,7 +74001,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2370u32,
+        wire: 2372u32,
         call: 2167u32,
         name: "cusolverDnZungqr",
         form: None,
@@ -73926,7 +74048,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
+        wire: 2373u32,
         call: 2168u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
@@ -73973,7 +74095,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2372u32,
+        wire: 2374u32,
         call: 2169u32,
         name: "cusolverDnZungtr",
         form: None,
@@ -74016,7 +74138,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2373u32,
+        wire: 2375u32,
         call: 2170u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
@@ -74059,7 +74181,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2374u32,
+        wire: 2376u32,
         call: 2171u32,
         name: "cusolverDnZunmqr",
         form: None,
@@ -74119,7 +74241,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2375u32,
+        wire: 2377u32,
         call: 2172u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
@@ -74179,7 +74301,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2376u32,
+        wire: 2378u32,
         call: 2173u32,
         name: "cusolverDnZunmtr",
         form: None,
@@ -74239,7 +74361,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
+        wire: 2379u32,
         call: 2174u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
@@ -74299,7 +74421,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2378u32,
+        wire: 2380u32,
         call: 2175u32,
         name: "cusolverRfAnalyze",
         form: None,
@@ -74322,7 +74444,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2379u32,
+        wire: 2381u32,
         call: 2176u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
@@ -74345,7 +74467,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2380u32,
+        wire: 2382u32,
         call: 2177u32,
         name: "cusolverRfBatchRefactor",
         form: None,
@@ -74368,7 +74490,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2381u32,
+        wire: 2383u32,
         call: 2178u32,
         name: "cusolverRfCreate",
         form: None,
@@ -74391,7 +74513,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2382u32,
+        wire: 2384u32,
         call: 2179u32,
         name: "cusolverRfDestroy",
         form: None,
@@ -74414,7 +74536,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2383u32,
+        wire: 2385u32,
         call: 2180u32,
         name: "cusolverRfRefactor",
         form: None,
@@ -74437,7 +74559,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2384u32,
+        wire: 2386u32,
         call: 2181u32,
         name: "cusolverRfSetAlgs",
         form: None,
@@ -74468,7 +74590,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2385u32,
+        wire: 2387u32,
         call: 2182u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
@@ -74499,7 +74621,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2386u32,
+        wire: 2388u32,
         call: 2183u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
@@ -74530,7 +74652,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2387u32,
+        wire: 2389u32,
         call: 2184u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
@@ -74557,7 +74679,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2388u32,
+        wire: 2390u32,
         call: 2185u32,
         name: "cusolverSpCreate",
         form: None,
@@ -74580,7 +74702,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2389u32,
+        wire: 2391u32,
         call: 2186u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
@@ -74603,7 +74725,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2390u32,
+        wire: 2392u32,
         call: 2187u32,
         name: "cusolverSpDestroy",
         form: None,
@@ -74626,7 +74748,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2391u32,
+        wire: 2393u32,
         call: 2188u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
@@ -74649,7 +74771,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2392u32,
+        wire: 2394u32,
         call: 2189u32,
         name: "cusolverSpGetStream",
         form: None,
@@ -74676,7 +74798,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2393u32,
+        wire: 2395u32,
         call: 2190u32,
         name: "cusolverSpSetStream",
         form: None,
@@ -74706,7 +74828,7 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1822u32,
+        wire: 1824u32,
         call: 1619u32,
         name: "cusparseAxpby",
         form: None,
@@ -74747,7 +74869,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1823u32,
+        wire: 1825u32,
         call: 1620u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
@@ -74786,7 +74908,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1824u32,
+        wire: 1826u32,
         call: 1621u32,
         name: "cusparseCbsr2csr",
         form: None,
@@ -74839,7 +74961,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1825u32,
+        wire: 1827u32,
         call: 1622u32,
         name: "cusparseCbsric02",
         form: None,
@@ -74894,7 +75016,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1826u32,
+        wire: 1828u32,
         call: 1623u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
@@ -74950,7 +75072,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1827u32,
+        wire: 1829u32,
         call: 1624u32,
         name: "cusparseCbsrilu02",
         form: None,
@@ -75005,7 +75127,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1828u32,
+        wire: 1830u32,
         call: 1625u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
@@ -75060,7 +75182,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1829u32,
+        wire: 1831u32,
         call: 1626u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
@@ -75116,7 +75238,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1830u32,
+        wire: 1832u32,
         call: 1627u32,
         name: "cusparseCbsrmm",
         form: None,
@@ -75198,7 +75320,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1831u32,
+        wire: 1833u32,
         call: 1628u32,
         name: "cusparseCbsrmv",
         form: None,
@@ -75264,7 +75386,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1832u32,
+        wire: 1834u32,
         call: 1629u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
@@ -75331,7 +75453,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1833u32,
+        wire: 1835u32,
         call: 1630u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
@@ -75399,7 +75521,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1834u32,
+        wire: 1836u32,
         call: 1631u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
@@ -75481,7 +75603,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1835u32,
+        wire: 1837u32,
         call: 1632u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
@@ -75540,7 +75662,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1836u32,
+        wire: 1838u32,
         call: 1633u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
@@ -75600,7 +75722,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1837u32,
+        wire: 1839u32,
         call: 1634u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
@@ -75666,7 +75788,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 1838u32,
+        wire: 1840u32,
         call: 1635u32,
         name: "cusparseCbsrxmv",
         form: None,
@@ -75738,7 +75860,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 1839u32,
+        wire: 1841u32,
         call: 1636u32,
         name: "cusparseCcsr2bsr",
         form: None,
@@ -75791,7 +75913,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 1840u32,
+        wire: 1842u32,
         call: 1637u32,
         name: "cusparseCcsr2csru",
         form: None,
@@ -75838,7 +75960,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 1841u32,
+        wire: 1843u32,
         call: 1638u32,
         name: "cusparseCcsr2gebsr",
         form: None,
@@ -75896,7 +76018,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1842u32,
+        wire: 1844u32,
         call: 1639u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
@@ -75952,7 +76074,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 1843u32,
+        wire: 1845u32,
         call: 1640u32,
         name: "cusparseCcsrgeam2",
         form: None,
@@ -76023,7 +76145,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1844u32,
+        wire: 1846u32,
         call: 1641u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
@@ -76099,7 +76221,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 1845u32,
+        wire: 1847u32,
         call: 1642u32,
         name: "cusparseCcsrgemm2",
         form: None,
@@ -76189,7 +76311,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1846u32,
+        wire: 1848u32,
         call: 1643u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
@@ -76274,7 +76396,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 1847u32,
+        wire: 1849u32,
         call: 1644u32,
         name: "cusparseCcsric02_analysis",
         form: None,
@@ -76321,7 +76443,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1848u32,
+        wire: 1850u32,
         call: 1645u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
@@ -76369,7 +76491,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1849u32,
+        wire: 1851u32,
         call: 1646u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
@@ -76416,7 +76538,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1850u32,
+        wire: 1852u32,
         call: 1647u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
@@ -76464,7 +76586,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1851u32,
+        wire: 1853u32,
         call: 1648u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
@@ -76537,7 +76659,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1852u32,
+        wire: 1854u32,
         call: 1649u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
@@ -76610,7 +76732,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1853u32,
+        wire: 1855u32,
         call: 1650u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
@@ -76661,7 +76783,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1854u32,
+        wire: 1856u32,
         call: 1651u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
@@ -76713,7 +76835,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1855u32,
+        wire: 1857u32,
         call: 1652u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
@@ -76771,7 +76893,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 1856u32,
+        wire: 1858u32,
         call: 1653u32,
         name: "cusparseCcsru2csr",
         form: None,
@@ -76818,7 +76940,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1857u32,
+        wire: 1859u32,
         call: 1654u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
@@ -76866,7 +76988,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 1858u32,
+        wire: 1860u32,
         call: 1655u32,
         name: "cusparseCgebsr2csr",
         form: None,
@@ -76923,7 +77045,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1859u32,
+        wire: 1861u32,
         call: 1656u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
@@ -76975,7 +77097,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1860u32,
+        wire: 1862u32,
         call: 1657u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
@@ -77045,7 +77167,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1861u32,
+        wire: 1863u32,
         call: 1658u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
@@ -77113,7 +77235,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 1862u32,
+        wire: 1864u32,
         call: 1659u32,
         name: "cusparseCgtsv2",
         form: None,
@@ -77168,7 +77290,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 1863u32,
+        wire: 1865u32,
         call: 1660u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
@@ -77223,7 +77345,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 1864u32,
+        wire: 1866u32,
         call: 1661u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
@@ -77247,7 +77369,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 1865u32,
+        wire: 1867u32,
         call: 1662u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
@@ -77271,7 +77393,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 1866u32,
+        wire: 1868u32,
         call: 1663u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
@@ -77295,7 +77417,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 1867u32,
+        wire: 1869u32,
         call: 1664u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
@@ -77319,7 +77441,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 1868u32,
+        wire: 1870u32,
         call: 1665u32,
         name: "cusparseConstrainedGeMM",
         form: None,
@@ -77377,7 +77499,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 1869u32,
+        wire: 1871u32,
         call: 1666u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
@@ -77440,7 +77562,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 1870u32,
+        wire: 1872u32,
         call: 1667u32,
         name: "cusparseCooSetPointers",
         form: None,
@@ -77466,7 +77588,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1871u32,
+        wire: 1873u32,
         call: 1668u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
@@ -77497,7 +77619,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1872u32,
+        wire: 1874u32,
         call: 1669u32,
         name: "cusparseCopyMatDescr",
         form: None,
@@ -77524,7 +77646,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 1873u32,
+        wire: 1875u32,
         call: 1670u32,
         name: "cusparseCreate",
         form: Some("call"),
@@ -77547,7 +77669,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 1874u32,
+        wire: 1876u32,
         call: 1671u32,
         name: "cusparseCreateBsr",
         form: None,
@@ -77613,7 +77735,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1875u32,
+        wire: 1877u32,
         call: 1672u32,
         name: "cusparseCreateBsric02Info",
         form: None,
@@ -77636,7 +77758,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1876u32,
+        wire: 1878u32,
         call: 1673u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
@@ -77659,7 +77781,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1877u32,
+        wire: 1879u32,
         call: 1674u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
@@ -77682,7 +77804,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1878u32,
+        wire: 1880u32,
         call: 1675u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
@@ -77705,7 +77827,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1879u32,
+        wire: 1881u32,
         call: 1676u32,
         name: "cusparseCreateColorInfo",
         form: None,
@@ -77728,7 +77850,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 1880u32,
+        wire: 1882u32,
         call: 1677u32,
         name: "cusparseCreateConstBsr",
         form: None,
@@ -77794,7 +77916,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 1881u32,
+        wire: 1883u32,
         call: 1678u32,
         name: "cusparseCreateConstCoo",
         form: None,
@@ -77844,7 +77966,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 1882u32,
+        wire: 1884u32,
         call: 1679u32,
         name: "cusparseCreateConstCsr",
         form: None,
@@ -77898,7 +78020,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 1883u32,
+        wire: 1885u32,
         call: 1680u32,
         name: "cusparseCreateConstDnMat",
         form: None,
@@ -77942,7 +78064,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 1884u32,
+        wire: 1886u32,
         call: 1681u32,
         name: "cusparseCreateConstDnVec",
         form: None,
@@ -77974,7 +78096,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 1885u32,
+        wire: 1887u32,
         call: 1682u32,
         name: "cusparseCreateCoo",
         form: None,
@@ -78024,7 +78146,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 1886u32,
+        wire: 1888u32,
         call: 1683u32,
         name: "cusparseCreateCooAoS",
         form: None,
@@ -78073,7 +78195,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 1887u32,
+        wire: 1889u32,
         call: 1684u32,
         name: "cusparseCreateCsr",
         form: None,
@@ -78127,7 +78249,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1888u32,
+        wire: 1890u32,
         call: 1685u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
@@ -78150,7 +78272,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1889u32,
+        wire: 1891u32,
         call: 1686u32,
         name: "cusparseCreateCsric02Info",
         form: None,
@@ -78173,7 +78295,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1890u32,
+        wire: 1892u32,
         call: 1687u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
@@ -78196,7 +78318,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1891u32,
+        wire: 1893u32,
         call: 1688u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
@@ -78219,7 +78341,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1892u32,
+        wire: 1894u32,
         call: 1689u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
@@ -78242,7 +78364,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1893u32,
+        wire: 1895u32,
         call: 1690u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
@@ -78265,7 +78387,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 1894u32,
+        wire: 1896u32,
         call: 1691u32,
         name: "cusparseCreateDnMat",
         form: None,
@@ -78309,7 +78431,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 1895u32,
+        wire: 1897u32,
         call: 1692u32,
         name: "cusparseCreateDnVec",
         form: None,
@@ -78341,7 +78463,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 1896u32,
+        wire: 1898u32,
         call: 1693u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
@@ -78369,7 +78491,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1897u32,
+        wire: 1899u32,
         call: 1694u32,
         name: "cusparseCreateMatDescr",
         form: None,
@@ -78392,7 +78514,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1898u32,
+        wire: 1900u32,
         call: 1695u32,
         name: "cusparseCreatePruneInfo",
         form: None,
@@ -78415,7 +78537,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 1899u32,
+        wire: 1901u32,
         call: 1696u32,
         name: "cusparseCsrSetPointers",
         form: None,
@@ -78441,7 +78563,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1900u32,
+        wire: 1902u32,
         call: 1697u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
@@ -78476,7 +78598,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 1901u32,
+        wire: 1903u32,
         call: 1698u32,
         name: "cusparseDbsr2csr",
         form: None,
@@ -78529,7 +78651,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 1902u32,
+        wire: 1904u32,
         call: 1699u32,
         name: "cusparseDbsric02",
         form: None,
@@ -78584,7 +78706,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1903u32,
+        wire: 1905u32,
         call: 1700u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
@@ -78640,7 +78762,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 1904u32,
+        wire: 1906u32,
         call: 1701u32,
         name: "cusparseDbsrilu02",
         form: None,
@@ -78695,7 +78817,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1905u32,
+        wire: 1907u32,
         call: 1702u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
@@ -78750,7 +78872,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1906u32,
+        wire: 1908u32,
         call: 1703u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
@@ -78806,7 +78928,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 1907u32,
+        wire: 1909u32,
         call: 1704u32,
         name: "cusparseDbsrmm",
         form: None,
@@ -78888,7 +79010,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 1908u32,
+        wire: 1910u32,
         call: 1705u32,
         name: "cusparseDbsrmv",
         form: None,
@@ -78954,7 +79076,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1909u32,
+        wire: 1911u32,
         call: 1706u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
@@ -79021,7 +79143,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1910u32,
+        wire: 1912u32,
         call: 1707u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
@@ -79089,7 +79211,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1911u32,
+        wire: 1913u32,
         call: 1708u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
@@ -79171,7 +79293,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1912u32,
+        wire: 1914u32,
         call: 1709u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
@@ -79230,7 +79352,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1913u32,
+        wire: 1915u32,
         call: 1710u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
@@ -79290,7 +79412,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1914u32,
+        wire: 1916u32,
         call: 1711u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
@@ -79356,7 +79478,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 1915u32,
+        wire: 1917u32,
         call: 1712u32,
         name: "cusparseDbsrxmv",
         form: None,
@@ -79428,7 +79550,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 1916u32,
+        wire: 1918u32,
         call: 1713u32,
         name: "cusparseDcsr2bsr",
         form: None,
@@ -79481,7 +79603,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 1917u32,
+        wire: 1919u32,
         call: 1714u32,
         name: "cusparseDcsr2csru",
         form: None,
@@ -79528,7 +79650,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 1918u32,
+        wire: 1920u32,
         call: 1715u32,
         name: "cusparseDcsr2gebsr",
         form: None,
@@ -79586,7 +79708,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1919u32,
+        wire: 1921u32,
         call: 1716u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
@@ -79642,7 +79764,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 1920u32,
+        wire: 1922u32,
         call: 1717u32,
         name: "cusparseDcsrgeam2",
         form: None,
@@ -79713,7 +79835,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1921u32,
+        wire: 1923u32,
         call: 1718u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
@@ -79789,7 +79911,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 1922u32,
+        wire: 1924u32,
         call: 1719u32,
         name: "cusparseDcsrgemm2",
         form: None,
@@ -79879,7 +80001,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1923u32,
+        wire: 1925u32,
         call: 1720u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
@@ -79964,7 +80086,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 1924u32,
+        wire: 1926u32,
         call: 1721u32,
         name: "cusparseDcsric02_analysis",
         form: None,
@@ -80011,7 +80133,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1925u32,
+        wire: 1927u32,
         call: 1722u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
@@ -80059,7 +80181,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1926u32,
+        wire: 1928u32,
         call: 1723u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
@@ -80106,7 +80228,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1927u32,
+        wire: 1929u32,
         call: 1724u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
@@ -80154,7 +80276,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1928u32,
+        wire: 1930u32,
         call: 1725u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
@@ -80227,7 +80349,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1929u32,
+        wire: 1931u32,
         call: 1726u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
@@ -80300,7 +80422,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1930u32,
+        wire: 1932u32,
         call: 1727u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
@@ -80351,7 +80473,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1931u32,
+        wire: 1933u32,
         call: 1728u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
@@ -80403,7 +80525,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1932u32,
+        wire: 1934u32,
         call: 1729u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
@@ -80461,7 +80583,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 1933u32,
+        wire: 1935u32,
         call: 1730u32,
         name: "cusparseDcsru2csr",
         form: None,
@@ -80508,7 +80630,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1934u32,
+        wire: 1936u32,
         call: 1731u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
@@ -80556,7 +80678,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 1935u32,
+        wire: 1937u32,
         call: 1732u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
@@ -80592,7 +80714,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 1936u32,
+        wire: 1938u32,
         call: 1733u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
@@ -80633,7 +80755,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 1937u32,
+        wire: 1939u32,
         call: 1734u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
@@ -80669,7 +80791,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1938u32,
+        wire: 1940u32,
         call: 1735u32,
         name: "cusparseDestroy",
         form: None,
@@ -80692,7 +80814,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1939u32,
+        wire: 1941u32,
         call: 1736u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
@@ -80715,7 +80837,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1940u32,
+        wire: 1942u32,
         call: 1737u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
@@ -80738,7 +80860,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1941u32,
+        wire: 1943u32,
         call: 1738u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
@@ -80761,7 +80883,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1942u32,
+        wire: 1944u32,
         call: 1739u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
@@ -80784,7 +80906,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1943u32,
+        wire: 1945u32,
         call: 1740u32,
         name: "cusparseDestroyColorInfo",
         form: None,
@@ -80807,7 +80929,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1944u32,
+        wire: 1946u32,
         call: 1741u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
@@ -80830,7 +80952,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1945u32,
+        wire: 1947u32,
         call: 1742u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
@@ -80853,7 +80975,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1946u32,
+        wire: 1948u32,
         call: 1743u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
@@ -80876,7 +80998,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1947u32,
+        wire: 1949u32,
         call: 1744u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
@@ -80899,7 +81021,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1948u32,
+        wire: 1950u32,
         call: 1745u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
@@ -80922,7 +81044,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1949u32,
+        wire: 1951u32,
         call: 1746u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
@@ -80945,7 +81067,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1950u32,
+        wire: 1952u32,
         call: 1747u32,
         name: "cusparseDestroyDnMat",
         form: None,
@@ -80968,7 +81090,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1951u32,
+        wire: 1953u32,
         call: 1748u32,
         name: "cusparseDestroyDnVec",
         form: None,
@@ -80991,7 +81113,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1952u32,
+        wire: 1954u32,
         call: 1749u32,
         name: "cusparseDestroyMatDescr",
         form: None,
@@ -81014,7 +81136,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1953u32,
+        wire: 1955u32,
         call: 1750u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
@@ -81037,7 +81159,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1954u32,
+        wire: 1956u32,
         call: 1751u32,
         name: "cusparseDestroySpMat",
         form: None,
@@ -81060,7 +81182,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1955u32,
+        wire: 1957u32,
         call: 1752u32,
         name: "cusparseDestroySpVec",
         form: None,
@@ -81083,7 +81205,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 1956u32,
+        wire: 1958u32,
         call: 1753u32,
         name: "cusparseDgebsr2csr",
         form: None,
@@ -81140,7 +81262,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1957u32,
+        wire: 1959u32,
         call: 1754u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
@@ -81192,7 +81314,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1958u32,
+        wire: 1960u32,
         call: 1755u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
@@ -81262,7 +81384,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1959u32,
+        wire: 1961u32,
         call: 1756u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
@@ -81330,7 +81452,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 1960u32,
+        wire: 1962u32,
         call: 1757u32,
         name: "cusparseDnMatGetValues",
         form: None,
@@ -81354,7 +81476,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1961u32,
+        wire: 1963u32,
         call: 1758u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
@@ -81385,7 +81507,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 1962u32,
+        wire: 1964u32,
         call: 1759u32,
         name: "cusparseDnMatSetValues",
         form: None,
@@ -81409,7 +81531,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 1963u32,
+        wire: 1965u32,
         call: 1760u32,
         name: "cusparseDnVecGetValues",
         form: None,
@@ -81433,7 +81555,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 1964u32,
+        wire: 1966u32,
         call: 1761u32,
         name: "cusparseDnVecSetValues",
         form: None,
@@ -81457,7 +81579,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 1965u32,
+        wire: 1967u32,
         call: 1762u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
@@ -81515,7 +81637,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1966u32,
+        wire: 1968u32,
         call: 1763u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
@@ -81578,7 +81700,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 1967u32,
+        wire: 1969u32,
         call: 1764u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
@@ -81639,7 +81761,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1968u32,
+        wire: 1970u32,
         call: 1765u32,
         name: "cusparseGather",
         form: None,
@@ -81670,7 +81792,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1969u32,
+        wire: 1971u32,
         call: 1766u32,
         name: "cusparseGetMatDiagType",
         form: None,
@@ -81696,7 +81818,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1970u32,
+        wire: 1972u32,
         call: 1767u32,
         name: "cusparseGetMatFillMode",
         form: None,
@@ -81722,7 +81844,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1971u32,
+        wire: 1973u32,
         call: 1768u32,
         name: "cusparseGetMatIndexBase",
         form: None,
@@ -81748,7 +81870,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1972u32,
+        wire: 1974u32,
         call: 1769u32,
         name: "cusparseGetMatType",
         form: None,
@@ -81774,7 +81896,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1973u32,
+        wire: 1975u32,
         call: 1770u32,
         name: "cusparseGetStream",
         form: None,
@@ -81801,7 +81923,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1974u32,
+        wire: 1976u32,
         call: 1771u32,
         name: "cusparseLoggerForceDisable",
         form: None,
@@ -81819,7 +81941,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1975u32,
+        wire: 1977u32,
         call: 1772u32,
         name: "cusparseLoggerSetLevel",
         form: None,
@@ -81842,7 +81964,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1976u32,
+        wire: 1978u32,
         call: 1773u32,
         name: "cusparseLoggerSetMask",
         form: None,
@@ -81865,7 +81987,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 1977u32,
+        wire: 1979u32,
         call: 1774u32,
         name: "cusparseSDDMM",
         form: None,
@@ -81927,7 +82049,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 1978u32,
+        wire: 1980u32,
         call: 1775u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
@@ -81994,7 +82116,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 1979u32,
+        wire: 1981u32,
         call: 1776u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
@@ -82056,7 +82178,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 1980u32,
+        wire: 1982u32,
         call: 1777u32,
         name: "cusparseSbsr2csr",
         form: None,
@@ -82109,7 +82231,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 1981u32,
+        wire: 1983u32,
         call: 1778u32,
         name: "cusparseSbsric02",
         form: None,
@@ -82164,7 +82286,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1982u32,
+        wire: 1984u32,
         call: 1779u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
@@ -82220,7 +82342,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 1983u32,
+        wire: 1985u32,
         call: 1780u32,
         name: "cusparseSbsrilu02",
         form: None,
@@ -82275,7 +82397,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1984u32,
+        wire: 1986u32,
         call: 1781u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
@@ -82330,7 +82452,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1985u32,
+        wire: 1987u32,
         call: 1782u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
@@ -82386,7 +82508,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 1986u32,
+        wire: 1988u32,
         call: 1783u32,
         name: "cusparseSbsrmm",
         form: None,
@@ -82468,7 +82590,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 1987u32,
+        wire: 1989u32,
         call: 1784u32,
         name: "cusparseSbsrmv",
         form: None,
@@ -82534,7 +82656,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1988u32,
+        wire: 1990u32,
         call: 1785u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
@@ -82601,7 +82723,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1989u32,
+        wire: 1991u32,
         call: 1786u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
@@ -82669,7 +82791,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1990u32,
+        wire: 1992u32,
         call: 1787u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
@@ -82751,7 +82873,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1991u32,
+        wire: 1993u32,
         call: 1788u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
@@ -82810,7 +82932,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1992u32,
+        wire: 1994u32,
         call: 1789u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
@@ -82870,7 +82992,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1993u32,
+        wire: 1995u32,
         call: 1790u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
@@ -82936,7 +83058,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 1994u32,
+        wire: 1996u32,
         call: 1791u32,
         name: "cusparseSbsrxmv",
         form: None,
@@ -83008,7 +83130,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1995u32,
+        wire: 1997u32,
         call: 1792u32,
         name: "cusparseScatter",
         form: None,
@@ -83039,7 +83161,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 1996u32,
+        wire: 1998u32,
         call: 1793u32,
         name: "cusparseScsr2bsr",
         form: None,
@@ -83092,7 +83214,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 1997u32,
+        wire: 1999u32,
         call: 1794u32,
         name: "cusparseScsr2csru",
         form: None,
@@ -83139,7 +83261,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 1998u32,
+        wire: 2000u32,
         call: 1795u32,
         name: "cusparseScsr2gebsr",
         form: None,
@@ -83197,7 +83319,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1999u32,
+        wire: 2001u32,
         call: 1796u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
@@ -83253,7 +83375,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2000u32,
+        wire: 2002u32,
         call: 1797u32,
         name: "cusparseScsrgeam2",
         form: None,
@@ -83324,7 +83446,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2001u32,
+        wire: 2003u32,
         call: 1798u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
@@ -83400,7 +83522,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2002u32,
+        wire: 2004u32,
         call: 1799u32,
         name: "cusparseScsrgemm2",
         form: None,
@@ -83490,7 +83612,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2003u32,
+        wire: 2005u32,
         call: 1800u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
@@ -83575,7 +83697,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2004u32,
+        wire: 2006u32,
         call: 1801u32,
         name: "cusparseScsric02_analysis",
         form: None,
@@ -83622,7 +83744,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2005u32,
+        wire: 2007u32,
         call: 1802u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
@@ -83670,7 +83792,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2006u32,
+        wire: 2008u32,
         call: 1803u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
@@ -83717,7 +83839,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2007u32,
+        wire: 2009u32,
         call: 1804u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
@@ -83765,7 +83887,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2008u32,
+        wire: 2010u32,
         call: 1805u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
@@ -83838,7 +83960,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2009u32,
+        wire: 2011u32,
         call: 1806u32,
         name: "cusparseScsrsm2_solve",
         form: None,
@@ -83911,7 +84033,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2010u32,
+        wire: 2012u32,
         call: 1807u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
@@ -83962,7 +84084,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2011u32,
+        wire: 2013u32,
         call: 1808u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
@@ -84014,7 +84136,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2012u32,
+        wire: 2014u32,
         call: 1809u32,
         name: "cusparseScsrsv2_solve",
         form: None,
@@ -84072,7 +84194,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2013u32,
+        wire: 2015u32,
         call: 1810u32,
         name: "cusparseScsru2csr",
         form: None,
@@ -84119,7 +84241,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2014u32,
+        wire: 2016u32,
         call: 1811u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
@@ -84167,7 +84289,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2015u32,
+        wire: 2017u32,
         call: 1812u32,
         name: "cusparseSetColorAlgs",
         form: None,
@@ -84194,7 +84316,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2016u32,
+        wire: 2018u32,
         call: 1813u32,
         name: "cusparseSetMatDiagType",
         form: None,
@@ -84221,7 +84343,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2017u32,
+        wire: 2019u32,
         call: 1814u32,
         name: "cusparseSetMatFillMode",
         form: None,
@@ -84248,7 +84370,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2018u32,
+        wire: 2020u32,
         call: 1815u32,
         name: "cusparseSetMatIndexBase",
         form: None,
@@ -84275,7 +84397,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2019u32,
+        wire: 2021u32,
         call: 1816u32,
         name: "cusparseSetMatType",
         form: None,
@@ -84302,7 +84424,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2020u32,
+        wire: 2022u32,
         call: 1817u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
@@ -84329,7 +84451,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2021u32,
+        wire: 2023u32,
         call: 1818u32,
         name: "cusparseSetStream",
         form: None,
@@ -84356,7 +84478,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2022u32,
+        wire: 2024u32,
         call: 1819u32,
         name: "cusparseSgebsr2csr",
         form: None,
@@ -84413,7 +84535,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2023u32,
+        wire: 2025u32,
         call: 1820u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
@@ -84465,7 +84587,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2024u32,
+        wire: 2026u32,
         call: 1821u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
@@ -84535,7 +84657,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2025u32,
+        wire: 2027u32,
         call: 1822u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
@@ -84603,7 +84725,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2026u32,
+        wire: 2028u32,
         call: 1823u32,
         name: "cusparseSpGEMM_compute",
         form: None,
@@ -84675,7 +84797,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2027u32,
+        wire: 2029u32,
         call: 1824u32,
         name: "cusparseSpGEMM_copy",
         form: None,
@@ -84740,7 +84862,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2028u32,
+        wire: 2030u32,
         call: 1825u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
@@ -84763,7 +84885,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2029u32,
+        wire: 2031u32,
         call: 1826u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
@@ -84786,7 +84908,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2030u32,
+        wire: 2032u32,
         call: 1827u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
@@ -84858,7 +84980,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2031u32,
+        wire: 2033u32,
         call: 1828u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
@@ -84923,7 +85045,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2032u32,
+        wire: 2034u32,
         call: 1829u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
@@ -84981,7 +85103,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2033u32,
+        wire: 2035u32,
         call: 1830u32,
         name: "cusparseSpMM",
         form: None,
@@ -85043,7 +85165,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2034u32,
+        wire: 2036u32,
         call: 1831u32,
         name: "cusparseSpMMOp",
         form: None,
@@ -85067,7 +85189,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2035u32,
+        wire: 2037u32,
         call: 1832u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
@@ -85090,7 +85212,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2036u32,
+        wire: 2038u32,
         call: 1833u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
@@ -85157,7 +85279,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2037u32,
+        wire: 2039u32,
         call: 1834u32,
         name: "cusparseSpMM_preprocess",
         form: None,
@@ -85219,7 +85341,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2038u32,
+        wire: 2040u32,
         call: 1835u32,
         name: "cusparseSpMV",
         form: None,
@@ -85277,7 +85399,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2039u32,
+        wire: 2041u32,
         call: 1836u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
@@ -85340,7 +85462,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2040u32,
+        wire: 2042u32,
         call: 1837u32,
         name: "cusparseSpMV_preprocess",
         form: None,
@@ -85398,7 +85520,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2041u32,
+        wire: 2043u32,
         call: 1838u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
@@ -85430,7 +85552,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2042u32,
+        wire: 2044u32,
         call: 1839u32,
         name: "cusparseSpMatGetSize",
         form: None,
@@ -85471,7 +85593,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2043u32,
+        wire: 2045u32,
         call: 1840u32,
         name: "cusparseSpMatGetValues",
         form: None,
@@ -85495,7 +85617,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2044u32,
+        wire: 2046u32,
         call: 1841u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
@@ -85527,7 +85649,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2045u32,
+        wire: 2047u32,
         call: 1842u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
@@ -85554,7 +85676,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2046u32,
+        wire: 2048u32,
         call: 1843u32,
         name: "cusparseSpMatSetValues",
         form: None,
@@ -85578,7 +85700,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2047u32,
+        wire: 2049u32,
         call: 1844u32,
         name: "cusparseSpSM_analysis",
         form: None,
@@ -85639,7 +85761,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2048u32,
+        wire: 2050u32,
         call: 1845u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
@@ -85705,7 +85827,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2049u32,
+        wire: 2051u32,
         call: 1846u32,
         name: "cusparseSpSM_createDescr",
         form: None,
@@ -85728,7 +85850,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2050u32,
+        wire: 2052u32,
         call: 1847u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
@@ -85751,7 +85873,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2051u32,
+        wire: 2053u32,
         call: 1848u32,
         name: "cusparseSpSM_solve",
         form: None,
@@ -85811,7 +85933,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2052u32,
+        wire: 2054u32,
         call: 1849u32,
         name: "cusparseSpSV_analysis",
         form: None,
@@ -85868,7 +85990,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2053u32,
+        wire: 2055u32,
         call: 1850u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
@@ -85930,7 +86052,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2054u32,
+        wire: 2056u32,
         call: 1851u32,
         name: "cusparseSpSV_createDescr",
         form: None,
@@ -85953,7 +86075,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2055u32,
+        wire: 2057u32,
         call: 1852u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
@@ -85976,7 +86098,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2056u32,
+        wire: 2058u32,
         call: 1853u32,
         name: "cusparseSpSV_solve",
         form: None,
@@ -86032,7 +86154,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2057u32,
+        wire: 2059u32,
         call: 1854u32,
         name: "cusparseSpVecGetValues",
         form: None,
@@ -86056,7 +86178,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2058u32,
+        wire: 2060u32,
         call: 1855u32,
         name: "cusparseSpVecSetValues",
         form: None,
@@ -86080,7 +86202,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2059u32,
+        wire: 2061u32,
         call: 1856u32,
         name: "cusparseSparseToDense",
         form: None,
@@ -86116,7 +86238,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2060u32,
+        wire: 2062u32,
         call: 1857u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
@@ -86157,7 +86279,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2061u32,
+        wire: 2063u32,
         call: 1858u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
@@ -86215,7 +86337,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2062u32,
+        wire: 2064u32,
         call: 1859u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
@@ -86278,7 +86400,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2063u32,
+        wire: 2065u32,
         call: 1860u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
@@ -86339,7 +86461,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2064u32,
+        wire: 2066u32,
         call: 1861u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
@@ -86371,7 +86493,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2065u32,
+        wire: 2067u32,
         call: 1862u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
@@ -86403,7 +86525,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2066u32,
+        wire: 2068u32,
         call: 1863u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
@@ -86435,7 +86557,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2067u32,
+        wire: 2069u32,
         call: 1864u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
@@ -86467,7 +86589,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2068u32,
+        wire: 2070u32,
         call: 1865u32,
         name: "cusparseXcoo2csr",
         form: None,
@@ -86504,7 +86626,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2069u32,
+        wire: 2071u32,
         call: 1866u32,
         name: "cusparseXcoosortByColumn",
         form: None,
@@ -86543,7 +86665,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2070u32,
+        wire: 2072u32,
         call: 1867u32,
         name: "cusparseXcoosortByRow",
         form: None,
@@ -86582,7 +86704,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2071u32,
+        wire: 2073u32,
         call: 1868u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
@@ -86625,7 +86747,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2072u32,
+        wire: 2074u32,
         call: 1869u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
@@ -86680,7 +86802,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2073u32,
+        wire: 2075u32,
         call: 1870u32,
         name: "cusparseXcsr2coo",
         form: None,
@@ -86717,7 +86839,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2074u32,
+        wire: 2076u32,
         call: 1871u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
@@ -86777,7 +86899,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2075u32,
+        wire: 2077u32,
         call: 1872u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
@@ -86839,7 +86961,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2076u32,
+        wire: 2078u32,
         call: 1873u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
@@ -86919,7 +87041,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2077u32,
+        wire: 2079u32,
         call: 1874u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
@@ -86951,7 +87073,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2078u32,
+        wire: 2080u32,
         call: 1875u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
@@ -86983,7 +87105,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2079u32,
+        wire: 2081u32,
         call: 1876u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
@@ -87015,7 +87137,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2080u32,
+        wire: 2082u32,
         call: 1877u32,
         name: "cusparseXcsrsort",
         form: None,
@@ -87058,7 +87180,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2081u32,
+        wire: 2083u32,
         call: 1878u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
@@ -87101,7 +87223,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2082u32,
+        wire: 2084u32,
         call: 1879u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
@@ -87133,7 +87255,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2083u32,
+        wire: 2085u32,
         call: 1880u32,
         name: "cusparseXgebsr2csr",
         form: None,
@@ -87188,7 +87310,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2084u32,
+        wire: 2086u32,
         call: 1881u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
@@ -87260,7 +87382,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2085u32,
+        wire: 2087u32,
         call: 1882u32,
         name: "cusparseZbsr2csr",
         form: None,
@@ -87313,7 +87435,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2086u32,
+        wire: 2088u32,
         call: 1883u32,
         name: "cusparseZbsric02",
         form: None,
@@ -87368,7 +87490,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2087u32,
+        wire: 2089u32,
         call: 1884u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
@@ -87424,7 +87546,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2088u32,
+        wire: 2090u32,
         call: 1885u32,
         name: "cusparseZbsrilu02",
         form: None,
@@ -87479,7 +87601,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2089u32,
+        wire: 2091u32,
         call: 1886u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
@@ -87534,7 +87656,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2090u32,
+        wire: 2092u32,
         call: 1887u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
@@ -87590,7 +87712,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2091u32,
+        wire: 2093u32,
         call: 1888u32,
         name: "cusparseZbsrmm",
         form: None,
@@ -87672,7 +87794,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2092u32,
+        wire: 2094u32,
         call: 1889u32,
         name: "cusparseZbsrmv",
         form: None,
@@ -87738,7 +87860,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2093u32,
+        wire: 2095u32,
         call: 1890u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
@@ -87805,7 +87927,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2094u32,
+        wire: 2096u32,
         call: 1891u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
@@ -87873,7 +87995,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2095u32,
+        wire: 2097u32,
         call: 1892u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
@@ -87955,7 +88077,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2096u32,
+        wire: 2098u32,
         call: 1893u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
@@ -88014,7 +88136,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2097u32,
+        wire: 2099u32,
         call: 1894u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
@@ -88074,7 +88196,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2098u32,
+        wire: 2100u32,
         call: 1895u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
@@ -88140,7 +88262,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2099u32,
+        wire: 2101u32,
         call: 1896u32,
         name: "cusparseZbsrxmv",
         form: None,
@@ -88212,7 +88334,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2100u32,
+        wire: 2102u32,
         call: 1897u32,
         name: "cusparseZcsr2bsr",
         form: None,
@@ -88265,7 +88387,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2101u32,
+        wire: 2103u32,
         call: 1898u32,
         name: "cusparseZcsr2csru",
         form: None,
@@ -88312,7 +88434,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2102u32,
+        wire: 2104u32,
         call: 1899u32,
         name: "cusparseZcsr2gebsr",
         form: None,
@@ -88370,7 +88492,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2103u32,
+        wire: 2105u32,
         call: 1900u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
@@ -88426,7 +88548,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2104u32,
+        wire: 2106u32,
         call: 1901u32,
         name: "cusparseZcsrgeam2",
         form: None,
@@ -88497,7 +88619,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2105u32,
+        wire: 2107u32,
         call: 1902u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
@@ -88573,7 +88695,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2106u32,
+        wire: 2108u32,
         call: 1903u32,
         name: "cusparseZcsrgemm2",
         form: None,
@@ -88663,7 +88785,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2107u32,
+        wire: 2109u32,
         call: 1904u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
@@ -88748,7 +88870,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2108u32,
+        wire: 2110u32,
         call: 1905u32,
         name: "cusparseZcsric02_analysis",
         form: None,
@@ -88795,7 +88917,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2109u32,
+        wire: 2111u32,
         call: 1906u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
@@ -88843,7 +88965,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2110u32,
+        wire: 2112u32,
         call: 1907u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
@@ -88890,7 +89012,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2111u32,
+        wire: 2113u32,
         call: 1908u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
@@ -88938,7 +89060,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2112u32,
+        wire: 2114u32,
         call: 1909u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
@@ -89011,7 +89133,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2113u32,
+        wire: 2115u32,
         call: 1910u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
@@ -89084,7 +89206,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2114u32,
+        wire: 2116u32,
         call: 1911u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
@@ -89135,7 +89257,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2115u32,
+        wire: 2117u32,
         call: 1912u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
@@ -89187,7 +89309,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2116u32,
+        wire: 2118u32,
         call: 1913u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
@@ -89245,7 +89367,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2117u32,
+        wire: 2119u32,
         call: 1914u32,
         name: "cusparseZcsru2csr",
         form: None,
@@ -89292,7 +89414,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2118u32,
+        wire: 2120u32,
         call: 1915u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
@@ -89340,7 +89462,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2119u32,
+        wire: 2121u32,
         call: 1916u32,
         name: "cusparseZgebsr2csr",
         form: None,
@@ -89397,7 +89519,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2120u32,
+        wire: 2122u32,
         call: 1917u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
@@ -89449,7 +89571,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2121u32,
+        wire: 2123u32,
         call: 1918u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
@@ -89519,7 +89641,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2122u32,
+        wire: 2124u32,
         call: 1919u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
@@ -89587,7 +89709,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2123u32,
+        wire: 2125u32,
         call: 1920u32,
         name: "cusparseZgtsv2",
         form: None,
@@ -89642,7 +89764,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2124u32,
+        wire: 2126u32,
         call: 1921u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
@@ -89700,7 +89822,7 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2462u32,
+        wire: 2464u32,
         call: 2257u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89725,7 +89847,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2463u32,
+        wire: 2465u32,
         call: 2257u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89750,7 +89872,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2464u32,
+        wire: 2466u32,
         call: 2257u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89775,7 +89897,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2465u32,
+        wire: 2467u32,
         call: 2258u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89800,7 +89922,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2466u32,
+        wire: 2468u32,
         call: 2258u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89825,7 +89947,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2467u32,
+        wire: 2469u32,
         call: 2258u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89850,7 +89972,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2468u32,
+        wire: 2470u32,
         call: 2259u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
@@ -89875,7 +89997,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2469u32,
+        wire: 2471u32,
         call: 2260u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -89900,7 +90022,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2470u32,
+        wire: 2472u32,
         call: 2260u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -89925,7 +90047,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2471u32,
+        wire: 2473u32,
         call: 2260u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -100951,7 +101073,7 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2440u32,
+        wire: 2442u32,
         call: 2237u32,
         name: "ncclCommAbort",
         form: None,
@@ -100974,7 +101096,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2441u32,
+        wire: 2443u32,
         call: 2238u32,
         name: "ncclCommDestroy",
         form: None,
@@ -100997,7 +101119,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2442u32,
+        wire: 2444u32,
         call: 2239u32,
         name: "ncclCommFinalize",
         form: None,
@@ -101020,7 +101142,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2443u32,
+        wire: 2445u32,
         call: 2240u32,
         name: "ncclCommInitRank",
         form: None,
@@ -101052,7 +101174,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2444u32,
+        wire: 2446u32,
         call: 2241u32,
         name: "ncclCommRevoke",
         form: None,
@@ -101079,7 +101201,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2445u32,
+        wire: 2447u32,
         call: 2242u32,
         name: "ncclCommWindowDeregister",
         form: None,
@@ -101106,7 +101228,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2446u32,
+        wire: 2448u32,
         call: 2242u32,
         name: "ncclCommWindowDeregister",
         form: None,
@@ -101133,7 +101255,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2447u32,
+        wire: 2449u32,
         call: 2243u32,
         name: "ncclGroupEnd",
         form: None,
@@ -101151,7 +101273,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2448u32,
+        wire: 2450u32,
         call: 2244u32,
         name: "ncclGroupStart",
         form: None,
@@ -101169,7 +101291,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2449u32,
+        wire: 2451u32,
         call: 2245u32,
         name: "ncclRedOpDestroy",
         form: None,
@@ -101196,7 +101318,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2450u32,
+        wire: 2452u32,
         call: 2246u32,
         name: "ncclResetDebugInit",
         form: None,
@@ -101214,7 +101336,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2451u32,
+        wire: 2453u32,
         call: 2247u32,
         name: "pncclCommAbort",
         form: None,
@@ -101237,7 +101359,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2452u32,
+        wire: 2454u32,
         call: 2248u32,
         name: "pncclCommDestroy",
         form: None,
@@ -101260,7 +101382,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2453u32,
+        wire: 2455u32,
         call: 2249u32,
         name: "pncclCommFinalize",
         form: None,
@@ -101283,7 +101405,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2454u32,
+        wire: 2456u32,
         call: 2250u32,
         name: "pncclCommInitRank",
         form: None,
@@ -101315,7 +101437,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2455u32,
+        wire: 2457u32,
         call: 2251u32,
         name: "pncclCommRevoke",
         form: None,
@@ -101342,7 +101464,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2456u32,
+        wire: 2458u32,
         call: 2252u32,
         name: "pncclCommWindowDeregister",
         form: None,
@@ -101369,7 +101491,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2457u32,
+        wire: 2459u32,
         call: 2252u32,
         name: "pncclCommWindowDeregister",
         form: None,
@@ -101396,7 +101518,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2458u32,
+        wire: 2460u32,
         call: 2253u32,
         name: "pncclGroupEnd",
         form: None,
@@ -101414,7 +101536,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2459u32,
+        wire: 2461u32,
         call: 2254u32,
         name: "pncclGroupStart",
         form: None,
@@ -101432,7 +101554,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2460u32,
+        wire: 2462u32,
         call: 2255u32,
         name: "pncclRedOpDestroy",
         form: None,
@@ -101459,7 +101581,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2461u32,
+        wire: 2463u32,
         call: 2256u32,
         name: "pncclResetDebugInit",
         form: None,
@@ -101480,7 +101602,7 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2409u32,
+        wire: 2411u32,
         call: 2206u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
@@ -101503,7 +101625,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2410u32,
+        wire: 2412u32,
         call: 2207u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
@@ -101526,7 +101648,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2411u32,
+        wire: 2413u32,
         call: 2208u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
@@ -101549,7 +101671,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2412u32,
+        wire: 2414u32,
         call: 2209u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
@@ -101572,7 +101694,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2413u32,
+        wire: 2415u32,
         call: 2210u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
@@ -101595,7 +101717,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2414u32,
+        wire: 2416u32,
         call: 2211u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
@@ -101618,7 +101740,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2415u32,
+        wire: 2417u32,
         call: 2212u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
@@ -101641,7 +101763,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2416u32,
+        wire: 2418u32,
         call: 2213u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
@@ -101664,7 +101786,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2417u32,
+        wire: 2419u32,
         call: 2214u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
@@ -101687,7 +101809,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2418u32,
+        wire: 2420u32,
         call: 2215u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
@@ -101710,7 +101832,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2419u32,
+        wire: 2421u32,
         call: 2216u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
@@ -101739,7 +101861,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2420u32,
+        wire: 2422u32,
         call: 2217u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
@@ -101768,7 +101890,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2421u32,
+        wire: 2423u32,
         call: 2218u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
@@ -101797,7 +101919,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2422u32,
+        wire: 2424u32,
         call: 2219u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
@@ -101826,7 +101948,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2423u32,
+        wire: 2425u32,
         call: 2220u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
@@ -101855,7 +101977,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2424u32,
+        wire: 2426u32,
         call: 2221u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
@@ -101884,7 +102006,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2425u32,
+        wire: 2427u32,
         call: 2222u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
@@ -101913,7 +102035,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2426u32,
+        wire: 2428u32,
         call: 2223u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
@@ -101942,7 +102064,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2427u32,
+        wire: 2429u32,
         call: 2224u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
@@ -101971,7 +102093,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2428u32,
+        wire: 2430u32,
         call: 2225u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
@@ -102000,7 +102122,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2429u32,
+        wire: 2431u32,
         call: 2226u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
@@ -102029,7 +102151,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2430u32,
+        wire: 2432u32,
         call: 2227u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
@@ -102058,7 +102180,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2431u32,
+        wire: 2433u32,
         call: 2228u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
@@ -102087,7 +102209,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2432u32,
+        wire: 2434u32,
         call: 2229u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
@@ -102116,7 +102238,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2433u32,
+        wire: 2435u32,
         call: 2230u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
@@ -102145,7 +102267,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2434u32,
+        wire: 2436u32,
         call: 2231u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
@@ -102174,7 +102296,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2435u32,
+        wire: 2437u32,
         call: 2232u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
@@ -102203,7 +102325,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2436u32,
+        wire: 2438u32,
         call: 2233u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
@@ -102232,7 +102354,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2437u32,
+        wire: 2439u32,
         call: 2234u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
@@ -102261,7 +102383,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2438u32,
+        wire: 2440u32,
         call: 2235u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
@@ -102290,7 +102412,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2439u32,
+        wire: 2441u32,
         call: 2236u32,
         name: "nvJitLinkVersion",
         form: None,
@@ -102324,7 +102446,7 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1598u32,
+        wire: 1600u32,
         call: 1395u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
@@ -102347,7 +102469,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1599u32,
+        wire: 1601u32,
         call: 1396u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
@@ -102376,7 +102498,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1600u32,
+        wire: 1602u32,
         call: 1397u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
@@ -102403,7 +102525,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1601u32,
+        wire: 1603u32,
         call: 1398u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
@@ -102426,7 +102548,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1602u32,
+        wire: 1604u32,
         call: 1399u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
@@ -102449,7 +102571,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1603u32,
+        wire: 1605u32,
         call: 1400u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
@@ -102476,7 +102598,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1604u32,
+        wire: 1606u32,
         call: 1401u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
@@ -102507,7 +102629,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1605u32,
+        wire: 1607u32,
         call: 1402u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
@@ -102544,7 +102666,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1606u32,
+        wire: 1608u32,
         call: 1403u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
@@ -102579,7 +102701,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1607u32,
+        wire: 1609u32,
         call: 1404u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
@@ -102612,7 +102734,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1608u32,
+        wire: 1610u32,
         call: 1405u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
@@ -102641,7 +102763,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1609u32,
+        wire: 1611u32,
         call: 1406u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
@@ -102670,7 +102792,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1610u32,
+        wire: 1612u32,
         call: 1407u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
@@ -102699,7 +102821,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1611u32,
+        wire: 1613u32,
         call: 1408u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
@@ -102732,7 +102854,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1612u32,
+        wire: 1614u32,
         call: 1409u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
@@ -102761,7 +102883,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1613u32,
+        wire: 1615u32,
         call: 1410u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
@@ -102796,7 +102918,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1614u32,
+        wire: 1616u32,
         call: 1411u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
@@ -102825,7 +102947,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1615u32,
+        wire: 1617u32,
         call: 1412u32,
         name: "nvmlDeviceGetBrand",
         form: None,
@@ -102854,7 +102976,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1616u32,
+        wire: 1618u32,
         call: 1413u32,
         name: "nvmlDeviceGetBusType",
         form: None,
@@ -102883,7 +103005,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1617u32,
+        wire: 1619u32,
         call: 1414u32,
         name: "nvmlDeviceGetClock",
         form: None,
@@ -102920,7 +103042,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1618u32,
+        wire: 1620u32,
         call: 1415u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
@@ -102953,7 +103075,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1619u32,
+        wire: 1621u32,
         call: 1416u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
@@ -102982,7 +103104,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1620u32,
+        wire: 1622u32,
         call: 1417u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
@@ -103011,7 +103133,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1621u32,
+        wire: 1623u32,
         call: 1418u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
@@ -103046,7 +103168,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1622u32,
+        wire: 1624u32,
         call: 1419u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
@@ -103075,7 +103197,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1623u32,
+        wire: 1625u32,
         call: 1420u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
@@ -103104,7 +103226,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1624u32,
+        wire: 1626u32,
         call: 1421u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
@@ -103133,7 +103255,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1625u32,
+        wire: 1627u32,
         call: 1422u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
@@ -103162,7 +103284,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1626u32,
+        wire: 1628u32,
         call: 1423u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
@@ -103197,7 +103319,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1627u32,
+        wire: 1629u32,
         call: 1424u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
@@ -103230,7 +103352,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1628u32,
+        wire: 1630u32,
         call: 1425u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
@@ -103259,7 +103381,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1629u32,
+        wire: 1631u32,
         call: 1426u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
@@ -103286,7 +103408,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1630u32,
+        wire: 1632u32,
         call: 1427u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
@@ -103315,7 +103437,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1631u32,
+        wire: 1633u32,
         call: 1428u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
@@ -103344,7 +103466,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1632u32,
+        wire: 1634u32,
         call: 1429u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
@@ -103379,7 +103501,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1633u32,
+        wire: 1635u32,
         call: 1430u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
@@ -103414,7 +103536,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1634u32,
+        wire: 1636u32,
         call: 1431u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
@@ -103449,7 +103571,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1635u32,
+        wire: 1637u32,
         call: 1432u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
@@ -103482,7 +103604,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1636u32,
+        wire: 1638u32,
         call: 1433u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
@@ -103517,7 +103639,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1637u32,
+        wire: 1639u32,
         call: 1434u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
@@ -103546,7 +103668,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1638u32,
+        wire: 1640u32,
         call: 1435u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
@@ -103579,7 +103701,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1639u32,
+        wire: 1641u32,
         call: 1436u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
@@ -103608,7 +103730,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1640u32,
+        wire: 1642u32,
         call: 1437u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
@@ -103641,7 +103763,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1641u32,
+        wire: 1643u32,
         call: 1438u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
@@ -103676,7 +103798,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1642u32,
+        wire: 1644u32,
         call: 1439u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
@@ -103705,7 +103827,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1643u32,
+        wire: 1645u32,
         call: 1440u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
@@ -103736,7 +103858,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1644u32,
+        wire: 1646u32,
         call: 1441u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
@@ -103765,7 +103887,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1645u32,
+        wire: 1647u32,
         call: 1442u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
@@ -103798,7 +103920,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1646u32,
+        wire: 1648u32,
         call: 1443u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
@@ -103835,7 +103957,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1647u32,
+        wire: 1649u32,
         call: 1444u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
@@ -103864,7 +103986,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1648u32,
+        wire: 1650u32,
         call: 1445u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
@@ -103899,7 +104021,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1649u32,
+        wire: 1651u32,
         call: 1446u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
@@ -103934,7 +104056,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1650u32,
+        wire: 1652u32,
         call: 1447u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
@@ -103961,7 +104083,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1651u32,
+        wire: 1653u32,
         call: 1448u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
@@ -103988,7 +104110,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1652u32,
+        wire: 1654u32,
         call: 1449u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
@@ -104012,7 +104134,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1653u32,
+        wire: 1655u32,
         call: 1450u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
@@ -104036,7 +104158,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1654u32,
+        wire: 1656u32,
         call: 1451u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
@@ -104060,7 +104182,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1655u32,
+        wire: 1657u32,
         call: 1452u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
@@ -104084,7 +104206,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1656u32,
+        wire: 1658u32,
         call: 1453u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
@@ -104113,7 +104235,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1657u32,
+        wire: 1659u32,
         call: 1454u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
@@ -104142,7 +104264,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1658u32,
+        wire: 1660u32,
         call: 1455u32,
         name: "nvmlDeviceGetIndex",
         form: None,
@@ -104171,7 +104293,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1659u32,
+        wire: 1661u32,
         call: 1456u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
@@ -104200,7 +104322,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1660u32,
+        wire: 1662u32,
         call: 1457u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
@@ -104229,7 +104351,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1661u32,
+        wire: 1663u32,
         call: 1458u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
@@ -104264,7 +104386,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1662u32,
+        wire: 1664u32,
         call: 1459u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
@@ -104299,7 +104421,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1663u32,
+        wire: 1665u32,
         call: 1460u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
@@ -104332,7 +104454,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1664u32,
+        wire: 1666u32,
         call: 1461u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
@@ -104365,7 +104487,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1665u32,
+        wire: 1667u32,
         call: 1462u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
@@ -104394,7 +104516,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1666u32,
+        wire: 1668u32,
         call: 1463u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
@@ -104423,7 +104545,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1667u32,
+        wire: 1669u32,
         call: 1464u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
@@ -104452,7 +104574,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1668u32,
+        wire: 1670u32,
         call: 1465u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
@@ -104487,7 +104609,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1669u32,
+        wire: 1671u32,
         call: 1466u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
@@ -104516,7 +104638,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1670u32,
+        wire: 1672u32,
         call: 1467u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
@@ -104545,7 +104667,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1671u32,
+        wire: 1673u32,
         call: 1468u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
@@ -104576,7 +104698,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1672u32,
+        wire: 1674u32,
         call: 1469u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
@@ -104611,7 +104733,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1673u32,
+        wire: 1675u32,
         call: 1470u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
@@ -104654,7 +104776,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1674u32,
+        wire: 1676u32,
         call: 1471u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
@@ -104689,7 +104811,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1675u32,
+        wire: 1677u32,
         call: 1472u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
@@ -104718,7 +104840,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1676u32,
+        wire: 1678u32,
         call: 1473u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
@@ -104747,7 +104869,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1677u32,
+        wire: 1679u32,
         call: 1474u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
@@ -104776,7 +104898,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1678u32,
+        wire: 1680u32,
         call: 1475u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
@@ -104805,7 +104927,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1679u32,
+        wire: 1681u32,
         call: 1476u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
@@ -104834,7 +104956,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1680u32,
+        wire: 1682u32,
         call: 1477u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
@@ -104863,7 +104985,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1681u32,
+        wire: 1683u32,
         call: 1478u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
@@ -104900,7 +105022,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1682u32,
+        wire: 1684u32,
         call: 1479u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
@@ -104933,7 +105055,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1683u32,
+        wire: 1685u32,
         call: 1480u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
@@ -104966,7 +105088,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1684u32,
+        wire: 1686u32,
         call: 1481u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
@@ -104999,7 +105121,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1685u32,
+        wire: 1687u32,
         call: 1482u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
@@ -105034,7 +105156,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1686u32,
+        wire: 1688u32,
         call: 1483u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
@@ -105071,7 +105193,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1687u32,
+        wire: 1689u32,
         call: 1484u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
@@ -105100,7 +105222,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1688u32,
+        wire: 1690u32,
         call: 1485u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
@@ -105129,7 +105251,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1689u32,
+        wire: 1691u32,
         call: 1486u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
@@ -105158,7 +105280,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1690u32,
+        wire: 1692u32,
         call: 1487u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
@@ -105187,7 +105309,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1691u32,
+        wire: 1693u32,
         call: 1488u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
@@ -105216,7 +105338,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1692u32,
+        wire: 1694u32,
         call: 1489u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
@@ -105245,7 +105367,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1693u32,
+        wire: 1695u32,
         call: 1490u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
@@ -105274,7 +105396,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1694u32,
+        wire: 1696u32,
         call: 1491u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
@@ -105309,7 +105431,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1695u32,
+        wire: 1697u32,
         call: 1492u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
@@ -105338,7 +105460,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1696u32,
+        wire: 1698u32,
         call: 1493u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
@@ -105367,7 +105489,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1697u32,
+        wire: 1699u32,
         call: 1494u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
@@ -105396,7 +105518,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1698u32,
+        wire: 1700u32,
         call: 1495u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
@@ -105425,7 +105547,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1699u32,
+        wire: 1701u32,
         call: 1496u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
@@ -105454,7 +105576,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1700u32,
+        wire: 1702u32,
         call: 1497u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
@@ -105501,7 +105623,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1701u32,
+        wire: 1703u32,
         call: 1498u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
@@ -105530,7 +105652,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1702u32,
+        wire: 1704u32,
         call: 1499u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
@@ -105559,7 +105681,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1703u32,
+        wire: 1705u32,
         call: 1500u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
@@ -105588,7 +105710,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1704u32,
+        wire: 1706u32,
         call: 1501u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
@@ -105617,7 +105739,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1705u32,
+        wire: 1707u32,
         call: 1502u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
@@ -105646,7 +105768,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1706u32,
+        wire: 1708u32,
         call: 1503u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
@@ -105679,7 +105801,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1707u32,
+        wire: 1709u32,
         call: 1504u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
@@ -105712,7 +105834,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1708u32,
+        wire: 1710u32,
         call: 1505u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
@@ -105745,7 +105867,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1709u32,
+        wire: 1711u32,
         call: 1506u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
@@ -105778,7 +105900,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1710u32,
+        wire: 1712u32,
         call: 1507u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
@@ -105815,7 +105937,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1711u32,
+        wire: 1713u32,
         call: 1508u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
@@ -105844,7 +105966,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1712u32,
+        wire: 1714u32,
         call: 1509u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
@@ -105877,7 +105999,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1713u32,
+        wire: 1715u32,
         call: 1510u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
@@ -105906,7 +106028,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1714u32,
+        wire: 1716u32,
         call: 1511u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
@@ -105935,7 +106057,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1715u32,
+        wire: 1717u32,
         call: 1512u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
@@ -105968,7 +106090,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1716u32,
+        wire: 1718u32,
         call: 1513u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
@@ -105999,7 +106121,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1717u32,
+        wire: 1719u32,
         call: 1514u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
@@ -106022,7 +106144,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1718u32,
+        wire: 1720u32,
         call: 1515u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
@@ -106045,7 +106167,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1719u32,
+        wire: 1721u32,
         call: 1516u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
@@ -106068,7 +106190,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1720u32,
+        wire: 1722u32,
         call: 1517u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
@@ -106095,7 +106217,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1721u32,
+        wire: 1723u32,
         call: 1518u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
@@ -106126,7 +106248,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1722u32,
+        wire: 1724u32,
         call: 1519u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
@@ -106157,7 +106279,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1723u32,
+        wire: 1725u32,
         call: 1520u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
@@ -106184,7 +106306,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1724u32,
+        wire: 1726u32,
         call: 1521u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
@@ -106215,7 +106337,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1725u32,
+        wire: 1727u32,
         call: 1522u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
@@ -106242,7 +106364,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1726u32,
+        wire: 1728u32,
         call: 1523u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
@@ -106269,7 +106391,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1727u32,
+        wire: 1729u32,
         call: 1524u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
@@ -106296,7 +106418,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1728u32,
+        wire: 1730u32,
         call: 1525u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
@@ -106319,7 +106441,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1729u32,
+        wire: 1731u32,
         call: 1526u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
@@ -106350,7 +106472,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1730u32,
+        wire: 1732u32,
         call: 1527u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
@@ -106377,7 +106499,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1731u32,
+        wire: 1733u32,
         call: 1528u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
@@ -106406,7 +106528,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1732u32,
+        wire: 1734u32,
         call: 1529u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
@@ -106437,7 +106559,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1733u32,
+        wire: 1735u32,
         call: 1530u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
@@ -106464,7 +106586,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1734u32,
+        wire: 1736u32,
         call: 1531u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
@@ -106495,7 +106617,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1735u32,
+        wire: 1737u32,
         call: 1532u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
@@ -106526,7 +106648,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1736u32,
+        wire: 1738u32,
         call: 1533u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
@@ -106553,7 +106675,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1737u32,
+        wire: 1739u32,
         call: 1534u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
@@ -106584,7 +106706,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1738u32,
+        wire: 1740u32,
         call: 1535u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
@@ -106611,7 +106733,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1739u32,
+        wire: 1741u32,
         call: 1536u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
@@ -106638,7 +106760,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1740u32,
+        wire: 1742u32,
         call: 1537u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
@@ -106669,7 +106791,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1741u32,
+        wire: 1743u32,
         call: 1538u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
@@ -106702,7 +106824,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1742u32,
+        wire: 1744u32,
         call: 1539u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
@@ -106729,7 +106851,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1743u32,
+        wire: 1745u32,
         call: 1540u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
@@ -106756,7 +106878,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1744u32,
+        wire: 1746u32,
         call: 1541u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
@@ -106783,7 +106905,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1745u32,
+        wire: 1747u32,
         call: 1542u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
@@ -106816,7 +106938,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1746u32,
+        wire: 1748u32,
         call: 1543u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
@@ -106847,7 +106969,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1747u32,
+        wire: 1749u32,
         call: 1544u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
@@ -106876,7 +106998,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1748u32,
+        wire: 1750u32,
         call: 1545u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
@@ -106903,7 +107025,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1749u32,
+        wire: 1751u32,
         call: 1546u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
@@ -106926,7 +107048,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1750u32,
+        wire: 1752u32,
         call: 1547u32,
         name: "nvmlEventSetCreate",
         form: None,
@@ -106949,7 +107071,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1751u32,
+        wire: 1753u32,
         call: 1548u32,
         name: "nvmlEventSetFree",
         form: None,
@@ -106972,7 +107094,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1752u32,
+        wire: 1754u32,
         call: 1549u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
@@ -106997,7 +107119,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1753u32,
+        wire: 1755u32,
         call: 1550u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
@@ -107026,7 +107148,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1754u32,
+        wire: 1756u32,
         call: 1551u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
@@ -107057,7 +107179,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1755u32,
+        wire: 1757u32,
         call: 1552u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
@@ -107086,7 +107208,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1756u32,
+        wire: 1758u32,
         call: 1553u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
@@ -107109,7 +107231,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1757u32,
+        wire: 1759u32,
         call: 1554u32,
         name: "nvmlGpmSampleFree",
         form: None,
@@ -107132,7 +107254,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1758u32,
+        wire: 1760u32,
         call: 1555u32,
         name: "nvmlGpmSampleGet",
         form: None,
@@ -107159,7 +107281,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1759u32,
+        wire: 1761u32,
         call: 1556u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
@@ -107186,7 +107308,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1760u32,
+        wire: 1762u32,
         call: 1557u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
@@ -107217,7 +107339,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1761u32,
+        wire: 1763u32,
         call: 1558u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
@@ -107254,7 +107376,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1762u32,
+        wire: 1764u32,
         call: 1559u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
@@ -107277,7 +107399,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1763u32,
+        wire: 1765u32,
         call: 1560u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
@@ -107308,7 +107430,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1764u32,
+        wire: 1766u32,
         call: 1561u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
@@ -107341,7 +107463,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1765u32,
+        wire: 1767u32,
         call: 1562u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
@@ -107378,7 +107500,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1766u32,
+        wire: 1768u32,
         call: 1563u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
@@ -107407,7 +107529,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1767u32,
+        wire: 1769u32,
         call: 1564u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
@@ -107432,7 +107554,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1768u32,
+        wire: 1770u32,
         call: 1565u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
@@ -107457,7 +107579,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1769u32,
+        wire: 1771u32,
         call: 1566u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
@@ -107482,7 +107604,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1770u32,
+        wire: 1772u32,
         call: 1567u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
@@ -107507,7 +107629,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1771u32,
+        wire: 1773u32,
         call: 1568u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
@@ -107530,7 +107652,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1772u32,
+        wire: 1774u32,
         call: 1569u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
@@ -107553,7 +107675,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1773u32,
+        wire: 1775u32,
         call: 1570u32,
         name: "nvmlUnitGetCount",
         form: None,
@@ -107578,7 +107700,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1774u32,
+        wire: 1776u32,
         call: 1571u32,
         name: "nvmlUnitGetDevices",
         form: None,
@@ -107611,7 +107733,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1775u32,
+        wire: 1777u32,
         call: 1572u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
@@ -107638,7 +107760,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1776u32,
+        wire: 1778u32,
         call: 1573u32,
         name: "nvmlUnitGetTemperature",
         form: None,
@@ -107671,7 +107793,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1777u32,
+        wire: 1779u32,
         call: 1574u32,
         name: "nvmlUnitSetLedState",
         form: None,
@@ -107698,7 +107820,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1778u32,
+        wire: 1780u32,
         call: 1575u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
@@ -107721,7 +107843,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1779u32,
+        wire: 1781u32,
         call: 1576u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
@@ -107750,7 +107872,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1780u32,
+        wire: 1782u32,
         call: 1577u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
@@ -107779,7 +107901,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1781u32,
+        wire: 1783u32,
         call: 1578u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
@@ -107808,7 +107930,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1782u32,
+        wire: 1784u32,
         call: 1579u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
@@ -107837,7 +107959,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1783u32,
+        wire: 1785u32,
         call: 1580u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
@@ -107866,7 +107988,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1784u32,
+        wire: 1786u32,
         call: 1581u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
@@ -107895,7 +108017,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1785u32,
+        wire: 1787u32,
         call: 1582u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
@@ -107924,7 +108046,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1786u32,
+        wire: 1788u32,
         call: 1583u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
@@ -107953,7 +108075,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1787u32,
+        wire: 1789u32,
         call: 1584u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
@@ -107980,7 +108102,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1788u32,
+        wire: 1790u32,
         call: 1585u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
@@ -108013,7 +108135,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1789u32,
+        wire: 1791u32,
         call: 1586u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
@@ -108048,7 +108170,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1790u32,
+        wire: 1792u32,
         call: 1587u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
@@ -108077,7 +108199,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1791u32,
+        wire: 1793u32,
         call: 1588u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
@@ -108106,7 +108228,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1792u32,
+        wire: 1794u32,
         call: 1589u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
@@ -108135,7 +108257,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1793u32,
+        wire: 1795u32,
         call: 1590u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
@@ -108164,7 +108286,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1794u32,
+        wire: 1796u32,
         call: 1591u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
@@ -108193,7 +108315,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1795u32,
+        wire: 1797u32,
         call: 1592u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
@@ -108226,7 +108348,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1796u32,
+        wire: 1798u32,
         call: 1593u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
@@ -108255,7 +108377,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1797u32,
+        wire: 1799u32,
         call: 1594u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
@@ -108284,7 +108406,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1798u32,
+        wire: 1800u32,
         call: 1595u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
@@ -108326,7 +108448,7 @@ pub mod nvml {
 pub mod nvrtc {
     use chidori_protocol::desc::*;
     pub static nvrtcAddNameExpression: CallDesc = CallDesc {
-        wire: 2394u32,
+        wire: 2396u32,
         call: 2191u32,
         name: "nvrtcAddNameExpression",
         form: None,
@@ -108350,7 +108472,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 2395u32,
+        wire: 2397u32,
         call: 2192u32,
         name: "nvrtcDestroyProgram",
         form: None,
@@ -108373,7 +108495,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 2396u32,
+        wire: 2398u32,
         call: 2193u32,
         name: "nvrtcGetCUBINSize",
         form: None,
@@ -108402,7 +108524,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 2397u32,
+        wire: 2399u32,
         call: 2194u32,
         name: "nvrtcGetLTOIRSize",
         form: None,
@@ -108431,7 +108553,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 2398u32,
+        wire: 2400u32,
         call: 2195u32,
         name: "nvrtcGetNVVMSize",
         form: None,
@@ -108460,7 +108582,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2399u32,
+        wire: 2401u32,
         call: 2196u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
@@ -108485,7 +108607,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 2400u32,
+        wire: 2402u32,
         call: 2197u32,
         name: "nvrtcGetOptiXIRSize",
         form: None,
@@ -108514,7 +108636,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 2401u32,
+        wire: 2403u32,
         call: 2198u32,
         name: "nvrtcGetPCHCreateStatus",
         form: None,
@@ -108537,7 +108659,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2402u32,
+        wire: 2404u32,
         call: 2199u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
@@ -108562,7 +108684,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 2403u32,
+        wire: 2405u32,
         call: 2200u32,
         name: "nvrtcGetPCHHeapSizeRequired",
         form: None,
@@ -108591,7 +108713,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 2404u32,
+        wire: 2406u32,
         call: 2201u32,
         name: "nvrtcGetPTXSize",
         form: None,
@@ -108620,7 +108742,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 2405u32,
+        wire: 2407u32,
         call: 2202u32,
         name: "nvrtcGetProgramLogSize",
         form: None,
@@ -108649,7 +108771,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 2406u32,
+        wire: 2408u32,
         call: 2203u32,
         name: "nvrtcGetSupportedArchs",
         form: None,
@@ -108674,7 +108796,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2407u32,
+        wire: 2409u32,
         call: 2204u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
@@ -108697,7 +108819,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2408u32,
+        wire: 2410u32,
         call: 2205u32,
         name: "nvrtcVersion",
         form: None,

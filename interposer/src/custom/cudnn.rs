@@ -186,6 +186,101 @@ pub unsafe fn cudnnBackendFinalize__cu126(descriptor: *mut c_void) -> u32 {
     finalize(call, deferred, descriptor, CODES_V9.0)
 }
 
+/// CUDNN_TYPE_BACKEND_DESCRIPTOR (the same in cuDNN 8 and 9).
+const TYPE_BACKEND_DESCRIPTOR: u32 = 15;
+
+/// cudnnBackendGetAttribute with native write semantics: the library writes `*elementCount`
+/// elements (at most `requested`), and nothing past them reaches the caller's array. The
+/// server's answer lands in a buffer of ours first; forwarding the array both ways would
+/// write back bytes past those elements that were read before the round trip, and memory
+/// beyond a short array may have changed meanwhile (another thread's heap).
+#[allow(clippy::too_many_arguments)]
+fn get_attribute(
+    call: &'static CallDesc,
+    descriptors: &'static CallDesc,
+    descriptor: *mut c_void,
+    name: u32,
+    ty: u32,
+    requested: i64,
+    count_out: *mut c_void,
+    elements: *mut c_void,
+    bad_param: u32,
+) -> u32 {
+    crate::guard::ffi("cudnnBackendGetAttribute", bad_param, || {
+        let mut count: i64 = 0;
+        let count_ptr = &mut count as *mut i64 as u64;
+        let head = [descriptor as u64, u64::from(name), u64::from(ty), requested as u64];
+        let status = if elements.is_null() || requested <= 0 {
+            let args = [head[0], head[1], head[2], head[3], count_ptr, elements as u64];
+            // SAFETY: `count` receives one int64; the array is NULL or never touched.
+            unsafe { crate::runtime::call(call, &args) as u32 }
+        } else if ty == TYPE_BACKEND_DESCRIPTOR {
+            // Descriptors the caller made; the library fills them, the array is only read.
+            let args = [head[0], head[1], head[2], head[3], count_ptr, elements as u64];
+            // SAFETY: the caller's array of `requested` descriptors (the API contract).
+            unsafe { crate::runtime::call(descriptors, &args) as u32 }
+        } else {
+            let Some(bytes) = array_len(call, &head) else { return bad_param };
+            let mut buf = vec![0u8; bytes];
+            let args = [head[0], head[1], head[2], head[3], count_ptr, buf.as_mut_ptr() as u64];
+            // SAFETY: our buffer of the descriptor's length for these arguments.
+            let s = unsafe { crate::runtime::call(call, &args) as u32 };
+            if s == 0 {
+                let per = bytes / requested as usize;
+                let n = usize::try_from(count).unwrap_or(0).min(requested as usize) * per;
+                // SAFETY: the caller's array holds the `count` elements the library wrote
+                // natively (count <= requested).
+                unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), elements as *mut u8, n) };
+            }
+            s
+        };
+        if status == 0 && !count_out.is_null() {
+            // SAFETY: the caller's int64_t*, checked non-null.
+            unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
+        }
+        status
+    })
+}
+
+/// Bytes of the attribute array for these arguments, by the wire form's length expression.
+fn array_len(desc: &CallDesc, head: &[u64; 4]) -> Option<usize> {
+    let args = [head[0], head[1], head[2], head[3], 0, 0];
+    match desc.params.get(5)? {
+        chidori_protocol::desc::Wire::Buf { len: Some(len), elem, .. } => {
+            usize::try_from(len.eval(&args)?.checked_mul(u64::from(*elem))?).ok()
+        }
+        _ => None,
+    }
+}
+
+pub unsafe fn cudnnBackendGetAttribute__cu118(
+    descriptor: *mut c_void,
+    attributeName: u32,
+    attributeType: u32,
+    requestedElementCount: i64,
+    elementCount: *mut c_void,
+    arrayOfElements: *mut c_void,
+) -> u32 {
+    let (call, descriptors) =
+        (&calls::cudnnBackendGetAttribute__cu118__call, &calls::cudnnBackendGetAttribute__cu118__descriptors);
+    let (n, t, r) = (attributeName, attributeType, requestedElementCount);
+    get_attribute(call, descriptors, descriptor, n, t, r, elementCount, arrayOfElements, CODES_V8.0)
+}
+
+pub unsafe fn cudnnBackendGetAttribute__cu126(
+    descriptor: *mut c_void,
+    attributeName: u32,
+    attributeType: u32,
+    requestedElementCount: i64,
+    elementCount: *mut c_void,
+    arrayOfElements: *mut c_void,
+) -> u32 {
+    let (call, descriptors) =
+        (&calls::cudnnBackendGetAttribute__cu126__call, &calls::cudnnBackendGetAttribute__cu126__descriptors);
+    let (n, t, r) = (attributeName, attributeType, requestedElementCount);
+    get_attribute(call, descriptors, descriptor, n, t, r, elementCount, arrayOfElements, CODES_V9.0)
+}
+
 /// The library's versions, asked once per process.
 static VERSION: OnceLock<usize> = OnceLock::new();
 static CUDART_VERSION: OnceLock<usize> = OnceLock::new();
