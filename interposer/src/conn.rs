@@ -126,6 +126,9 @@ struct Outbox {
 /// rather than copied into the outbox.
 const OUTBOX_FRAME_MAX: usize = 64 << 10;
 
+/// Queued bytes beyond which a posting thread writes the outbox itself.
+const OUTBOX_LIMIT: usize = 8 << 20;
+
 static CONN: Mutex<Option<Result<Arc<Conn>, String>>> = Mutex::new(None);
 
 /// Forks this process has been through: bumped in the child, so a connection compares a
@@ -370,6 +373,12 @@ impl Conn {
         outbox.bytes.extend_from_slice(archive);
         for b in bulk {
             outbox.bytes.extend_from_slice(b);
+        }
+        if outbox.bytes.len() > OUTBOX_LIMIT {
+            // The network is slower than the program: write on this thread, which waits
+            // for the socket (what bounds the outbox).
+            drop(outbox);
+            return self.flush();
         }
         let wake = !outbox.awake;
         outbox.awake = true;
