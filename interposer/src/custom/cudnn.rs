@@ -111,27 +111,23 @@ fn set_attribute(
     })
 }
 
-pub unsafe fn cudnnBackendSetAttribute__cu118(
-    descriptor: *mut c_void,
-    attributeName: u32,
-    attributeType: u32,
-    elementCount: i64,
-    arrayOfElements: *mut c_void,
-) -> u32 {
-    let desc = &calls::cudnnBackendSetAttribute__cu118__call;
-    set_attribute(desc, descriptor, attributeName, attributeType, elementCount, arrayOfElements, CODES_V8)
+macro_rules! set_attribute_variant {
+    ($name:ident, $desc:ident, $codes:expr) => {
+        pub unsafe fn $name(
+            descriptor: *mut c_void,
+            attributeName: u32,
+            attributeType: u32,
+            elementCount: i64,
+            arrayOfElements: *mut c_void,
+        ) -> u32 {
+            let (n, t) = (attributeName, attributeType);
+            set_attribute(&calls::$desc, descriptor, n, t, elementCount, arrayOfElements, $codes)
+        }
+    };
 }
 
-pub unsafe fn cudnnBackendSetAttribute__cu126(
-    descriptor: *mut c_void,
-    attributeName: u32,
-    attributeType: u32,
-    elementCount: i64,
-    arrayOfElements: *mut c_void,
-) -> u32 {
-    let desc = &calls::cudnnBackendSetAttribute__cu126__call;
-    set_attribute(desc, descriptor, attributeName, attributeType, elementCount, arrayOfElements, CODES_V9)
-}
+set_attribute_variant!(cudnnBackendSetAttribute__cu118, cudnnBackendSetAttribute__cu118__call, CODES_V8);
+set_attribute_variant!(cudnnBackendSetAttribute__cu126, cudnnBackendSetAttribute__cu126__call, CODES_V9);
 
 /// CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR (the same in cuDNN 8 and 9).
 const VARIANT_PACK: u32 = 16;
@@ -164,27 +160,47 @@ fn finalize(call: &'static CallDesc, deferred: &'static CallDesc, descriptor: *m
     })
 }
 
-pub unsafe fn cudnnBackendCreateDescriptor__cu118(ty: u32, descriptor: *mut c_void) -> u32 {
-    let (call, named) =
-        (&calls::cudnnBackendCreateDescriptor__cu118__call, &calls::cudnnBackendCreateDescriptor__cu118__named);
-    create_descriptor(call, named, ty, descriptor, CODES_V8.0)
+macro_rules! create_variant {
+    ($name:ident, $call:ident, $named:ident, $codes:expr) => {
+        pub unsafe fn $name(ty: u32, descriptor: *mut c_void) -> u32 {
+            create_descriptor(&calls::$call, &calls::$named, ty, descriptor, $codes.0)
+        }
+    };
 }
 
-pub unsafe fn cudnnBackendCreateDescriptor__cu126(ty: u32, descriptor: *mut c_void) -> u32 {
-    let (call, named) =
-        (&calls::cudnnBackendCreateDescriptor__cu126__call, &calls::cudnnBackendCreateDescriptor__cu126__named);
-    create_descriptor(call, named, ty, descriptor, CODES_V9.0)
+create_variant!(
+    cudnnBackendCreateDescriptor__cu118,
+    cudnnBackendCreateDescriptor__cu118__call,
+    cudnnBackendCreateDescriptor__cu118__named,
+    CODES_V8
+);
+create_variant!(
+    cudnnBackendCreateDescriptor__cu126,
+    cudnnBackendCreateDescriptor__cu126__call,
+    cudnnBackendCreateDescriptor__cu126__named,
+    CODES_V9
+);
+
+macro_rules! finalize_variant {
+    ($name:ident, $call:ident, $deferred:ident, $codes:expr) => {
+        pub unsafe fn $name(descriptor: *mut c_void) -> u32 {
+            finalize(&calls::$call, &calls::$deferred, descriptor, $codes.0)
+        }
+    };
 }
 
-pub unsafe fn cudnnBackendFinalize__cu118(descriptor: *mut c_void) -> u32 {
-    let (call, deferred) = (&calls::cudnnBackendFinalize__cu118__call, &calls::cudnnBackendFinalize__cu118__async);
-    finalize(call, deferred, descriptor, CODES_V8.0)
-}
-
-pub unsafe fn cudnnBackendFinalize__cu126(descriptor: *mut c_void) -> u32 {
-    let (call, deferred) = (&calls::cudnnBackendFinalize__cu126__call, &calls::cudnnBackendFinalize__cu126__async);
-    finalize(call, deferred, descriptor, CODES_V9.0)
-}
+finalize_variant!(
+    cudnnBackendFinalize__cu118,
+    cudnnBackendFinalize__cu118__call,
+    cudnnBackendFinalize__cu118__async,
+    CODES_V8
+);
+finalize_variant!(
+    cudnnBackendFinalize__cu126,
+    cudnnBackendFinalize__cu126__call,
+    cudnnBackendFinalize__cu126__async,
+    CODES_V9
+);
 
 /// CUDNN_TYPE_BACKEND_DESCRIPTOR (the same in cuDNN 8 and 9).
 const TYPE_BACKEND_DESCRIPTOR: u32 = 15;
@@ -253,33 +269,35 @@ fn array_len(desc: &CallDesc, head: &[u64; 4]) -> Option<usize> {
     }
 }
 
-pub unsafe fn cudnnBackendGetAttribute__cu118(
-    descriptor: *mut c_void,
-    attributeName: u32,
-    attributeType: u32,
-    requestedElementCount: i64,
-    elementCount: *mut c_void,
-    arrayOfElements: *mut c_void,
-) -> u32 {
-    let (call, descriptors) =
-        (&calls::cudnnBackendGetAttribute__cu118__call, &calls::cudnnBackendGetAttribute__cu118__descriptors);
-    let (n, t, r) = (attributeName, attributeType, requestedElementCount);
-    get_attribute(call, descriptors, descriptor, n, t, r, elementCount, arrayOfElements, CODES_V8.0)
+macro_rules! get_attribute_variant {
+    ($name:ident, $call:ident, $descriptors:ident, $codes:expr) => {
+        pub unsafe fn $name(
+            descriptor: *mut c_void,
+            attributeName: u32,
+            attributeType: u32,
+            requestedElementCount: i64,
+            elementCount: *mut c_void,
+            arrayOfElements: *mut c_void,
+        ) -> u32 {
+            let (forms, (n, t, r)) =
+                ((&calls::$call, &calls::$descriptors), (attributeName, attributeType, requestedElementCount));
+            get_attribute(forms.0, forms.1, descriptor, n, t, r, elementCount, arrayOfElements, $codes.0)
+        }
+    };
 }
 
-pub unsafe fn cudnnBackendGetAttribute__cu126(
-    descriptor: *mut c_void,
-    attributeName: u32,
-    attributeType: u32,
-    requestedElementCount: i64,
-    elementCount: *mut c_void,
-    arrayOfElements: *mut c_void,
-) -> u32 {
-    let (call, descriptors) =
-        (&calls::cudnnBackendGetAttribute__cu126__call, &calls::cudnnBackendGetAttribute__cu126__descriptors);
-    let (n, t, r) = (attributeName, attributeType, requestedElementCount);
-    get_attribute(call, descriptors, descriptor, n, t, r, elementCount, arrayOfElements, CODES_V9.0)
-}
+get_attribute_variant!(
+    cudnnBackendGetAttribute__cu118,
+    cudnnBackendGetAttribute__cu118__call,
+    cudnnBackendGetAttribute__cu118__descriptors,
+    CODES_V8
+);
+get_attribute_variant!(
+    cudnnBackendGetAttribute__cu126,
+    cudnnBackendGetAttribute__cu126__call,
+    cudnnBackendGetAttribute__cu126__descriptors,
+    CODES_V9
+);
 
 /// The library's versions, asked once per process.
 static VERSION: OnceLock<usize> = OnceLock::new();
