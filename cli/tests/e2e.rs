@@ -493,3 +493,57 @@ fn cudnn_get_attribute_writes_only_what_the_library_wrote() {
         "{stderr}"
     );
 }
+
+/// NVRTC programs live on the client: only the compile reaches the server (the emulated
+/// backend has no NVRTC, and says so in the program's log).
+const NVRTC: &str = r##"
+#include <stdio.h>
+#include <string.h>
+typedef void *prog_t;
+int nvrtcCreateProgram(prog_t *p, const char *src, const char *name, int n, const char *const *h, const char *const *i);
+int nvrtcAddNameExpression(prog_t p, const char *e);
+int nvrtcCompileProgram(prog_t p, int n, const char *const *o);
+int nvrtcGetProgramLogSize(prog_t p, size_t *n);
+int nvrtcGetProgramLog(prog_t p, char *log);
+int nvrtcGetPTXSize(prog_t p, size_t *n);
+int nvrtcDestroyProgram(prog_t *p);
+int main(void) {
+  prog_t p = 0;
+  const char *hdr = "#define N 4\n", *inc = "n.h", *opt = "--gpu-architecture=sm_90";
+  int a = nvrtcCreateProgram(&p, "#include \"n.h\"\n__global__ void k(float *x) { x[N] = 1; }", "k.cu", 1, &hdr, &inc);
+  int b = nvrtcAddNameExpression(p, "k");
+  int c = nvrtcCompileProgram(p, 1, &opt);
+  size_t n = 0, ptx = 0;
+  int d = nvrtcGetProgramLogSize(p, &n);
+  char log[512] = {0};
+  int e = n <= sizeof log ? nvrtcGetProgramLog(p, log) : -1;
+  int f = nvrtcGetPTXSize(p, &ptx);
+  int g = nvrtcDestroyProgram(&p);
+  printf("%d %d %d %d %d %d %d %s|%s\n", a, b, c, d, e, f, g, p ? "live" : "gone", log);
+  return 0;
+}
+"##;
+
+#[test]
+fn nvrtc_programs_stay_on_the_client_and_compile_on_the_server() {
+    let server = server();
+    let dir = chidori_tests::scratch("nvrtc");
+    let src = dir.join("nvrtc.c");
+    std::fs::write(&src, NVRTC).unwrap();
+    let exe = dir.join("nvrtc");
+    chidori_tests::cc(&src, &exe, &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libnvrtc.so.13"]);
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // NVRTC_ERROR_INTERNAL_ERROR from the compile; the log says why; no PTX after a failed
+    // compile (NVRTC_ERROR_INVALID_PROGRAM); the handle is cleared.
+    assert_eq!(
+        stdout.trim(),
+        "0 0 11 0 0 4 0 gone|the server cannot compile: the emulated backend has no NVRTC",
+        "{stderr}"
+    );
+    let total = stderr.lines().find(|l| l.starts_with("TOTAL")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(total.split_whitespace().nth(2), Some("1"), "one round trip, the compile: {total}");
+}

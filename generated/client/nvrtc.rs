@@ -4,41 +4,64 @@
 
 #[allow(unused_imports)]
 use core::ffi::c_void;
-///`nvrtcAddNameExpression` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcAddNameExpression` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcAddNameExpression(
     prog: *mut c_void,
     name_expression: *mut c_void,
 ) -> u32 {
+    unsafe { crate::custom::nvrtc::nvrtcAddNameExpression(prog, name_expression) }
+}
+///`nvrtcCompileProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcCompileProgram(
+    prog: *mut c_void,
+    numOptions: i32,
+    options: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::nvrtc::nvrtcCompileProgram(prog, numOptions, options) }
+}
+///`nvrtcCreateProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcCreateProgram(
+    prog: *mut c_void,
+    src: *mut c_void,
+    name: *mut c_void,
+    numHeaders: i32,
+    headers: *mut c_void,
+    includeNames: *mut c_void,
+) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcAddNameExpression,
-            &[(prog) as usize as u64, (name_expression) as usize as u64],
-        ) as u32
+        crate::custom::nvrtc::nvrtcCreateProgram(
+            prog,
+            src,
+            name,
+            numHeaders,
+            headers,
+            includeNames,
+        )
     }
 }
-///`nvrtcDestroyProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcDestroyProgram` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcDestroyProgram(prog: *mut c_void) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcDestroyProgram,
-            &[(prog) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvrtc::nvrtcDestroyProgram(prog) }
 }
-///`nvrtcGetCUBINSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcGetCUBIN` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBIN(
+    prog: *mut c_void,
+    cubin: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::nvrtc::nvrtcGetCUBIN(prog, cubin) }
+}
+///`nvrtcGetCUBINSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetCUBINSize(
     prog: *mut c_void,
     cubinSizeRet: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetCUBINSize,
-            &[(prog) as usize as u64, (cubinSizeRet) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvrtc::nvrtcGetCUBINSize(prog, cubinSizeRet) }
 }
 ///`nvrtcGetErrorString` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local, generated).
 #[unsafe(no_mangle)]
@@ -49,30 +72,15 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetErrorString(
         crate::runtime::error_string("13.1", "nvrtc", result as i64) as *mut c_void
     }
 }
-///`nvrtcGetLTOIRSize` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcGetLoweredName` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLTOIRSize(
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetLoweredName(
     prog: *mut c_void,
-    LTOIRSizeRet: *mut c_void,
+    name_expression: *mut c_void,
+    lowered_name: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetLTOIRSize,
-            &[(prog) as usize as u64, (LTOIRSizeRet) as usize as u64],
-        ) as u32
-    }
-}
-///`nvrtcGetNVVMSize` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetNVVMSize(
-    prog: *mut c_void,
-    nvvmSizeRet: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetNVVMSize,
-            &[(prog) as usize as u64, (nvvmSizeRet) as usize as u64],
-        ) as u32
+        crate::custom::nvrtc::nvrtcGetLoweredName(prog, name_expression, lowered_name)
     }
 }
 ///`nvrtcGetNumSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -87,31 +95,6 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetNumSupportedArchs(
         ) as u32
     }
 }
-///`nvrtcGetOptiXIRSize` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetOptiXIRSize(
-    prog: *mut c_void,
-    optixirSizeRet: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetOptiXIRSize,
-            &[(prog) as usize as u64, (optixirSizeRet) as usize as u64],
-        ) as u32
-    }
-}
-///`nvrtcGetPCHCreateStatus` for CUDA 12.8, 13.0, 13.1 (sync).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHCreateStatus(
-    prog: *mut c_void,
-) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetPCHCreateStatus,
-            &[(prog) as usize as u64],
-        ) as u32
-    }
-}
 ///`nvrtcGetPCHHeapSize` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSize(ret: *mut c_void) -> u32 {
@@ -122,56 +105,44 @@ pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSize(ret: *mut c_void) -
         ) as u32
     }
 }
-///`nvrtcGetPCHHeapSizeRequired` for CUDA 12.8, 13.0, 13.1 (sync).
+///`nvrtcGetPTX` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired(
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTX(
     prog: *mut c_void,
-    size: *mut c_void,
+    ptx: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetPCHHeapSizeRequired,
-            &[(prog) as usize as u64, (size) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvrtc::nvrtcGetPTX(prog, ptx) }
 }
-///`nvrtcGetPTXSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcGetPTXSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetPTXSize(
     prog: *mut c_void,
     ptxSizeRet: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetPTXSize,
-            &[(prog) as usize as u64, (ptxSizeRet) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvrtc::nvrtcGetPTXSize(prog, ptxSizeRet) }
 }
-///`nvrtcGetProgramLogSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcGetProgramLog` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLog(
+    prog: *mut c_void,
+    log: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::nvrtc::nvrtcGetProgramLog(prog, log) }
+}
+///`nvrtcGetProgramLogSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetProgramLogSize(
     prog: *mut c_void,
     logSizeRet: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetProgramLogSize,
-            &[(prog) as usize as u64, (logSizeRet) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvrtc::nvrtcGetProgramLogSize(prog, logSizeRet) }
 }
-///`nvrtcGetSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`nvrtcGetSupportedArchs` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_nvrtc_nvrtcGetSupportedArchs(
     supportedArchs: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::nvrtc::nvrtcGetSupportedArchs,
-            &[(supportedArchs) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::nvrtc::nvrtcGetSupportedArchs(supportedArchs) }
 }
 ///`nvrtcSetPCHHeapSize` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

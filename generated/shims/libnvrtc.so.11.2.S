@@ -9,18 +9,12 @@ nvrtcAddNameExpression:
     .globl nvrtcCompileProgram
     .type nvrtcCompileProgram, @function
 nvrtcCompileProgram:
-    leaq .Lname0(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcCompileProgram@PLT
     .size nvrtcCompileProgram, .-nvrtcCompileProgram
     .globl nvrtcCreateProgram
     .type nvrtcCreateProgram, @function
 nvrtcCreateProgram:
-    leaq .Lname1(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcCreateProgram@PLT
     .size nvrtcCreateProgram, .-nvrtcCreateProgram
     .globl nvrtcDestroyProgram
     .type nvrtcDestroyProgram, @function
@@ -30,10 +24,7 @@ nvrtcDestroyProgram:
     .globl nvrtcGetCUBIN
     .type nvrtcGetCUBIN, @function
 nvrtcGetCUBIN:
-    leaq .Lname2(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetCUBIN@PLT
     .size nvrtcGetCUBIN, .-nvrtcGetCUBIN
     .globl nvrtcGetCUBINSize
     .type nvrtcGetCUBINSize, @function
@@ -48,15 +39,12 @@ nvrtcGetErrorString:
     .globl nvrtcGetLoweredName
     .type nvrtcGetLoweredName, @function
 nvrtcGetLoweredName:
-    leaq .Lname3(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetLoweredName@PLT
     .size nvrtcGetLoweredName, .-nvrtcGetLoweredName
     .globl nvrtcGetNVVM
     .type nvrtcGetNVVM, @function
 nvrtcGetNVVM:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -64,7 +52,10 @@ nvrtcGetNVVM:
     .globl nvrtcGetNVVMSize
     .type nvrtcGetNVVMSize, @function
 nvrtcGetNVVMSize:
-    jmp __chidori_nvrtc_nvrtcGetNVVMSize@PLT
+    leaq .Lname1(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetNVVMSize, .-nvrtcGetNVVMSize
     .globl nvrtcGetNumSupportedArchs
     .type nvrtcGetNumSupportedArchs, @function
@@ -74,10 +65,7 @@ nvrtcGetNumSupportedArchs:
     .globl nvrtcGetPTX
     .type nvrtcGetPTX, @function
 nvrtcGetPTX:
-    leaq .Lname5(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetPTX@PLT
     .size nvrtcGetPTX, .-nvrtcGetPTX
     .globl nvrtcGetPTXSize
     .type nvrtcGetPTXSize, @function
@@ -87,10 +75,7 @@ nvrtcGetPTXSize:
     .globl nvrtcGetProgramLog
     .type nvrtcGetProgramLog, @function
 nvrtcGetProgramLog:
-    leaq .Lname6(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetProgramLog@PLT
     .size nvrtcGetProgramLog, .-nvrtcGetProgramLog
     .globl nvrtcGetProgramLogSize
     .type nvrtcGetProgramLogSize, @function
@@ -109,17 +94,7 @@ nvrtcVersion:
     .size nvrtcVersion, .-nvrtcVersion
     .section .rodata
 .Lname0:
-    .asciz "nvrtcCompileProgram"
-.Lname1:
-    .asciz "nvrtcCreateProgram"
-.Lname2:
-    .asciz "nvrtcGetCUBIN"
-.Lname3:
-    .asciz "nvrtcGetLoweredName"
-.Lname4:
     .asciz "nvrtcGetNVVM"
-.Lname5:
-    .asciz "nvrtcGetPTX"
-.Lname6:
-    .asciz "nvrtcGetProgramLog"
+.Lname1:
+    .asciz "nvrtcGetNVVMSize"
     .section .note.GNU-stack,"",@progbits

@@ -9,18 +9,12 @@ nvrtcAddNameExpression:
     .globl nvrtcCompileProgram
     .type nvrtcCompileProgram, @function
 nvrtcCompileProgram:
-    leaq .Lname0(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcCompileProgram@PLT
     .size nvrtcCompileProgram, .-nvrtcCompileProgram
     .globl nvrtcCreateProgram
     .type nvrtcCreateProgram, @function
 nvrtcCreateProgram:
-    leaq .Lname1(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcCreateProgram@PLT
     .size nvrtcCreateProgram, .-nvrtcCreateProgram
     .globl nvrtcDestroyProgram
     .type nvrtcDestroyProgram, @function
@@ -30,10 +24,7 @@ nvrtcDestroyProgram:
     .globl nvrtcGetCUBIN
     .type nvrtcGetCUBIN, @function
 nvrtcGetCUBIN:
-    leaq .Lname2(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetCUBIN@PLT
     .size nvrtcGetCUBIN, .-nvrtcGetCUBIN
     .globl nvrtcGetCUBINSize
     .type nvrtcGetCUBINSize, @function
@@ -48,7 +39,7 @@ nvrtcGetErrorString:
     .globl nvrtcGetLTOIR
     .type nvrtcGetLTOIR, @function
 nvrtcGetLTOIR:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -56,20 +47,20 @@ nvrtcGetLTOIR:
     .globl nvrtcGetLTOIRSize
     .type nvrtcGetLTOIRSize, @function
 nvrtcGetLTOIRSize:
-    jmp __chidori_nvrtc_nvrtcGetLTOIRSize@PLT
+    leaq .Lname1(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetLTOIRSize, .-nvrtcGetLTOIRSize
     .globl nvrtcGetLoweredName
     .type nvrtcGetLoweredName, @function
 nvrtcGetLoweredName:
-    leaq .Lname4(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetLoweredName@PLT
     .size nvrtcGetLoweredName, .-nvrtcGetLoweredName
     .globl nvrtcGetNVVM
     .type nvrtcGetNVVM, @function
 nvrtcGetNVVM:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -77,7 +68,10 @@ nvrtcGetNVVM:
     .globl nvrtcGetNVVMSize
     .type nvrtcGetNVVMSize, @function
 nvrtcGetNVVMSize:
-    jmp __chidori_nvrtc_nvrtcGetNVVMSize@PLT
+    leaq .Lname3(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetNVVMSize, .-nvrtcGetNVVMSize
     .globl nvrtcGetNumSupportedArchs
     .type nvrtcGetNumSupportedArchs, @function
@@ -87,7 +81,7 @@ nvrtcGetNumSupportedArchs:
     .globl nvrtcGetOptiXIR
     .type nvrtcGetOptiXIR, @function
 nvrtcGetOptiXIR:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -95,12 +89,18 @@ nvrtcGetOptiXIR:
     .globl nvrtcGetOptiXIRSize
     .type nvrtcGetOptiXIRSize, @function
 nvrtcGetOptiXIRSize:
-    jmp __chidori_nvrtc_nvrtcGetOptiXIRSize@PLT
+    leaq .Lname5(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetOptiXIRSize, .-nvrtcGetOptiXIRSize
     .globl nvrtcGetPCHCreateStatus
     .type nvrtcGetPCHCreateStatus, @function
 nvrtcGetPCHCreateStatus:
-    jmp __chidori_nvrtc_nvrtcGetPCHCreateStatus@PLT
+    leaq .Lname6(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetPCHCreateStatus, .-nvrtcGetPCHCreateStatus
     .globl nvrtcGetPCHHeapSize
     .type nvrtcGetPCHHeapSize, @function
@@ -110,15 +110,15 @@ nvrtcGetPCHHeapSize:
     .globl nvrtcGetPCHHeapSizeRequired
     .type nvrtcGetPCHHeapSizeRequired, @function
 nvrtcGetPCHHeapSizeRequired:
-    jmp __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired@PLT
-    .size nvrtcGetPCHHeapSizeRequired, .-nvrtcGetPCHHeapSizeRequired
-    .globl nvrtcGetPTX
-    .type nvrtcGetPTX, @function
-nvrtcGetPTX:
     leaq .Lname7(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
+    .size nvrtcGetPCHHeapSizeRequired, .-nvrtcGetPCHHeapSizeRequired
+    .globl nvrtcGetPTX
+    .type nvrtcGetPTX, @function
+nvrtcGetPTX:
+    jmp __chidori_nvrtc_nvrtcGetPTX@PLT
     .size nvrtcGetPTX, .-nvrtcGetPTX
     .globl nvrtcGetPTXSize
     .type nvrtcGetPTXSize, @function
@@ -128,10 +128,7 @@ nvrtcGetPTXSize:
     .globl nvrtcGetProgramLog
     .type nvrtcGetProgramLog, @function
 nvrtcGetProgramLog:
-    leaq .Lname8(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetProgramLog@PLT
     .size nvrtcGetProgramLog, .-nvrtcGetProgramLog
     .globl nvrtcGetProgramLogSize
     .type nvrtcGetProgramLogSize, @function
@@ -146,7 +143,7 @@ nvrtcGetSupportedArchs:
     .globl nvrtcSetFlowCallback
     .type nvrtcSetFlowCallback, @function
 nvrtcSetFlowCallback:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -163,23 +160,21 @@ nvrtcVersion:
     .size nvrtcVersion, .-nvrtcVersion
     .section .rodata
 .Lname0:
-    .asciz "nvrtcCompileProgram"
-.Lname1:
-    .asciz "nvrtcCreateProgram"
-.Lname2:
-    .asciz "nvrtcGetCUBIN"
-.Lname3:
     .asciz "nvrtcGetLTOIR"
-.Lname4:
-    .asciz "nvrtcGetLoweredName"
-.Lname5:
+.Lname1:
+    .asciz "nvrtcGetLTOIRSize"
+.Lname2:
     .asciz "nvrtcGetNVVM"
-.Lname6:
+.Lname3:
+    .asciz "nvrtcGetNVVMSize"
+.Lname4:
     .asciz "nvrtcGetOptiXIR"
+.Lname5:
+    .asciz "nvrtcGetOptiXIRSize"
+.Lname6:
+    .asciz "nvrtcGetPCHCreateStatus"
 .Lname7:
-    .asciz "nvrtcGetPTX"
+    .asciz "nvrtcGetPCHHeapSizeRequired"
 .Lname8:
-    .asciz "nvrtcGetProgramLog"
-.Lname9:
     .asciz "nvrtcSetFlowCallback"
     .section .note.GNU-stack,"",@progbits

@@ -9,18 +9,12 @@ nvrtcAddNameExpression:
     .globl nvrtcCompileProgram
     .type nvrtcCompileProgram, @function
 nvrtcCompileProgram:
-    leaq .Lname0(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcCompileProgram@PLT
     .size nvrtcCompileProgram, .-nvrtcCompileProgram
     .globl nvrtcCreateProgram
     .type nvrtcCreateProgram, @function
 nvrtcCreateProgram:
-    leaq .Lname1(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcCreateProgram@PLT
     .size nvrtcCreateProgram, .-nvrtcCreateProgram
     .globl nvrtcDestroyProgram
     .type nvrtcDestroyProgram, @function
@@ -30,10 +24,7 @@ nvrtcDestroyProgram:
     .globl nvrtcGetCUBIN
     .type nvrtcGetCUBIN, @function
 nvrtcGetCUBIN:
-    leaq .Lname2(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetCUBIN@PLT
     .size nvrtcGetCUBIN, .-nvrtcGetCUBIN
     .globl nvrtcGetCUBINSize
     .type nvrtcGetCUBINSize, @function
@@ -48,7 +39,7 @@ nvrtcGetErrorString:
     .globl nvrtcGetLTOIR
     .type nvrtcGetLTOIR, @function
 nvrtcGetLTOIR:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -56,15 +47,15 @@ nvrtcGetLTOIR:
     .globl nvrtcGetLTOIRSize
     .type nvrtcGetLTOIRSize, @function
 nvrtcGetLTOIRSize:
-    jmp __chidori_nvrtc_nvrtcGetLTOIRSize@PLT
+    leaq .Lname1(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetLTOIRSize, .-nvrtcGetLTOIRSize
     .globl nvrtcGetLoweredName
     .type nvrtcGetLoweredName, @function
 nvrtcGetLoweredName:
-    leaq .Lname4(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetLoweredName@PLT
     .size nvrtcGetLoweredName, .-nvrtcGetLoweredName
     .globl nvrtcGetNumSupportedArchs
     .type nvrtcGetNumSupportedArchs, @function
@@ -74,7 +65,7 @@ nvrtcGetNumSupportedArchs:
     .globl nvrtcGetOptiXIR
     .type nvrtcGetOptiXIR, @function
 nvrtcGetOptiXIR:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -82,12 +73,18 @@ nvrtcGetOptiXIR:
     .globl nvrtcGetOptiXIRSize
     .type nvrtcGetOptiXIRSize, @function
 nvrtcGetOptiXIRSize:
-    jmp __chidori_nvrtc_nvrtcGetOptiXIRSize@PLT
+    leaq .Lname3(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetOptiXIRSize, .-nvrtcGetOptiXIRSize
     .globl nvrtcGetPCHCreateStatus
     .type nvrtcGetPCHCreateStatus, @function
 nvrtcGetPCHCreateStatus:
-    jmp __chidori_nvrtc_nvrtcGetPCHCreateStatus@PLT
+    leaq .Lname4(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetPCHCreateStatus, .-nvrtcGetPCHCreateStatus
     .globl nvrtcGetPCHHeapSize
     .type nvrtcGetPCHHeapSize, @function
@@ -97,15 +94,15 @@ nvrtcGetPCHHeapSize:
     .globl nvrtcGetPCHHeapSizeRequired
     .type nvrtcGetPCHHeapSizeRequired, @function
 nvrtcGetPCHHeapSizeRequired:
-    jmp __chidori_nvrtc_nvrtcGetPCHHeapSizeRequired@PLT
+    leaq .Lname5(%rip), %rdi
+    movq $11, %rsi
+    movl $0, %edx
+    jmp __chidori_unsupported@PLT
     .size nvrtcGetPCHHeapSizeRequired, .-nvrtcGetPCHHeapSizeRequired
     .globl nvrtcGetPTX
     .type nvrtcGetPTX, @function
 nvrtcGetPTX:
-    leaq .Lname6(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetPTX@PLT
     .size nvrtcGetPTX, .-nvrtcGetPTX
     .globl nvrtcGetPTXSize
     .type nvrtcGetPTXSize, @function
@@ -115,10 +112,7 @@ nvrtcGetPTXSize:
     .globl nvrtcGetProgramLog
     .type nvrtcGetProgramLog, @function
 nvrtcGetProgramLog:
-    leaq .Lname7(%rip), %rdi
-    movq $11, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_nvrtc_nvrtcGetProgramLog@PLT
     .size nvrtcGetProgramLog, .-nvrtcGetProgramLog
     .globl nvrtcGetProgramLogSize
     .type nvrtcGetProgramLogSize, @function
@@ -133,7 +127,7 @@ nvrtcGetSupportedArchs:
     .globl nvrtcSetFlowCallback
     .type nvrtcSetFlowCallback, @function
 nvrtcSetFlowCallback:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $11, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -150,21 +144,17 @@ nvrtcVersion:
     .size nvrtcVersion, .-nvrtcVersion
     .section .rodata
 .Lname0:
-    .asciz "nvrtcCompileProgram"
-.Lname1:
-    .asciz "nvrtcCreateProgram"
-.Lname2:
-    .asciz "nvrtcGetCUBIN"
-.Lname3:
     .asciz "nvrtcGetLTOIR"
-.Lname4:
-    .asciz "nvrtcGetLoweredName"
-.Lname5:
+.Lname1:
+    .asciz "nvrtcGetLTOIRSize"
+.Lname2:
     .asciz "nvrtcGetOptiXIR"
+.Lname3:
+    .asciz "nvrtcGetOptiXIRSize"
+.Lname4:
+    .asciz "nvrtcGetPCHCreateStatus"
+.Lname5:
+    .asciz "nvrtcGetPCHHeapSizeRequired"
 .Lname6:
-    .asciz "nvrtcGetPTX"
-.Lname7:
-    .asciz "nvrtcGetProgramLog"
-.Lname8:
     .asciz "nvrtcSetFlowCallback"
     .section .note.GNU-stack,"",@progbits

@@ -174,6 +174,33 @@ pub enum Service {
     /// memory for the rest of the session; answered by `HostValue` with their address. For
     /// host scalars a library reads through a pointer (cuDNN's pass-by-value tensors).
     HostValue,
+    /// Compile a CUDA C++ program with the server's NVRTC (the client keeps NVRTC programs
+    /// and sends everything a compile needs at once); answered by `Compiled`.
+    Compile(CompileRequest),
+}
+
+/// An NVRTC program and the options of one compile.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct CompileRequest {
+    pub source: String,
+    /// The program's name (None: NVRTC's default).
+    pub name: Option<String>,
+    /// (include name, contents) of each header the program was created with.
+    pub headers: Vec<(String, String)>,
+    pub options: Vec<String>,
+    /// Name expressions added before the compile, whose lowered names come back.
+    pub name_expressions: Vec<String>,
+}
+
+/// What an NVRTC compile produced: `status` in NVRTC's codes, the log, PTX and CUBIN
+/// (empty when the options asked for none), each name expression's lowered name.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct CompileResult {
+    pub status: i64,
+    pub log: Vec<u8>,
+    pub ptx: Vec<u8>,
+    pub cubin: Vec<u8>,
+    pub lowered: Vec<(String, String)>,
 }
 
 /// Largest host value a client may place on the server with `Service::HostValue`.
@@ -200,6 +227,7 @@ pub enum ServiceReply {
     HostValue {
         address: u64,
     },
+    Compiled(CompileResult),
     /// `status` in the driver's codes.
     Error {
         status: i64,

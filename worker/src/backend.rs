@@ -1,12 +1,15 @@
 //! What executes calls on the server.
 
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::{Device, KernelInfo, Launch};
+use chidori_protocol::messages::{CompileRequest, CompileResult, Device, KernelInfo, Launch};
 
 /// A host function installed on a stream: called when the stream reaches it with the
 /// stream's status and whether it was captured into a graph (then it is called again on
 /// every replay); returns when the client has run its callback.
 pub type HostFn = Box<dyn Fn(i64, bool) + Send + Sync>;
+
+/// NVRTC_ERROR_INTERNAL_ERROR.
+pub const NVRTC_INTERNAL_ERROR: i64 = 11;
 
 pub trait Backend: Send + Sync + 'static {
     /// "real" or "emulated".
@@ -38,6 +41,11 @@ pub trait Backend: Send + Sync + 'static {
     fn global(&self, library: u64, name: &str) -> Result<(u64, u64), (i64, String)>;
     /// Parameter layout of a function handle.
     fn function_params(&self, function: u64) -> Result<Vec<(u32, u32)>, (i64, String)>;
+    /// Compile an NVRTC program with the server's NVRTC. Err: (NVRTC status, message) when
+    /// the server has no usable NVRTC.
+    fn compile(&self, _request: &CompileRequest) -> Result<CompileResult, (i64, String)> {
+        Err((NVRTC_INTERNAL_ERROR, format!("the {} backend has no NVRTC", self.name())))
+    }
     /// Launch with parameters packed by `layout` in `params`; returns the driver status.
     ///
     /// # Safety

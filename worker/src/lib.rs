@@ -16,6 +16,7 @@ pub mod emulated;
 pub mod handles;
 pub mod io;
 pub mod loader;
+pub mod nvrtc;
 pub mod profile;
 pub mod real;
 pub mod session;

@@ -45,6 +45,25 @@ fn dlopen(path: &str) -> Result<Library, String> {
     Ok(Library { handle, path: path.to_owned() })
 }
 
+/// Load the libraries in `lib`'s directory whose names start with `prefix` (not the `.alt`
+/// variants), for a library that later opens them by bare name (NVRTC its builtins): once
+/// loaded from here, that lookup finds them whatever the loader's search path.
+pub fn load_beside(lib: &Library, prefix: &str) -> Vec<Library> {
+    let Some(dir) = Path::new(&lib.path).parent() else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut loaded = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(prefix)
+            && !name.contains(".alt.")
+            && let Ok(l) = dlopen(&e.path().to_string_lossy())
+        {
+            loaded.push(l);
+        }
+    }
+    loaded
+}
+
 /// Directories searched for CUDA libraries, in order (see the module docs).
 pub fn search_dirs(extra: &[PathBuf]) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = extra.to_vec();

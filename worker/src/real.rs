@@ -278,6 +278,17 @@ impl Backend for Real {
         self.devices.clone()
     }
 
+    fn compile(
+        &self,
+        request: &chidori_protocol::messages::CompileRequest,
+    ) -> Result<chidori_protocol::messages::CompileResult, (i64, String)> {
+        let internal = crate::backend::NVRTC_INTERNAL_ERROR;
+        match &*self.library("nvrtc") {
+            Ok(lib) => crate::nvrtc::compile(lib, request).map_err(|e| (internal, e)),
+            Err(e) => Err((internal, format!("the server has no NVRTC: {e}"))),
+        }
+    }
+
     fn layout_version(&self, _library: &str) -> Option<String> {
         Some(self.layout.clone())
     }

@@ -760,6 +760,10 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             }
         }
         Service::HostValue => host_value(session, &frame.bulk),
+        Service::Compile(request) => match session.backend.compile(&request) {
+            Ok(result) => ServiceReply::Compiled(result),
+            Err((status, message)) => ServiceReply::Error { status, message },
+        },
         Service::FunctionParams { function } => match layout_of(session, function) {
             Some(l) => ServiceReply::Params { params: l.to_vec() },
             None => {

@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 16855665527600546256u64;
+pub const SCHEMA_HASH: u64 = 3950048222633727197u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2261usize] = [
+pub static FUNCTIONS: [&str; 2251usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -2253,24 +2253,14 @@ pub static FUNCTIONS: [&str; 2261usize] = [
     "nvmlVgpuTypeGetMaxInstancesPerVm",
     "nvmlVgpuTypeGetNumDisplayHeads",
     "nvmlVgpuTypeGetResolution",
-    "nvrtcAddNameExpression",
-    "nvrtcDestroyProgram",
-    "nvrtcGetCUBINSize",
-    "nvrtcGetLTOIRSize",
-    "nvrtcGetNVVMSize",
     "nvrtcGetNumSupportedArchs",
-    "nvrtcGetOptiXIRSize",
-    "nvrtcGetPCHCreateStatus",
     "nvrtcGetPCHHeapSize",
-    "nvrtcGetPCHHeapSizeRequired",
-    "nvrtcGetPTXSize",
-    "nvrtcGetProgramLogSize",
     "nvrtcGetSupportedArchs",
     "nvrtcSetPCHHeapSize",
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2261usize] = [
+pub static LIBRARY_OF: [&str; 2251usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -4517,16 +4507,6 @@ pub static LIBRARY_OF: [&str; 2261usize] = [
     "nvml",
     "nvml",
     "nvml",
-    "nvrtc",
-    "nvrtc",
-    "nvrtc",
-    "nvrtc",
-    "nvrtc",
-    "nvrtc",
-    "nvrtc",
-    "nvrtc",
-    "nvrtc",
-    "nvrtc",
     "nvrtc",
     "nvrtc",
     "nvrtc",
@@ -6931,19 +6911,9 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cusolver::cusolverSpDestroyCsrqrInfo,
     &cusolver::cusolverSpGetStream,
     &cusolver::cusolverSpSetStream,
-    &nvrtc::nvrtcAddNameExpression,
-    &nvrtc::nvrtcDestroyProgram,
-    &nvrtc::nvrtcGetCUBINSize,
-    &nvrtc::nvrtcGetLTOIRSize,
-    &nvrtc::nvrtcGetNVVMSize,
     &nvrtc::nvrtcGetNumSupportedArchs,
-    &nvrtc::nvrtcGetOptiXIRSize,
-    &nvrtc::nvrtcGetPCHCreateStatus,
     &nvrtc::nvrtcGetPCHHeapSize,
-    &nvrtc::nvrtcGetPCHHeapSizeRequired,
-    &nvrtc::nvrtcGetPTXSize,
-    &nvrtc::nvrtcGetProgramLogSize,
-    &nvrtc::nvrtcGetSupportedArchs,
+    &nvrtc::nvrtcGetSupportedArchs__call,
     &nvrtc::nvrtcSetPCHHeapSize,
     &nvrtc::nvrtcVersion,
     &nvjitlink::__nvJitLinkComplete_12_1,
@@ -7022,7 +6992,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7080,7 +7050,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7172,7 +7142,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7214,7 +7184,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7289,7 +7259,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7326,7 +7296,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7363,7 +7333,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7413,7 +7383,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7463,7 +7433,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7505,7 +7475,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7547,7 +7517,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7589,7 +7559,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7687,7 +7657,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7755,7 +7725,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7823,7 +7793,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7887,7 +7857,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -7951,7 +7921,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8067,7 +8037,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8135,7 +8105,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8207,7 +8177,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8279,7 +8249,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8359,7 +8329,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8439,7 +8409,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8523,7 +8493,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8607,7 +8577,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8675,7 +8645,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8747,7 +8717,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8819,7 +8789,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8899,7 +8869,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -8979,7 +8949,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9063,7 +9033,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9147,7 +9117,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9215,7 +9185,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9331,7 +9301,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9407,7 +9377,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9483,7 +9453,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9543,7 +9513,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9603,7 +9573,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9693,7 +9663,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9744,7 +9714,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9838,7 +9808,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9889,7 +9859,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9940,7 +9910,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -9978,7 +9948,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10026,7 +9996,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10130,7 +10100,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10190,7 +10160,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10302,7 +10272,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10366,7 +10336,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10474,7 +10444,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10530,7 +10500,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10670,7 +10640,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10721,7 +10691,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10827,7 +10797,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10891,7 +10861,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -10955,7 +10925,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11001,7 +10971,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11100,7 +11070,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11167,7 +11137,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11234,7 +11204,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11301,7 +11271,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11368,7 +11338,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11427,7 +11397,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11486,7 +11456,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11550,7 +11520,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11659,7 +11629,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11716,7 +11686,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11773,7 +11743,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11818,7 +11788,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11863,7 +11833,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 38u16,
+                kind: 37u16,
                 named: false,
             },
         ],
@@ -11924,7 +11894,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -11971,7 +11941,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12018,7 +11988,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -12090,7 +12060,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12127,7 +12097,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12205,7 +12175,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12252,7 +12222,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12331,7 +12301,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12368,7 +12338,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12438,7 +12408,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12475,7 +12445,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12564,7 +12534,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12628,7 +12598,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12692,7 +12662,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12748,7 +12718,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12804,7 +12774,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12855,7 +12825,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -12958,7 +12928,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13022,7 +12992,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13086,7 +13056,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13132,7 +13102,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13225,7 +13195,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13292,7 +13262,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13359,7 +13329,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13426,7 +13396,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13493,7 +13463,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13552,7 +13522,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13611,7 +13581,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13675,7 +13645,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13788,7 +13758,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13841,7 +13811,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13943,7 +13913,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -13996,7 +13966,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14095,7 +14065,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14145,7 +14115,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14241,7 +14211,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14291,7 +14261,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14341,7 +14311,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14437,7 +14407,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14504,7 +14474,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14616,7 +14586,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14665,7 +14635,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14768,7 +14738,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14834,7 +14804,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14900,7 +14870,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -14962,7 +14932,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15069,7 +15039,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15118,7 +15088,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15198,7 +15168,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15235,7 +15205,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15309,7 +15279,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15351,7 +15321,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15426,7 +15396,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15463,7 +15433,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15500,7 +15470,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15550,7 +15520,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15636,7 +15606,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15678,7 +15648,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15720,7 +15690,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: true,
             },
         ],
@@ -15805,7 +15775,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15873,7 +15843,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -15941,7 +15911,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16005,7 +15975,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16069,7 +16039,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16191,7 +16161,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16263,7 +16233,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16335,7 +16305,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16419,7 +16389,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16503,7 +16473,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16571,7 +16541,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16693,7 +16663,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16769,7 +16739,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16845,7 +16815,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16905,7 +16875,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -16965,7 +16935,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17058,7 +17028,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17109,7 +17079,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17160,7 +17130,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17198,7 +17168,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17246,7 +17216,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17333,7 +17303,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17370,7 +17340,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17448,7 +17418,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17495,7 +17465,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17542,7 +17512,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -17639,7 +17609,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17699,7 +17669,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17791,7 +17761,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17828,7 +17798,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17898,7 +17868,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -17935,7 +17905,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18030,7 +18000,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18094,7 +18064,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18208,7 +18178,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18264,7 +18234,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18407,7 +18377,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18458,7 +18428,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18567,7 +18537,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18631,7 +18601,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18695,7 +18665,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18741,7 +18711,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18840,7 +18810,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18899,7 +18869,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -18958,7 +18928,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19022,7 +18992,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19135,7 +19105,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19188,7 +19158,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19290,7 +19260,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19343,7 +19313,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19453,7 +19423,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19520,7 +19490,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19632,7 +19602,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19681,7 +19651,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19787,7 +19757,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19853,7 +19823,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19919,7 +19889,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -19981,7 +19951,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20088,7 +20058,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20137,7 +20107,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20217,7 +20187,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20254,7 +20224,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20322,7 +20292,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20359,7 +20329,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20396,7 +20366,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20488,7 +20458,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20580,7 +20550,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20668,7 +20638,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20756,7 +20726,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20860,7 +20830,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -20964,7 +20934,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -21032,7 +21002,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -21188,7 +21158,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -21217,7 +21187,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -21318,7 +21288,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21359,7 +21329,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21400,7 +21370,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21441,7 +21411,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21513,7 +21483,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21550,7 +21520,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21618,7 +21588,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21655,7 +21625,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21723,7 +21693,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21760,7 +21730,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21828,7 +21798,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21865,7 +21835,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21951,7 +21921,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -21988,7 +21958,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22056,7 +22026,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22093,7 +22063,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22161,7 +22131,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22198,7 +22168,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22266,7 +22236,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22303,7 +22273,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22340,7 +22310,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22403,7 +22373,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22497,7 +22467,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22534,7 +22504,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22608,7 +22578,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22650,7 +22620,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22692,7 +22662,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22741,7 +22711,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22821,7 +22791,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22858,7 +22828,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22926,7 +22896,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -22963,7 +22933,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23033,7 +23003,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23070,7 +23040,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23107,7 +23077,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23157,7 +23127,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23243,7 +23213,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23285,7 +23255,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23327,7 +23297,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23354,7 +23324,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23381,7 +23351,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23408,7 +23378,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23435,7 +23405,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23462,7 +23432,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23512,7 +23482,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23666,7 +23636,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23693,7 +23663,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23720,7 +23690,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -23747,7 +23717,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Device,
@@ -23837,7 +23807,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23905,7 +23875,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -23973,7 +23943,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24037,7 +24007,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24101,7 +24071,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24223,7 +24193,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24295,7 +24265,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24367,7 +24337,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24447,7 +24417,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24527,7 +24497,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24611,7 +24581,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24695,7 +24665,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24763,7 +24733,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24885,7 +24855,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -24961,7 +24931,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25037,7 +25007,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25097,7 +25067,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25157,7 +25127,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25250,7 +25220,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25301,7 +25271,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25352,7 +25322,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25390,7 +25360,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25438,7 +25408,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25543,7 +25513,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25580,7 +25550,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25658,7 +25628,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25705,7 +25675,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25752,7 +25722,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -25849,7 +25819,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -25909,7 +25879,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26001,7 +25971,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26038,7 +26008,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26108,7 +26078,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26145,7 +26115,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26240,7 +26210,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26304,7 +26274,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26418,7 +26388,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26474,7 +26444,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26617,7 +26587,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26668,7 +26638,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26777,7 +26747,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26841,7 +26811,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26905,7 +26875,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -26951,7 +26921,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27050,7 +27020,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27109,7 +27079,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27168,7 +27138,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27232,7 +27202,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27345,7 +27315,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27398,7 +27368,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27500,7 +27470,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27553,7 +27523,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27663,7 +27633,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27730,7 +27700,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27842,7 +27812,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27891,7 +27861,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -27997,7 +27967,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28063,7 +28033,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28129,7 +28099,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28191,7 +28161,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28298,7 +28268,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28347,7 +28317,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28396,7 +28366,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28441,7 +28411,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28486,7 +28456,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28592,7 +28562,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28660,7 +28630,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28724,7 +28694,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28788,7 +28758,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28847,7 +28817,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28911,7 +28881,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 45u16,
+                kind: 44u16,
                 named: false,
             },
         ],
@@ -28934,7 +28904,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -28999,7 +28969,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29063,7 +29033,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29127,7 +29097,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29186,7 +29156,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29250,7 +29220,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29317,7 +29287,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29379,7 +29349,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: true,
             },
         ],
@@ -29402,7 +29372,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29470,7 +29440,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29534,7 +29504,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29598,7 +29568,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29657,7 +29627,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29721,7 +29691,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29788,7 +29758,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29850,7 +29820,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -29879,7 +29849,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29906,7 +29876,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29941,7 +29911,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -29968,7 +29938,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30036,7 +30006,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30100,7 +30070,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30164,7 +30134,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30223,7 +30193,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30287,7 +30257,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30354,7 +30324,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30416,7 +30386,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30484,7 +30454,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30548,7 +30518,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30612,7 +30582,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30671,7 +30641,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30735,7 +30705,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30800,7 +30770,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30864,7 +30834,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30928,7 +30898,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -30987,7 +30957,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31051,7 +31021,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31118,7 +31088,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 45u16,
+                kind: 44u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31214,7 +31184,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31256,7 +31226,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31331,7 +31301,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31368,7 +31338,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31405,7 +31375,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31455,7 +31425,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31505,7 +31475,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31547,7 +31517,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31589,7 +31559,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31631,7 +31601,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31714,7 +31684,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31761,7 +31731,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31840,7 +31810,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31877,7 +31847,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -31970,7 +31940,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32038,7 +32008,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32106,7 +32076,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32170,7 +32140,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32234,7 +32204,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32350,7 +32320,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32418,7 +32388,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32486,7 +32456,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32558,7 +32528,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32630,7 +32600,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32714,7 +32684,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32798,7 +32768,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32866,7 +32836,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -32982,7 +32952,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33058,7 +33028,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33134,7 +33104,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33194,7 +33164,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33254,7 +33224,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33344,7 +33314,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33395,7 +33365,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33489,7 +33459,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33540,7 +33510,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33591,7 +33561,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33629,7 +33599,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33677,7 +33647,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33781,7 +33751,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33841,7 +33811,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -33953,7 +33923,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34017,7 +33987,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34125,7 +34095,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34181,7 +34151,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34321,7 +34291,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34372,7 +34342,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34478,7 +34448,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34542,7 +34512,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34606,7 +34576,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34652,7 +34622,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34751,7 +34721,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34810,7 +34780,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34869,7 +34839,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -34933,7 +34903,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35042,7 +35012,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35099,7 +35069,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35194,7 +35164,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35241,7 +35211,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35288,7 +35258,7 @@ pub mod cublas {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -35360,7 +35330,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35397,7 +35367,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35467,7 +35437,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35504,7 +35474,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35593,7 +35563,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35657,7 +35627,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35721,7 +35691,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35777,7 +35747,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35833,7 +35803,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35884,7 +35854,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -35987,7 +35957,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36051,7 +36021,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36115,7 +36085,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36161,7 +36131,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36254,7 +36224,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36313,7 +36283,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36372,7 +36342,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36436,7 +36406,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36549,7 +36519,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36602,7 +36572,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36704,7 +36674,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36757,7 +36727,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36856,7 +36826,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -36906,7 +36876,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37002,7 +36972,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37052,7 +37022,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37102,7 +37072,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37198,7 +37168,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37265,7 +37235,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37377,7 +37347,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37426,7 +37396,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37529,7 +37499,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37595,7 +37565,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37661,7 +37631,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37723,7 +37693,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37830,7 +37800,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37879,7 +37849,7 @@ pub mod cublas {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 38u16,
+                kind: 37u16,
                 destroy: false,
             },
             Wire::Val {
@@ -37943,7 +37913,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 39u16,
+                kind: 38u16,
                 named: false,
             },
         ],
@@ -37966,7 +37936,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 39u16,
+                kind: 38u16,
                 destroy: true,
             },
         ],
@@ -38015,7 +37985,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 40u16,
+                kind: 39u16,
                 named: false,
             },
         ],
@@ -38038,7 +38008,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 40u16,
+                kind: 39u16,
                 destroy: true,
             },
         ],
@@ -38061,7 +38031,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 40u16,
+                kind: 39u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38217,26 +38187,11 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 39u16,
+                kind: 38u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 41u16,
-                destroy: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 1u8,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 43u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -38246,12 +38201,27 @@ pub mod cublaslt {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 43u16,
+                kind: 42u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 43u16,
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 1u8,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 42u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -38289,26 +38259,11 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 39u16,
+                kind: 38u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 41u16,
-                destroy: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 1u8,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 43u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -38318,12 +38273,27 @@ pub mod cublaslt {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 43u16,
+                kind: 42u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 43u16,
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 1u8,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 42u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -38361,31 +38331,31 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 39u16,
+                kind: 38u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 41u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38424,31 +38394,31 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 39u16,
+                kind: 38u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 41u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38487,31 +38457,31 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 39u16,
+                kind: 38u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 41u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 43u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 42u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 41u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38550,7 +38520,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::OutHandle {
-                kind: 41u16,
+                kind: 40u16,
                 named: true,
             },
             Wire::Val {
@@ -38581,7 +38551,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::OutHandle {
-                kind: 41u16,
+                kind: 40u16,
                 named: true,
             },
             Wire::Val {
@@ -38612,7 +38582,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 41u16,
+                kind: 40u16,
                 destroy: true,
             },
         ],
@@ -38635,7 +38605,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 41u16,
+                kind: 40u16,
                 destroy: true,
             },
         ],
@@ -38658,7 +38628,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 41u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38693,7 +38663,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 41u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38728,7 +38698,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 41u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38765,7 +38735,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 41u16,
+                kind: 40u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38802,7 +38772,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::OutHandle {
-                kind: 42u16,
+                kind: 41u16,
                 named: true,
             },
         ],
@@ -38825,7 +38795,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::OutHandle {
-                kind: 42u16,
+                kind: 41u16,
                 named: true,
             },
         ],
@@ -38848,7 +38818,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 42u16,
+                kind: 41u16,
                 destroy: true,
             },
         ],
@@ -38871,7 +38841,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 42u16,
+                kind: 41u16,
                 destroy: true,
             },
         ],
@@ -38894,7 +38864,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 42u16,
+                kind: 41u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38921,7 +38891,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 42u16,
+                kind: 41u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38948,7 +38918,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 42u16,
+                kind: 41u16,
                 destroy: false,
             },
             Wire::Val {
@@ -38985,7 +38955,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 42u16,
+                kind: 41u16,
                 destroy: false,
             },
             Wire::Val {
@@ -39022,7 +38992,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::OutHandle {
-                kind: 43u16,
+                kind: 42u16,
                 named: true,
             },
             Wire::Val {
@@ -39061,7 +39031,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 43u16,
+                kind: 42u16,
                 destroy: true,
             },
         ],
@@ -39084,7 +39054,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 43u16,
+                kind: 42u16,
                 destroy: false,
             },
             Wire::Val {
@@ -39127,7 +39097,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 43u16,
+                kind: 42u16,
                 destroy: false,
             },
             Wire::Val {
@@ -39164,7 +39134,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 44u16,
+                kind: 43u16,
                 named: false,
             },
             Wire::Val {
@@ -39191,7 +39161,7 @@ pub mod cublaslt {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 44u16,
+                kind: 43u16,
                 destroy: true,
             },
         ],
@@ -39214,7 +39184,7 @@ pub mod cublaslt {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 44u16,
+                kind: 43u16,
                 destroy: false,
             },
             Wire::Val {
@@ -39314,11 +39284,11 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 46u16,
+                kind: 45u16,
                 named: false,
             },
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -39351,7 +39321,7 @@ pub mod cudart {
                 record: Some("surfaceReference"),
             },
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -39386,7 +39356,7 @@ pub mod cudart {
                 record: Some("textureReference"),
             },
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -39421,7 +39391,7 @@ pub mod cudart {
                 record: Some("textureReference"),
             },
             Wire::Handle {
-                kind: 50u16,
+                kind: 49u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -39841,7 +39811,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 48u16,
+                kind: 47u16,
                 named: false,
             },
             Wire::Val {
@@ -40248,7 +40218,7 @@ pub mod cudart {
                 float: false,
             },
             Wire::Handle {
-                kind: 47u16,
+                kind: 46u16,
                 destroy: false,
             },
         ],
@@ -40572,7 +40542,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 48u16,
+                kind: 47u16,
                 destroy: true,
             },
         ],
@@ -40601,7 +40571,7 @@ pub mod cudart {
                 record: None,
             },
             Wire::Handle {
-                kind: 48u16,
+                kind: 47u16,
                 destroy: false,
             },
         ],
@@ -40624,7 +40594,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 48u16,
+                kind: 47u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -40653,7 +40623,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 48u16,
+                kind: 47u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -40684,7 +40654,7 @@ pub mod cudart {
                 named: false,
             },
             Wire::Handle {
-                kind: 48u16,
+                kind: 47u16,
                 destroy: false,
             },
             Wire::Val {
@@ -40715,7 +40685,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 48u16,
+                kind: 47u16,
                 destroy: false,
             },
         ],
@@ -40738,7 +40708,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 48u16,
+                kind: 47u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -40765,7 +40735,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 50u16,
+                kind: 49u16,
                 named: false,
             },
             Wire::Handle {
@@ -40798,7 +40768,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 50u16,
+                kind: 49u16,
                 named: false,
             },
             Wire::Handle {
@@ -40849,7 +40819,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: true,
             },
         ],
@@ -40920,7 +40890,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 50u16,
+                kind: 49u16,
                 destroy: true,
             },
         ],
@@ -40968,11 +40938,11 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 46u16,
+                kind: 45u16,
                 named: false,
             },
             Wire::Handle {
-                kind: 50u16,
+                kind: 49u16,
                 destroy: false,
             },
             Wire::Val {
@@ -41131,7 +41101,7 @@ pub mod cudart {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 48u16,
+                kind: 47u16,
                 destroy: false,
             },
             Wire::Val {
@@ -42192,7 +42162,7 @@ pub mod cudart {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 49u16,
+                kind: 48u16,
                 named: false,
             },
             Wire::Handle {
@@ -42219,11 +42189,11 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 50u16,
+                kind: 49u16,
                 named: false,
             },
             Wire::Handle {
-                kind: 49u16,
+                kind: 48u16,
                 destroy: false,
             },
         ],
@@ -42246,7 +42216,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 49u16,
+                kind: 48u16,
                 destroy: false,
             },
             Wire::Val {
@@ -42273,11 +42243,11 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 46u16,
+                kind: 45u16,
                 named: false,
             },
             Wire::Handle {
-                kind: 49u16,
+                kind: 48u16,
                 destroy: false,
             },
             Wire::Val {
@@ -42312,7 +42282,7 @@ pub mod cudart {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 49u16,
+                kind: 48u16,
                 named: false,
             },
             Wire::Handle {
@@ -42339,7 +42309,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 49u16,
+                kind: 48u16,
                 destroy: false,
             },
         ],
@@ -42362,7 +42332,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 48u16,
+                kind: 47u16,
                 named: false,
             },
             Wire::Handle {
@@ -42741,7 +42711,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 46u16,
+                kind: 45u16,
                 named: false,
             },
             Wire::Buf {
@@ -42775,7 +42745,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 46u16,
+                kind: 45u16,
                 named: false,
             },
             Wire::Buf {
@@ -43331,7 +43301,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -43343,7 +43313,7 @@ pub mod cudart {
                 float: false,
             },
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -43386,7 +43356,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -43398,7 +43368,7 @@ pub mod cudart {
                 float: false,
             },
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -43864,7 +43834,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -43876,7 +43846,7 @@ pub mod cudart {
                 float: false,
             },
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -43915,7 +43885,7 @@ pub mod cudart {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -43927,7 +43897,7 @@ pub mod cudart {
                 float: false,
             },
             Wire::Handle {
-                kind: 46u16,
+                kind: 45u16,
                 destroy: false,
             },
             Wire::Val {
@@ -46164,11 +46134,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -46178,17 +46148,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46199,7 +46169,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46223,11 +46193,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -46237,17 +46207,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46258,7 +46228,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46282,11 +46252,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -46296,7 +46266,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46307,7 +46277,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46331,11 +46301,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -46345,7 +46315,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46356,7 +46326,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -46438,7 +46408,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 55u16,
+                kind: 54u16,
                 named: false,
             },
         ],
@@ -46465,7 +46435,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 55u16,
+                kind: 54u16,
                 named: true,
             },
         ],
@@ -46492,7 +46462,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 55u16,
+                kind: 54u16,
                 named: false,
             },
         ],
@@ -46519,7 +46489,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 55u16,
+                kind: 54u16,
                 named: true,
             },
         ],
@@ -46542,7 +46512,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: true,
             },
         ],
@@ -46565,7 +46535,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: true,
             },
         ],
@@ -46588,15 +46558,15 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
         ],
@@ -46619,15 +46589,15 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
         ],
@@ -46650,7 +46620,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
         ],
@@ -46673,7 +46643,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
         ],
@@ -46696,7 +46666,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
         ],
@@ -46719,7 +46689,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
         ],
@@ -46742,7 +46712,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Val {
@@ -46789,7 +46759,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Val {
@@ -46836,7 +46806,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Val {
@@ -46883,7 +46853,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Val {
@@ -46930,7 +46900,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
         ],
@@ -46953,7 +46923,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
         ],
@@ -46976,15 +46946,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -47011,7 +46981,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47052,7 +47022,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47093,15 +47063,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 55u16,
+                kind: 54u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -47128,7 +47098,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47164,32 +47134,32 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47203,7 +47173,7 @@ pub mod cudnn {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47236,7 +47206,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47272,32 +47242,32 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47311,7 +47281,7 @@ pub mod cudnn {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47344,7 +47314,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47364,17 +47334,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47405,7 +47375,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47425,17 +47395,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47466,7 +47436,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47486,17 +47456,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47533,7 +47503,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47553,17 +47523,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47600,7 +47570,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47624,22 +47594,22 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47657,7 +47627,7 @@ pub mod cudnn {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47690,7 +47660,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47714,22 +47684,22 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47747,7 +47717,7 @@ pub mod cudnn {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47780,11 +47750,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47811,11 +47781,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47842,7 +47812,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47850,11 +47820,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47863,7 +47833,7 @@ pub mod cudnn {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47892,7 +47862,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -47900,11 +47870,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47913,7 +47883,7 @@ pub mod cudnn {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -47996,7 +47966,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48006,17 +47976,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48035,7 +48005,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48059,7 +48029,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48069,17 +48039,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48098,7 +48068,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48122,7 +48092,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48132,17 +48102,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48161,7 +48131,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48185,7 +48155,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48195,17 +48165,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48224,7 +48194,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48248,7 +48218,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48258,17 +48228,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48287,21 +48257,21 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48325,7 +48295,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48335,17 +48305,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48364,21 +48334,21 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48402,7 +48372,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48412,17 +48382,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48441,7 +48411,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48465,7 +48435,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -48475,17 +48445,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -48504,7 +48474,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -48528,11 +48498,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 53u16,
+                kind: 52u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 53u16,
+                kind: 52u16,
                 destroy: false,
             },
         ],
@@ -48555,7 +48525,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 57u16,
+                kind: 56u16,
                 named: false,
             },
         ],
@@ -48578,7 +48548,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 57u16,
+                kind: 56u16,
                 named: false,
             },
         ],
@@ -48601,7 +48571,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 51u16,
+                kind: 50u16,
                 named: false,
             },
         ],
@@ -48624,7 +48594,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 51u16,
+                kind: 50u16,
                 named: false,
             },
         ],
@@ -48647,7 +48617,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 53u16,
+                kind: 52u16,
                 named: false,
             },
         ],
@@ -48670,7 +48640,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 52u16,
+                kind: 51u16,
                 named: false,
             },
             Wire::Val {
@@ -48697,7 +48667,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 54u16,
+                kind: 53u16,
                 named: false,
             },
         ],
@@ -48720,7 +48690,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 54u16,
+                kind: 53u16,
                 named: false,
             },
         ],
@@ -48743,7 +48713,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 56u16,
+                kind: 55u16,
                 named: false,
             },
         ],
@@ -48766,7 +48736,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 56u16,
+                kind: 55u16,
                 named: false,
             },
         ],
@@ -48789,7 +48759,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 58u16,
+                kind: 57u16,
                 named: false,
             },
         ],
@@ -48812,7 +48782,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 58u16,
+                kind: 57u16,
                 named: false,
             },
         ],
@@ -48835,7 +48805,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 59u16,
+                kind: 58u16,
                 named: false,
             },
         ],
@@ -48858,7 +48828,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 59u16,
+                kind: 58u16,
                 named: false,
             },
         ],
@@ -48881,7 +48851,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 60u16,
+                kind: 59u16,
                 named: false,
             },
         ],
@@ -48904,7 +48874,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 60u16,
+                kind: 59u16,
                 named: false,
             },
         ],
@@ -48927,7 +48897,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 61u16,
+                kind: 60u16,
                 named: false,
             },
             Wire::Val {
@@ -48954,7 +48924,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 61u16,
+                kind: 60u16,
                 named: false,
             },
             Wire::Val {
@@ -48981,7 +48951,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 62u16,
+                kind: 61u16,
                 named: false,
             },
             Wire::Val {
@@ -49008,7 +48978,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 62u16,
+                kind: 61u16,
                 named: false,
             },
             Wire::Val {
@@ -49035,7 +49005,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 63u16,
+                kind: 62u16,
                 named: false,
             },
             Wire::Val {
@@ -49062,7 +49032,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 63u16,
+                kind: 62u16,
                 named: false,
             },
             Wire::Val {
@@ -49089,7 +49059,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 64u16,
+                kind: 63u16,
                 named: false,
             },
         ],
@@ -49112,7 +49082,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 64u16,
+                kind: 63u16,
                 named: false,
             },
         ],
@@ -49135,7 +49105,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 65u16,
+                kind: 64u16,
                 named: false,
             },
         ],
@@ -49158,7 +49128,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 65u16,
+                kind: 64u16,
                 named: false,
             },
         ],
@@ -49181,7 +49151,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49193,7 +49163,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 66u16,
+                kind: 65u16,
                 named: false,
             },
         ],
@@ -49216,7 +49186,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 67u16,
+                kind: 66u16,
                 named: false,
             },
         ],
@@ -49239,7 +49209,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 67u16,
+                kind: 66u16,
                 named: false,
             },
         ],
@@ -49262,7 +49232,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 68u16,
+                kind: 67u16,
                 named: false,
             },
         ],
@@ -49285,7 +49255,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 68u16,
+                kind: 67u16,
                 named: false,
             },
         ],
@@ -49308,7 +49278,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 69u16,
+                kind: 68u16,
                 named: false,
             },
         ],
@@ -49331,7 +49301,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 69u16,
+                kind: 68u16,
                 named: false,
             },
         ],
@@ -49354,7 +49324,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 70u16,
+                kind: 69u16,
                 named: false,
             },
         ],
@@ -49377,7 +49347,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 70u16,
+                kind: 69u16,
                 named: false,
             },
         ],
@@ -49400,7 +49370,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 72u16,
+                kind: 71u16,
                 named: false,
             },
         ],
@@ -49423,7 +49393,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 72u16,
+                kind: 71u16,
                 named: false,
             },
         ],
@@ -49446,7 +49416,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 73u16,
+                kind: 72u16,
                 named: false,
             },
         ],
@@ -49469,7 +49439,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 73u16,
+                kind: 72u16,
                 named: false,
             },
         ],
@@ -49492,7 +49462,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 74u16,
+                kind: 73u16,
                 named: false,
             },
         ],
@@ -49515,7 +49485,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 74u16,
+                kind: 73u16,
                 named: false,
             },
         ],
@@ -49538,7 +49508,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 75u16,
+                kind: 74u16,
                 named: false,
             },
         ],
@@ -49561,7 +49531,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 75u16,
+                kind: 74u16,
                 named: false,
             },
         ],
@@ -49584,11 +49554,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49615,11 +49585,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49646,15 +49616,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49685,15 +49655,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -49724,7 +49694,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: true,
             },
         ],
@@ -49747,7 +49717,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: true,
             },
         ],
@@ -49770,7 +49740,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: true,
             },
         ],
@@ -49793,7 +49763,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: true,
             },
         ],
@@ -49816,7 +49786,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 53u16,
+                kind: 52u16,
                 destroy: true,
             },
         ],
@@ -49839,7 +49809,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 52u16,
+                kind: 51u16,
                 named: false,
             },
             Wire::Val {
@@ -49866,7 +49836,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 54u16,
+                kind: 53u16,
                 destroy: true,
             },
         ],
@@ -49889,7 +49859,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 54u16,
+                kind: 53u16,
                 destroy: true,
             },
         ],
@@ -49912,7 +49882,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: true,
             },
         ],
@@ -49935,7 +49905,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: true,
             },
         ],
@@ -49958,7 +49928,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: true,
             },
         ],
@@ -49981,7 +49951,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: true,
             },
         ],
@@ -50004,7 +49974,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: true,
             },
         ],
@@ -50027,7 +49997,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: true,
             },
         ],
@@ -50050,7 +50020,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: true,
             },
         ],
@@ -50073,7 +50043,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: true,
             },
         ],
@@ -50096,7 +50066,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 61u16,
+                kind: 60u16,
                 destroy: true,
             },
         ],
@@ -50119,7 +50089,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 61u16,
+                kind: 60u16,
                 destroy: true,
             },
         ],
@@ -50142,7 +50112,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 62u16,
+                kind: 61u16,
                 destroy: true,
             },
         ],
@@ -50165,7 +50135,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 62u16,
+                kind: 61u16,
                 destroy: true,
             },
         ],
@@ -50188,7 +50158,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 63u16,
+                kind: 62u16,
                 destroy: true,
             },
         ],
@@ -50211,7 +50181,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 63u16,
+                kind: 62u16,
                 destroy: true,
             },
         ],
@@ -50234,7 +50204,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: true,
             },
         ],
@@ -50257,7 +50227,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: true,
             },
         ],
@@ -50280,7 +50250,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 65u16,
+                kind: 64u16,
                 destroy: true,
             },
         ],
@@ -50303,7 +50273,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 65u16,
+                kind: 64u16,
                 destroy: true,
             },
         ],
@@ -50326,7 +50296,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 66u16,
+                kind: 65u16,
                 destroy: true,
             },
         ],
@@ -50349,7 +50319,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: true,
             },
         ],
@@ -50372,7 +50342,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: true,
             },
         ],
@@ -50395,7 +50365,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: true,
             },
         ],
@@ -50418,7 +50388,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: true,
             },
         ],
@@ -50441,7 +50411,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: true,
             },
         ],
@@ -50464,7 +50434,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: true,
             },
         ],
@@ -50487,7 +50457,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: true,
             },
         ],
@@ -50510,7 +50480,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: true,
             },
         ],
@@ -50533,7 +50503,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 72u16,
+                kind: 71u16,
                 destroy: true,
             },
         ],
@@ -50556,7 +50526,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 72u16,
+                kind: 71u16,
                 destroy: true,
             },
         ],
@@ -50579,7 +50549,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: true,
             },
         ],
@@ -50602,7 +50572,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: true,
             },
         ],
@@ -50625,7 +50595,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: true,
             },
         ],
@@ -50648,7 +50618,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: true,
             },
         ],
@@ -50671,7 +50641,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 75u16,
+                kind: 74u16,
                 destroy: true,
             },
         ],
@@ -50694,7 +50664,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 75u16,
+                kind: 74u16,
                 destroy: true,
             },
         ],
@@ -50717,20 +50687,20 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50759,20 +50729,20 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50801,20 +50771,20 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50843,20 +50813,20 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -50885,7 +50855,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -50914,7 +50884,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -50943,7 +50913,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -50972,7 +50942,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51001,25 +50971,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -51064,25 +51034,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -51127,25 +51097,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
@@ -51190,25 +51160,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
@@ -51253,25 +51223,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -51316,25 +51286,25 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -51379,15 +51349,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 61u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 62u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 63u16,
                 destroy: false,
             },
         ],
@@ -51410,15 +51380,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 61u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 62u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 63u16,
                 destroy: false,
             },
         ],
@@ -51441,7 +51411,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51482,7 +51452,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51523,7 +51493,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51552,7 +51522,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51581,11 +51551,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 52u16,
+                kind: 51u16,
                 destroy: false,
             },
             Wire::OutHandle {
-                kind: 53u16,
+                kind: 52u16,
                 named: false,
             },
             Wire::Buf {
@@ -51626,11 +51596,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 53u16,
+                kind: 52u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51659,7 +51629,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51671,31 +51641,31 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51724,7 +51694,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51736,31 +51706,31 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51789,7 +51759,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51801,23 +51771,23 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51846,7 +51816,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51858,23 +51828,23 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51903,7 +51873,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51915,11 +51885,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51948,7 +51918,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -51960,11 +51930,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -51993,7 +51963,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52022,7 +51992,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52051,7 +52021,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52092,7 +52062,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52133,7 +52103,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52141,15 +52111,15 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52178,7 +52148,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52186,15 +52156,15 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52223,7 +52193,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52294,7 +52264,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52365,15 +52335,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52415,15 +52385,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52465,7 +52435,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52494,7 +52464,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52523,23 +52493,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52578,23 +52548,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52633,23 +52603,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52682,23 +52652,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52731,7 +52701,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52760,7 +52730,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -52789,23 +52759,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52844,23 +52814,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52899,23 +52869,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52948,23 +52918,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -52997,7 +52967,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53026,7 +52996,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53055,23 +53025,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53110,23 +53080,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53165,23 +53135,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53214,23 +53184,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53263,7 +53233,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53292,7 +53262,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53321,7 +53291,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53350,7 +53320,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53379,15 +53349,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53420,15 +53390,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53461,7 +53431,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53490,7 +53460,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53561,11 +53531,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53601,11 +53571,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53641,7 +53611,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53695,7 +53665,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53749,7 +53719,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53800,7 +53770,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53851,7 +53821,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53880,7 +53850,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -53909,23 +53879,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -53933,7 +53903,19 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -53941,7 +53923,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -53949,19 +53931,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 75u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 75u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 75u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 75u16,
+                kind: 74u16,
                 destroy: false,
             },
         ],
@@ -53984,23 +53954,23 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 56u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 57u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 60u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 58u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54008,7 +53978,19 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 57u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -54016,7 +53998,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 58u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -54024,19 +54006,7 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Handle {
-                kind: 75u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 75u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 75u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 75u16,
+                kind: 74u16,
                 destroy: false,
             },
         ],
@@ -54059,7 +54029,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54106,7 +54076,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54224,7 +54194,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54240,35 +54210,35 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54301,7 +54271,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54317,35 +54287,35 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54378,7 +54348,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54394,27 +54364,27 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54447,7 +54417,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54463,27 +54433,27 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54516,7 +54486,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54532,11 +54502,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54569,7 +54539,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -54585,11 +54555,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54622,7 +54592,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 65u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54663,7 +54633,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 65u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54704,7 +54674,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54775,7 +54745,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54846,11 +54816,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54892,11 +54862,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -54938,7 +54908,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55001,7 +54971,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55064,11 +55034,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55101,11 +55071,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55196,11 +55166,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55229,11 +55199,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55262,7 +55232,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55291,11 +55261,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55324,11 +55294,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55357,7 +55327,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55386,7 +55356,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55415,15 +55385,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55456,11 +55426,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55468,7 +55438,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55503,11 +55473,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55515,7 +55485,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55550,11 +55520,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55571,7 +55541,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55581,7 +55551,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55610,11 +55580,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -55631,7 +55601,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55641,7 +55611,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55670,11 +55640,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55703,11 +55673,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55736,7 +55706,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55789,7 +55759,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55842,19 +55812,19 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55883,19 +55853,19 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55924,19 +55894,19 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -55965,19 +55935,19 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56006,7 +55976,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -56033,7 +56003,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -56060,7 +56030,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56132,7 +56102,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56204,7 +56174,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56255,7 +56225,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56306,7 +56276,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56335,7 +56305,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56364,7 +56334,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 75u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56421,7 +56391,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 75u16,
+                kind: 74u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56538,15 +56508,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 75u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56575,15 +56545,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 75u16,
-                destroy: false,
-            },
-            Wire::Handle {
                 kind: 74u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56612,11 +56582,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56630,17 +56600,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56651,7 +56621,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56675,11 +56645,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56693,17 +56663,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56714,7 +56684,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56738,11 +56708,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56756,7 +56726,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56767,7 +56737,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56791,11 +56761,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: false,
             },
             Wire::Val {
@@ -56809,7 +56779,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56820,7 +56790,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -56844,15 +56814,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 62u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 61u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56881,15 +56851,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 62u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 61u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 60u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56972,11 +56942,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -56986,17 +56956,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57007,7 +56977,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57031,11 +57001,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57045,17 +57015,17 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57066,7 +57036,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57090,11 +57060,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57104,7 +57074,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57115,7 +57085,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57139,11 +57109,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57153,7 +57123,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57164,7 +57134,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57188,7 +57158,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57202,7 +57172,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 71u16,
+                kind: 70u16,
                 destroy: false,
             },
         ],
@@ -57225,7 +57195,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57239,7 +57209,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 71u16,
+                kind: 70u16,
                 destroy: false,
             },
         ],
@@ -57262,34 +57232,34 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
-            Wire::Handle {
-                kind: 69u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 68u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Device,
             Wire::Handle {
                 kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57330,34 +57300,34 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
-            Wire::Handle {
-                kind: 69u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Handle {
-                kind: 68u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Device,
             Wire::Handle {
                 kind: 68u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57398,25 +57368,25 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 69u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
                 kind: 68u16,
                 destroy: false,
             },
-            Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Handle {
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57426,7 +57396,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57455,11 +57425,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57468,17 +57438,17 @@ pub mod cudnn {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57517,11 +57487,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57530,17 +57500,17 @@ pub mod cudnn {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57579,11 +57549,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57592,23 +57562,23 @@ pub mod cudnn {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57648,11 +57618,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57661,23 +57631,23 @@ pub mod cudnn {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -57717,11 +57687,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57768,7 +57738,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57815,7 +57785,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57862,7 +57832,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -57903,11 +57873,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57946,7 +57916,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -57985,7 +57955,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58024,7 +57994,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58059,11 +58029,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58099,11 +58069,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58139,11 +58109,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -58173,11 +58143,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -58207,7 +58177,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58242,7 +58212,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58277,7 +58247,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58304,7 +58274,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 51u16,
+                kind: 50u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58331,7 +58301,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 53u16,
+                kind: 52u16,
                 destroy: false,
             },
             Wire::ByValRecord { bytes: 4u32 },
@@ -58355,11 +58325,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 52u16,
+                kind: 51u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 53u16,
+                kind: 52u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58394,7 +58364,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 54u16,
+                kind: 53u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58422,11 +58392,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58493,7 +58463,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 54u16,
+                kind: 53u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58521,11 +58491,11 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58592,7 +58562,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58619,7 +58589,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58646,7 +58616,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58681,7 +58651,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58716,7 +58686,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58755,7 +58725,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58794,7 +58764,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 56u16,
+                kind: 55u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58833,7 +58803,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58888,7 +58858,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58943,7 +58913,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58970,7 +58940,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -58997,7 +58967,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59024,7 +58994,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59051,7 +59021,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59104,7 +59074,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59157,7 +59127,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59184,7 +59154,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 58u16,
+                kind: 57u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59211,11 +59181,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59251,11 +59221,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59291,7 +59261,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59338,7 +59308,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59385,7 +59355,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59426,7 +59396,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 60u16,
+                kind: 59u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59467,7 +59437,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59506,7 +59476,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 64u16,
+                kind: 63u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59545,7 +59515,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 65u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59580,7 +59550,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 65u16,
+                kind: 64u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59615,11 +59585,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 66u16,
+                kind: 65u16,
                 destroy: false,
             },
         ],
@@ -59642,7 +59612,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59697,7 +59667,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 67u16,
+                kind: 66u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59752,15 +59722,15 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 53u16,
+                kind: 52u16,
                 destroy: false,
             },
         ],
@@ -59783,7 +59753,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59810,7 +59780,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59865,7 +59835,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 68u16,
+                kind: 67u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59920,11 +59890,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59936,7 +59906,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -59979,7 +59949,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60031,7 +60001,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60058,7 +60028,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60110,7 +60080,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Handle {
-                kind: 59u16,
+                kind: 58u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60137,7 +60107,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60164,7 +60134,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60191,11 +60161,11 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 69u16,
+                kind: 68u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60226,7 +60196,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60269,7 +60239,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 70u16,
+                kind: 69u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60312,7 +60282,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60353,7 +60323,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60394,7 +60364,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -60421,7 +60391,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -60448,7 +60418,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60495,7 +60465,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60542,7 +60512,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60601,7 +60571,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60660,7 +60630,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60703,7 +60673,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60746,7 +60716,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60764,12 +60734,12 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60780,7 +60750,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60804,7 +60774,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60822,12 +60792,12 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60838,7 +60808,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60862,7 +60832,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60880,7 +60850,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60891,7 +60861,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60915,7 +60885,7 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Val {
@@ -60933,7 +60903,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60944,7 +60914,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60968,11 +60938,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Device,
@@ -60997,11 +60967,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61026,11 +60996,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61055,11 +61025,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61084,11 +61054,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -61098,7 +61068,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61109,7 +61079,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61120,7 +61090,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61152,11 +61122,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -61166,7 +61136,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61177,7 +61147,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61188,7 +61158,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61220,11 +61190,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -61234,7 +61204,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61246,7 +61216,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61270,11 +61240,11 @@ pub mod cudnn {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 73u16,
+                kind: 72u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -61284,7 +61254,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61296,7 +61266,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61320,7 +61290,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -61330,7 +61300,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61341,7 +61311,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61365,7 +61335,7 @@ pub mod cudnn {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 57u16,
+                kind: 56u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -61375,7 +61345,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61386,7 +61356,7 @@ pub mod cudnn {
                 record: None,
             },
             Wire::Handle {
-                kind: 74u16,
+                kind: 73u16,
                 destroy: false,
             },
             Wire::Device,
@@ -61808,7 +61778,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 77u16,
+                kind: 76u16,
                 named: false,
             },
             Wire::Val {
@@ -61835,7 +61805,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 77u16,
+                kind: 76u16,
                 named: false,
             },
             Wire::Val {
@@ -61866,7 +61836,7 @@ pub mod curand {
                 float: true,
             },
             Wire::OutHandle {
-                kind: 76u16,
+                kind: 75u16,
                 named: false,
             },
         ],
@@ -61889,7 +61859,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 76u16,
+                kind: 75u16,
                 destroy: true,
             },
         ],
@@ -61912,7 +61882,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 76u16,
                 destroy: true,
             },
         ],
@@ -61935,7 +61905,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 76u16,
                 destroy: false,
             },
         ],
@@ -61958,7 +61928,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 76u16,
                 destroy: false,
             },
             Wire::Val {
@@ -61985,7 +61955,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 76u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62012,7 +61982,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 76u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62039,7 +62009,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 76u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62066,7 +62036,7 @@ pub mod curand {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 77u16,
+                kind: 76u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -62105,7 +62075,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62142,7 +62112,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62185,7 +62155,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62227,7 +62197,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62289,7 +62259,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62326,7 +62296,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62413,7 +62383,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62494,7 +62464,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62536,7 +62506,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -62559,7 +62529,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62597,7 +62567,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62624,7 +62594,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62662,7 +62632,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62689,7 +62659,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62731,7 +62701,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -62754,7 +62724,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62793,7 +62763,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62835,7 +62805,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62882,7 +62852,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62929,7 +62899,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -62976,7 +62946,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63004,7 +62974,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -63027,7 +62997,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63055,7 +63025,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63082,7 +63052,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63110,7 +63080,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63137,7 +63107,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63165,7 +63135,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -63188,7 +63158,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63244,7 +63214,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63300,7 +63270,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63337,7 +63307,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -63360,7 +63330,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63397,7 +63367,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -63420,7 +63390,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63465,7 +63435,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63507,7 +63477,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63549,7 +63519,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63591,7 +63561,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63632,7 +63602,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63674,7 +63644,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63716,7 +63686,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63758,7 +63728,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63804,7 +63774,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63854,7 +63824,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 78u16,
+                kind: 77u16,
                 named: false,
             },
         ],
@@ -63877,7 +63847,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 95u16,
+                kind: 94u16,
                 named: false,
             },
         ],
@@ -63900,7 +63870,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 81u16,
+                kind: 80u16,
                 named: false,
             },
         ],
@@ -63923,7 +63893,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 107u16,
+                kind: 106u16,
                 named: false,
             },
         ],
@@ -63946,7 +63916,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -63989,7 +63959,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64027,7 +63997,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64070,7 +64040,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64113,7 +64083,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64164,7 +64134,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64215,7 +64185,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64262,7 +64232,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64309,7 +64279,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64352,7 +64322,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64395,7 +64365,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64455,7 +64425,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64515,7 +64485,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64575,7 +64545,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64635,7 +64605,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: true,
             },
         ],
@@ -64658,7 +64628,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: true,
             },
         ],
@@ -64681,7 +64651,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: true,
             },
         ],
@@ -64704,7 +64674,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: true,
             },
         ],
@@ -64727,7 +64697,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64764,7 +64734,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64807,7 +64777,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64849,7 +64819,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64911,7 +64881,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -64948,7 +64918,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65035,7 +65005,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65116,7 +65086,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65158,7 +65128,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -65181,7 +65151,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65219,7 +65189,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65246,7 +65216,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65284,7 +65254,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65311,7 +65281,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65353,7 +65323,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -65376,7 +65346,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65415,7 +65385,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65457,7 +65427,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65504,7 +65474,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65549,7 +65519,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65591,7 +65561,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65633,7 +65603,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65684,7 +65654,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65735,7 +65705,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65782,7 +65752,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65829,7 +65799,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65872,7 +65842,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65915,7 +65885,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -65975,7 +65945,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66035,7 +66005,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66095,7 +66065,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66155,7 +66125,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66197,7 +66167,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66238,7 +66208,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66280,7 +66250,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66322,7 +66292,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66364,7 +66334,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66410,7 +66380,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66460,7 +66430,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66507,7 +66477,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66554,7 +66524,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66582,7 +66552,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -66605,7 +66575,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66633,7 +66603,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66660,7 +66630,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66688,7 +66658,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66715,7 +66685,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66743,7 +66713,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -66766,7 +66736,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66822,7 +66792,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66878,7 +66848,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66915,7 +66885,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -66938,7 +66908,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -66975,7 +66945,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -66998,7 +66968,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67041,7 +67011,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67079,7 +67049,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67122,7 +67092,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67165,7 +67135,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -67192,11 +67162,11 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67251,7 +67221,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 79u16,
+                kind: 78u16,
                 named: false,
             },
         ],
@@ -67274,7 +67244,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 78u16,
                 destroy: true,
             },
         ],
@@ -67297,7 +67267,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 79u16,
+                kind: 78u16,
                 destroy: false,
             },
         ],
@@ -67320,7 +67290,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 80u16,
+                kind: 79u16,
                 named: false,
             },
         ],
@@ -67343,7 +67313,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: true,
             },
         ],
@@ -67366,7 +67336,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
         ],
@@ -67389,7 +67359,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
         ],
@@ -67412,7 +67382,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67439,7 +67409,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67466,7 +67436,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67493,7 +67463,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67520,7 +67490,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67547,7 +67517,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67578,7 +67548,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67605,7 +67575,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 80u16,
+                kind: 79u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67696,11 +67666,11 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67754,7 +67724,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67785,7 +67755,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67812,7 +67782,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67839,7 +67809,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67866,7 +67836,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -67893,7 +67863,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67930,7 +67900,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -67973,7 +67943,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68015,7 +67985,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68077,7 +68047,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68114,7 +68084,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68201,7 +68171,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68282,7 +68252,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68324,7 +68294,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -68347,7 +68317,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68385,7 +68355,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68412,7 +68382,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68450,7 +68420,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68477,7 +68447,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68519,7 +68489,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -68542,7 +68512,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68581,7 +68551,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68623,7 +68593,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68670,7 +68640,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68715,7 +68685,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68757,7 +68727,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68799,7 +68769,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68850,7 +68820,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68901,7 +68871,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68948,7 +68918,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -68995,7 +68965,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69038,7 +69008,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69081,7 +69051,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69141,7 +69111,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69201,7 +69171,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69261,7 +69231,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69321,7 +69291,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69363,7 +69333,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69404,7 +69374,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69446,7 +69416,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69488,7 +69458,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69530,7 +69500,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69576,7 +69546,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69626,7 +69596,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69673,7 +69643,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69720,7 +69690,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69748,7 +69718,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -69771,7 +69741,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69799,7 +69769,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69826,7 +69796,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69854,7 +69824,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69881,7 +69851,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69909,7 +69879,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -69932,7 +69902,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -69988,7 +69958,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70044,7 +70014,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70081,7 +70051,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -70104,7 +70074,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70141,7 +70111,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -70164,7 +70134,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70207,7 +70177,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70245,7 +70215,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70288,7 +70258,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70331,11 +70301,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70422,11 +70392,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70509,11 +70479,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70578,11 +70548,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70643,11 +70613,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70738,11 +70708,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70829,7 +70799,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70856,7 +70826,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70883,7 +70853,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -70910,11 +70880,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71001,11 +70971,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71066,11 +71036,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71126,11 +71096,11 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71185,11 +71155,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71249,11 +71219,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71309,11 +71279,11 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71367,11 +71337,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71444,11 +71414,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71517,11 +71487,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71590,11 +71560,11 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 81u16,
+                kind: 80u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71659,7 +71629,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71686,7 +71656,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71713,7 +71683,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71740,7 +71710,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71810,7 +71780,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71876,7 +71846,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71936,7 +71906,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -71992,7 +71962,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72029,7 +71999,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72072,7 +72042,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72114,7 +72084,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72176,7 +72146,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72213,7 +72183,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72300,7 +72270,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72381,7 +72351,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72423,7 +72393,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -72446,7 +72416,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72484,7 +72454,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72511,7 +72481,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72549,7 +72519,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72576,7 +72546,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72618,7 +72588,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 95u16,
+                kind: 94u16,
                 destroy: false,
             },
         ],
@@ -72641,7 +72611,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72680,7 +72650,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72722,7 +72692,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72769,7 +72739,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72816,7 +72786,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72863,7 +72833,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72891,7 +72861,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -72914,7 +72884,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72942,7 +72912,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72969,7 +72939,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -72997,7 +72967,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73024,7 +72994,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73052,7 +73022,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -73075,7 +73045,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73131,7 +73101,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73187,7 +73157,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73224,7 +73194,7 @@ pub mod cusolver {
             },
             Wire::Device,
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -73247,7 +73217,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73284,7 +73254,7 @@ pub mod cusolver {
                 record: None,
             },
             Wire::Handle {
-                kind: 107u16,
+                kind: 106u16,
                 destroy: false,
             },
         ],
@@ -73307,7 +73277,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73352,7 +73322,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73394,7 +73364,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73436,7 +73406,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73478,7 +73448,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73519,7 +73489,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73561,7 +73531,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73603,7 +73573,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73645,7 +73615,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73691,7 +73661,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73741,7 +73711,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73784,7 +73754,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73822,7 +73792,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73865,7 +73835,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73908,7 +73878,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -73959,7 +73929,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74010,7 +73980,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74057,7 +74027,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74104,7 +74074,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74147,7 +74117,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74190,7 +74160,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74250,7 +74220,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74310,7 +74280,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74370,7 +74340,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 78u16,
+                kind: 77u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74430,7 +74400,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: false,
             },
         ],
@@ -74453,7 +74423,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: false,
             },
         ],
@@ -74476,7 +74446,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: false,
             },
         ],
@@ -74499,7 +74469,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 82u16,
+                kind: 81u16,
                 named: false,
             },
         ],
@@ -74522,7 +74492,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: true,
             },
         ],
@@ -74545,7 +74515,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: false,
             },
         ],
@@ -74568,7 +74538,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74599,7 +74569,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74630,7 +74600,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74661,7 +74631,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 82u16,
+                kind: 81u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74688,7 +74658,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 83u16,
+                kind: 82u16,
                 named: false,
             },
         ],
@@ -74711,7 +74681,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 34u16,
+                kind: 33u16,
                 named: false,
             },
         ],
@@ -74734,7 +74704,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 83u16,
+                kind: 82u16,
                 destroy: true,
             },
         ],
@@ -74757,7 +74727,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 34u16,
+                kind: 33u16,
                 destroy: true,
             },
         ],
@@ -74780,7 +74750,7 @@ pub mod cusolver {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 83u16,
+                kind: 82u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -74807,7 +74777,7 @@ pub mod cusolver {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 83u16,
+                kind: 82u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -74837,7 +74807,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -74846,7 +74816,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 93u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -74855,7 +74825,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
         ],
@@ -74878,7 +74848,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74917,7 +74887,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74933,7 +74903,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74944,7 +74914,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74970,7 +74940,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -74986,7 +74956,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -74997,7 +74967,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75025,7 +74995,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75041,7 +75011,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75052,7 +75022,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -75081,7 +75051,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75097,7 +75067,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75108,7 +75078,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75136,7 +75106,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75152,7 +75122,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75163,7 +75133,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75191,7 +75161,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75207,7 +75177,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75218,7 +75188,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -75247,7 +75217,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75284,7 +75254,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75329,7 +75299,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75358,7 +75328,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75395,7 +75365,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75423,7 +75393,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75434,7 +75404,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75462,7 +75432,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75490,7 +75460,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75501,7 +75471,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -75530,7 +75500,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75563,7 +75533,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75574,7 +75544,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75612,7 +75582,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75632,7 +75602,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75643,7 +75613,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75671,7 +75641,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75691,7 +75661,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75702,7 +75672,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -75731,7 +75701,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75756,7 +75726,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75767,7 +75737,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75797,7 +75767,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75830,7 +75800,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75869,7 +75839,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75885,7 +75855,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75896,7 +75866,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75922,7 +75892,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75938,14 +75908,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Device,
@@ -75969,7 +75939,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -75985,14 +75955,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76027,7 +75997,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76043,7 +76013,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76083,7 +76053,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76100,7 +76070,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76116,7 +76086,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76127,7 +76097,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76154,7 +76124,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76171,7 +76141,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76187,7 +76157,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76198,7 +76168,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76230,7 +76200,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76251,7 +76221,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76262,7 +76232,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76278,7 +76248,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76289,14 +76259,14 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76320,7 +76290,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76341,7 +76311,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76351,7 +76321,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76366,7 +76336,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76376,7 +76346,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -76405,7 +76375,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76417,14 +76387,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76452,7 +76422,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76464,14 +76434,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -76500,7 +76470,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76512,14 +76482,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76547,7 +76517,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76559,14 +76529,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -76595,7 +76565,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76628,7 +76598,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76640,7 +76610,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76668,7 +76638,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76701,7 +76671,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76713,7 +76683,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76741,7 +76711,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76757,14 +76727,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76792,7 +76762,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76808,14 +76778,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -76844,7 +76814,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76865,14 +76835,14 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76902,7 +76872,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76918,14 +76888,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Device,
@@ -76949,7 +76919,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -76968,7 +76938,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -76997,7 +76967,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77013,7 +76983,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77028,7 +76998,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77054,7 +77024,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77106,7 +77076,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77126,7 +77096,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77141,7 +77111,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77176,7 +77146,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77196,7 +77166,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77244,7 +77214,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77299,7 +77269,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77354,7 +77324,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77378,7 +77348,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77402,7 +77372,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77426,7 +77396,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 94u16,
+                kind: 93u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77450,28 +77420,28 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
             Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -77480,7 +77450,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77508,28 +77478,28 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
             Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -77538,7 +77508,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77571,7 +77541,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Device,
@@ -77597,7 +77567,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -77628,11 +77598,11 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
         ],
@@ -77655,7 +77625,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 85u16,
+                kind: 84u16,
                 named: false,
             },
         ],
@@ -77678,7 +77648,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 91u16,
+                kind: 90u16,
                 named: false,
             },
             Wire::Val {
@@ -77744,7 +77714,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 27u16,
+                kind: 26u16,
                 named: false,
             },
         ],
@@ -77767,7 +77737,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 28u16,
+                kind: 27u16,
                 named: false,
             },
         ],
@@ -77790,7 +77760,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 29u16,
+                kind: 28u16,
                 named: false,
             },
         ],
@@ -77813,7 +77783,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 30u16,
+                kind: 29u16,
                 named: false,
             },
         ],
@@ -77836,7 +77806,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 84u16,
+                kind: 83u16,
                 named: false,
             },
         ],
@@ -77859,7 +77829,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 91u16,
+                kind: 90u16,
                 named: false,
             },
             Wire::Val {
@@ -77925,7 +77895,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 91u16,
+                kind: 90u16,
                 named: false,
             },
             Wire::Val {
@@ -77975,7 +77945,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 91u16,
+                kind: 90u16,
                 named: false,
             },
             Wire::Val {
@@ -78029,7 +77999,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 86u16,
+                kind: 85u16,
                 named: false,
             },
             Wire::Val {
@@ -78073,7 +78043,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 87u16,
+                kind: 86u16,
                 named: false,
             },
             Wire::Val {
@@ -78105,7 +78075,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 91u16,
+                kind: 90u16,
                 named: false,
             },
             Wire::Val {
@@ -78155,7 +78125,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 91u16,
+                kind: 90u16,
                 named: false,
             },
             Wire::Val {
@@ -78204,7 +78174,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 91u16,
+                kind: 90u16,
                 named: false,
             },
             Wire::Val {
@@ -78258,7 +78228,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 31u16,
+                kind: 30u16,
                 named: false,
             },
         ],
@@ -78281,7 +78251,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 32u16,
+                kind: 31u16,
                 named: false,
             },
         ],
@@ -78304,7 +78274,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 33u16,
+                kind: 32u16,
                 named: false,
             },
         ],
@@ -78327,7 +78297,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 35u16,
+                kind: 34u16,
                 named: false,
             },
         ],
@@ -78350,7 +78320,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 36u16,
+                kind: 35u16,
                 named: false,
             },
         ],
@@ -78373,7 +78343,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 37u16,
+                kind: 36u16,
                 named: false,
             },
         ],
@@ -78396,7 +78366,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 86u16,
+                kind: 85u16,
                 named: false,
             },
             Wire::Val {
@@ -78440,7 +78410,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 87u16,
+                kind: 86u16,
                 named: false,
             },
             Wire::Val {
@@ -78472,7 +78442,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78500,7 +78470,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 88u16,
+                kind: 87u16,
                 named: false,
             },
         ],
@@ -78523,7 +78493,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 106u16,
+                kind: 105u16,
                 named: false,
             },
         ],
@@ -78546,7 +78516,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78572,7 +78542,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78607,7 +78577,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78623,7 +78593,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78634,7 +78604,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78660,7 +78630,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78676,7 +78646,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78687,7 +78657,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78715,7 +78685,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78731,7 +78701,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78742,7 +78712,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -78771,7 +78741,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78787,7 +78757,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78798,7 +78768,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78826,7 +78796,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78842,7 +78812,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78853,7 +78823,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78881,7 +78851,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78897,7 +78867,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -78908,7 +78878,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -78937,7 +78907,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -78974,7 +78944,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79019,7 +78989,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79048,7 +79018,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79085,7 +79055,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79113,7 +79083,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79124,7 +79094,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79152,7 +79122,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79180,7 +79150,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79191,7 +79161,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -79220,7 +79190,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79253,7 +79223,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79264,7 +79234,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79302,7 +79272,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79322,7 +79292,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79333,7 +79303,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79361,7 +79331,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79381,7 +79351,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79392,7 +79362,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -79421,7 +79391,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79446,7 +79416,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79457,7 +79427,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79487,7 +79457,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79520,7 +79490,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79559,7 +79529,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79575,7 +79545,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79586,7 +79556,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79612,7 +79582,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79628,14 +79598,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79659,7 +79629,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79675,14 +79645,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79717,7 +79687,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79733,7 +79703,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79773,7 +79743,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79790,7 +79760,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79806,7 +79776,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79817,7 +79787,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79844,7 +79814,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79861,7 +79831,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79877,7 +79847,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79888,7 +79858,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -79920,7 +79890,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79941,7 +79911,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79952,7 +79922,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79968,7 +79938,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -79979,14 +79949,14 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80010,7 +79980,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80031,7 +80001,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80041,7 +80011,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80056,7 +80026,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80066,7 +80036,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -80095,7 +80065,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80107,14 +80077,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80142,7 +80112,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80154,14 +80124,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -80190,7 +80160,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80202,14 +80172,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80237,7 +80207,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80249,14 +80219,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -80285,7 +80255,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80318,7 +80288,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80330,7 +80300,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80358,7 +80328,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80391,7 +80361,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80403,7 +80373,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80431,7 +80401,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80447,14 +80417,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80482,7 +80452,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80498,14 +80468,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -80534,7 +80504,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80555,14 +80525,14 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80592,7 +80562,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80608,14 +80578,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Device,
@@ -80639,7 +80609,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80658,7 +80628,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -80687,15 +80657,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80723,15 +80693,15 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80764,15 +80734,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -80800,7 +80770,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: true,
             },
         ],
@@ -80823,7 +80793,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: true,
             },
         ],
@@ -80846,7 +80816,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: true,
             },
         ],
@@ -80869,7 +80839,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: true,
             },
         ],
@@ -80892,7 +80862,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: true,
             },
         ],
@@ -80915,7 +80885,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 83u16,
                 destroy: true,
             },
         ],
@@ -80938,7 +80908,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: true,
             },
         ],
@@ -80961,7 +80931,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: true,
             },
         ],
@@ -80984,7 +80954,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: true,
             },
         ],
@@ -81007,7 +80977,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: true,
             },
         ],
@@ -81030,7 +81000,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: true,
             },
         ],
@@ -81053,7 +81023,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: true,
             },
         ],
@@ -81076,7 +81046,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: true,
             },
         ],
@@ -81099,7 +81069,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: true,
             },
         ],
@@ -81122,7 +81092,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: true,
             },
         ],
@@ -81145,7 +81115,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 106u16,
+                kind: 105u16,
                 destroy: true,
             },
         ],
@@ -81168,7 +81138,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: true,
             },
         ],
@@ -81191,7 +81161,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 94u16,
+                kind: 93u16,
                 destroy: true,
             },
         ],
@@ -81214,7 +81184,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81230,7 +81200,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81245,7 +81215,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81271,7 +81241,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81323,7 +81293,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81343,7 +81313,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81358,7 +81328,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81393,7 +81363,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81413,7 +81383,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81461,7 +81431,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81485,7 +81455,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81516,7 +81486,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81540,7 +81510,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81564,7 +81534,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81588,7 +81558,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81604,7 +81574,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81615,14 +81585,14 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81646,7 +81616,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81662,7 +81632,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81673,14 +81643,14 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -81709,7 +81679,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -81725,7 +81695,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81736,7 +81706,7 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81746,7 +81716,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Device,
@@ -81770,15 +81740,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 93u16,
                 destroy: false,
             },
         ],
@@ -81801,7 +81771,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
         ],
@@ -81827,7 +81797,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
         ],
@@ -81853,7 +81823,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
         ],
@@ -81879,7 +81849,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
         ],
@@ -81905,7 +81875,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::OutHandle {
@@ -81996,28 +81966,28 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
             Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -82026,7 +81996,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82058,28 +82028,28 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
             Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -82088,7 +82058,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82125,28 +82095,28 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
             Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -82155,7 +82125,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82187,7 +82157,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82203,7 +82173,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82214,7 +82184,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82240,7 +82210,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82256,7 +82226,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82267,7 +82237,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82295,7 +82265,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82311,7 +82281,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82322,7 +82292,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -82351,7 +82321,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82367,7 +82337,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82378,7 +82348,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82406,7 +82376,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82422,7 +82392,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82433,7 +82403,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82461,7 +82431,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82477,7 +82447,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82488,7 +82458,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -82517,7 +82487,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82554,7 +82524,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82599,7 +82569,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82628,7 +82598,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82665,7 +82635,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82693,7 +82663,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82704,7 +82674,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82732,7 +82702,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82760,7 +82730,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82771,7 +82741,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -82800,7 +82770,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82833,7 +82803,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82844,7 +82814,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82882,7 +82852,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82902,7 +82872,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82913,7 +82883,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82941,7 +82911,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -82961,7 +82931,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -82972,7 +82942,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -83001,7 +82971,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83026,7 +82996,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83037,7 +83007,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83067,7 +83037,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83100,7 +83070,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83139,15 +83109,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 94u16,
+                kind: 93u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
         ],
@@ -83170,7 +83140,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83186,7 +83156,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83197,7 +83167,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83223,7 +83193,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83239,14 +83209,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83270,7 +83240,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83286,14 +83256,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83328,7 +83298,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83344,7 +83314,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83384,7 +83354,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83401,7 +83371,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83417,7 +83387,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83428,7 +83398,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83455,7 +83425,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83472,7 +83442,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83488,7 +83458,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83499,7 +83469,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83531,7 +83501,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83552,7 +83522,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83563,7 +83533,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83579,7 +83549,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83590,14 +83560,14 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83621,7 +83591,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83642,7 +83612,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83652,7 +83622,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83667,7 +83637,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83677,7 +83647,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -83706,7 +83676,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83718,14 +83688,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83753,7 +83723,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83765,14 +83735,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -83801,7 +83771,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83813,14 +83783,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83848,7 +83818,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83860,14 +83830,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -83896,7 +83866,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83929,7 +83899,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -83941,7 +83911,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Val {
@@ -83969,7 +83939,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84002,7 +83972,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84014,7 +83984,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84042,7 +84012,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84058,14 +84028,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84093,7 +84063,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84109,14 +84079,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -84145,7 +84115,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84166,14 +84136,14 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84203,7 +84173,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84219,14 +84189,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84250,7 +84220,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84269,7 +84239,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -84298,7 +84268,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 84u16,
+                kind: 83u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84325,7 +84295,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84352,7 +84322,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84379,7 +84349,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84406,7 +84376,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84433,7 +84403,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84460,7 +84430,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -84487,7 +84457,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84503,7 +84473,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84518,7 +84488,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84544,7 +84514,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84596,7 +84566,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84616,7 +84586,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84631,7 +84601,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84666,7 +84636,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84686,7 +84656,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -84734,7 +84704,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84751,11 +84721,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84764,7 +84734,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84776,7 +84746,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 89u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -84806,7 +84776,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84823,11 +84793,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84836,7 +84806,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84848,7 +84818,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 89u16,
+                kind: 88u16,
                 destroy: false,
             },
         ],
@@ -84871,7 +84841,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 89u16,
+                kind: 88u16,
                 named: false,
             },
         ],
@@ -84894,7 +84864,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 89u16,
+                kind: 88u16,
                 destroy: false,
             },
         ],
@@ -84917,7 +84887,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84934,11 +84904,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -84947,7 +84917,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -84959,7 +84929,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 89u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -84989,7 +84959,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85006,11 +84976,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -85019,7 +84989,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85031,7 +85001,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 89u16,
+                kind: 88u16,
                 destroy: false,
             },
         ],
@@ -85054,7 +85024,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85066,15 +85036,15 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85082,7 +85052,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 89u16,
+                kind: 88u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -85112,37 +85082,37 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
-            Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85174,7 +85144,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 89u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85198,7 +85168,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 90u16,
+                kind: 89u16,
                 destroy: false,
             },
         ],
@@ -85221,37 +85191,37 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
-            Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85288,37 +85258,37 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Scalar {
+                dir: Dir::In,
+                bytes: 16u32,
+                mode: 0u8,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 85u16,
                 destroy: false,
             },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
             Wire::Scalar {
                 dir: Dir::In,
                 bytes: 16u32,
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Scalar {
-                dir: Dir::In,
-                bytes: 16u32,
-                mode: 0u8,
-            },
-            Wire::Handle {
-                kind: 86u16,
+                kind: 85u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85350,7 +85320,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85363,11 +85333,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -85376,7 +85346,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85408,7 +85378,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85421,11 +85391,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -85434,7 +85404,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85471,7 +85441,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85484,11 +85454,11 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -85497,7 +85467,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85529,7 +85499,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85561,7 +85531,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -85602,7 +85572,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85626,7 +85596,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85658,7 +85628,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85685,7 +85655,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85709,7 +85679,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85726,27 +85696,27 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
                 kind: 91u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Handle {
-                kind: 92u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85770,7 +85740,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85787,27 +85757,27 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
                 kind: 91u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Handle {
-                kind: 92u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -85836,7 +85806,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 92u16,
+                kind: 91u16,
                 named: false,
             },
         ],
@@ -85859,7 +85829,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 92u16,
+                kind: 91u16,
                 destroy: false,
             },
         ],
@@ -85882,7 +85852,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85899,27 +85869,27 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 85u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
                 kind: 91u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
-                destroy: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Handle {
-                kind: 92u16,
                 destroy: false,
             },
         ],
@@ -85942,7 +85912,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85955,15 +85925,15 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -85975,7 +85945,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 93u16,
+                kind: 92u16,
                 destroy: false,
             },
             Wire::Device,
@@ -85999,7 +85969,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86012,15 +85982,15 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86032,7 +86002,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 93u16,
+                kind: 92u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -86061,7 +86031,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 93u16,
+                kind: 92u16,
                 named: false,
             },
         ],
@@ -86084,7 +86054,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 93u16,
+                kind: 92u16,
                 destroy: false,
             },
         ],
@@ -86107,7 +86077,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86120,15 +86090,15 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 91u16,
+                kind: 90u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 87u16,
+                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86140,7 +86110,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 93u16,
+                kind: 92u16,
                 destroy: false,
             },
         ],
@@ -86163,7 +86133,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 94u16,
+                kind: 93u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86187,7 +86157,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 94u16,
+                kind: 93u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86211,15 +86181,15 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 85u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 91u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86247,15 +86217,15 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 84u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 90u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 85u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 91u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 86u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86288,7 +86258,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86304,7 +86274,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86315,14 +86285,14 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86346,7 +86316,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86362,7 +86332,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86373,14 +86343,14 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 106u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -86409,7 +86379,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86425,7 +86395,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86436,7 +86406,7 @@ pub mod cusparse {
                 float: true,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86446,7 +86416,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 106u16,
+                kind: 105u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86470,11 +86440,11 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -86502,11 +86472,11 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -86534,11 +86504,11 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -86566,11 +86536,11 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -86598,7 +86568,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86635,7 +86605,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86674,7 +86644,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86713,7 +86683,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86756,7 +86726,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86772,7 +86742,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86782,7 +86752,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86811,7 +86781,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86848,7 +86818,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86864,13 +86834,13 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86908,7 +86878,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86920,7 +86890,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86930,7 +86900,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86940,7 +86910,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -86970,7 +86940,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86986,7 +86956,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -86996,7 +86966,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87006,7 +86976,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87016,7 +86986,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87026,7 +86996,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87050,11 +87020,11 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -87082,11 +87052,11 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -87114,11 +87084,11 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -87146,7 +87116,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87162,7 +87132,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87189,7 +87159,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87232,11 +87202,11 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Scalar {
@@ -87264,7 +87234,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87280,7 +87250,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87294,7 +87264,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87319,7 +87289,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87339,7 +87309,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87353,7 +87323,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87391,7 +87361,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87407,7 +87377,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87418,7 +87388,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87444,7 +87414,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87460,7 +87430,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87471,7 +87441,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87499,7 +87469,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87515,7 +87485,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87526,7 +87496,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 27u16,
+                kind: 26u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -87555,7 +87525,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87571,7 +87541,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87582,7 +87552,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87610,7 +87580,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87626,7 +87596,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87637,7 +87607,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87665,7 +87635,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87681,7 +87651,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87692,7 +87662,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 28u16,
+                kind: 27u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -87721,7 +87691,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87758,7 +87728,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87803,7 +87773,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87832,7 +87802,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87869,7 +87839,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87897,7 +87867,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87908,7 +87878,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87936,7 +87906,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -87964,7 +87934,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -87975,7 +87945,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -88004,7 +87974,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88037,7 +88007,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88048,7 +88018,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 29u16,
+                kind: 28u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88086,7 +88056,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88106,7 +88076,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88117,7 +88087,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88145,7 +88115,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88165,7 +88135,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88176,7 +88146,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -88205,7 +88175,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88230,7 +88200,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88241,7 +88211,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 30u16,
+                kind: 29u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88271,7 +88241,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88304,7 +88274,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88343,7 +88313,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88359,7 +88329,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88370,7 +88340,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88396,7 +88366,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88412,14 +88382,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88443,7 +88413,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88459,14 +88429,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88501,7 +88471,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88517,7 +88487,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88557,7 +88527,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88574,7 +88544,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88590,7 +88560,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88601,7 +88571,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88628,7 +88598,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88645,7 +88615,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88661,7 +88631,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88672,7 +88642,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88704,7 +88674,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88725,7 +88695,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88736,7 +88706,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88752,7 +88722,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88763,14 +88733,14 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Device,
@@ -88794,7 +88764,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88815,7 +88785,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88825,7 +88795,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88840,7 +88810,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88850,7 +88820,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 31u16,
+                kind: 30u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -88879,7 +88849,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88891,14 +88861,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88926,7 +88896,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88938,14 +88908,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 32u16,
+                kind: 31u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -88974,7 +88944,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -88986,14 +88956,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89021,7 +88991,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89033,14 +89003,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 33u16,
+                kind: 32u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -89069,7 +89039,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89102,7 +89072,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89114,7 +89084,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89142,7 +89112,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89175,7 +89145,7 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89187,7 +89157,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 35u16,
+                kind: 34u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89215,7 +89185,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89231,14 +89201,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89266,7 +89236,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89282,14 +89252,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -89318,7 +89288,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89339,14 +89309,14 @@ pub mod cusparse {
                 mode: 0u8,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 36u16,
+                kind: 35u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89376,7 +89346,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89392,14 +89362,14 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89423,7 +89393,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89442,7 +89412,7 @@ pub mod cusparse {
             Wire::Device,
             Wire::Device,
             Wire::Handle {
-                kind: 37u16,
+                kind: 36u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -89471,7 +89441,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89487,7 +89457,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89502,7 +89472,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89528,7 +89498,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89580,7 +89550,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89600,7 +89570,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89615,7 +89585,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89650,7 +89620,7 @@ pub mod cusparse {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89670,7 +89640,7 @@ pub mod cusparse {
                 float: false,
             },
             Wire::Handle {
-                kind: 88u16,
+                kind: 87u16,
                 destroy: false,
             },
             Wire::Device,
@@ -89718,7 +89688,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89773,7 +89743,7 @@ pub mod cusparse {
         class: Class::Async,
         params: &[
             Wire::Handle {
-                kind: 85u16,
+                kind: 84u16,
                 destroy: false,
             },
             Wire::Val {
@@ -89822,8 +89792,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2257u32,
+        wire: 2454u32,
+        call: 2247u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89847,8 +89817,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2257u32,
+        wire: 2455u32,
+        call: 2247u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89872,8 +89842,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2257u32,
+        wire: 2456u32,
+        call: 2247u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89897,8 +89867,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2258u32,
+        wire: 2457u32,
+        call: 2248u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -89922,8 +89892,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2258u32,
+        wire: 2458u32,
+        call: 2248u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -89947,8 +89917,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2258u32,
+        wire: 2459u32,
+        call: 2248u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -89972,8 +89942,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2259u32,
+        wire: 2460u32,
+        call: 2249u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -89997,8 +89967,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2260u32,
+        wire: 2461u32,
+        call: 2250u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -90022,8 +89992,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2260u32,
+        wire: 2462u32,
+        call: 2250u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -90047,8 +90017,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2260u32,
+        wire: 2463u32,
+        call: 2250u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -101073,8 +101043,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2237u32,
+        wire: 2432u32,
+        call: 2227u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -101082,7 +101052,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -101096,8 +101066,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2238u32,
+        wire: 2433u32,
+        call: 2228u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -101105,7 +101075,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: true,
             },
         ],
@@ -101119,8 +101089,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2239u32,
+        wire: 2434u32,
+        call: 2229u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -101128,7 +101098,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -101142,8 +101112,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2240u32,
+        wire: 2435u32,
+        call: 2230u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -101151,7 +101121,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 96u16,
+                kind: 95u16,
                 named: false,
             },
             Wire::Val {
@@ -101174,8 +101144,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2241u32,
+        wire: 2436u32,
+        call: 2231u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -101183,7 +101153,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -101201,8 +101171,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2242u32,
+        wire: 2437u32,
+        call: 2232u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101210,7 +101180,34 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 95u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 96u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
+        wire: 2438u32,
+        call: 2232u32,
+        name: "ncclCommWindowDeregister",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -101227,36 +101224,9 @@ pub mod nccl {
         },
         only_waits: false,
     };
-    pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2242u32,
-        name: "ncclCommWindowDeregister",
-        form: None,
-        library: "nccl",
-        versions: &["13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 96u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 98u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5i64,
-            unavailable: 2i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2243u32,
+        wire: 2439u32,
+        call: 2233u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -101273,8 +101243,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2244u32,
+        wire: 2440u32,
+        call: 2234u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -101291,8 +101261,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2245u32,
+        wire: 2441u32,
+        call: 2235u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -101304,7 +101274,7 @@ pub mod nccl {
                 float: false,
             },
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -101318,8 +101288,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2246u32,
+        wire: 2442u32,
+        call: 2236u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -101336,8 +101306,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2247u32,
+        wire: 2443u32,
+        call: 2237u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -101345,7 +101315,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -101359,8 +101329,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2248u32,
+        wire: 2444u32,
+        call: 2238u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -101368,7 +101338,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: true,
             },
         ],
@@ -101382,8 +101352,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2249u32,
+        wire: 2445u32,
+        call: 2239u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -101391,7 +101361,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -101405,8 +101375,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2250u32,
+        wire: 2446u32,
+        call: 2240u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -101414,7 +101384,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 96u16,
+                kind: 95u16,
                 named: false,
             },
             Wire::Val {
@@ -101437,8 +101407,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2251u32,
+        wire: 2447u32,
+        call: 2241u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -101446,7 +101416,7 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Val {
@@ -101464,8 +101434,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2252u32,
+        wire: 2448u32,
+        call: 2242u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101473,7 +101443,34 @@ pub mod nccl {
         class: Class::Sync,
         params: &[
             Wire::Handle {
+                kind: 95u16,
+                destroy: false,
+            },
+            Wire::Handle {
                 kind: 96u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 5i64,
+            unavailable: 2i64,
+            invalid_handle: 4i64,
+        },
+        only_waits: false,
+    };
+    pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
+        wire: 2449u32,
+        call: 2242u32,
+        name: "pncclCommWindowDeregister",
+        form: None,
+        library: "nccl",
+        versions: &["13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 95u16,
                 destroy: false,
             },
             Wire::Handle {
@@ -101490,36 +101487,9 @@ pub mod nccl {
         },
         only_waits: false,
     };
-    pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2252u32,
-        name: "pncclCommWindowDeregister",
-        form: None,
-        library: "nccl",
-        versions: &["13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 96u16,
-                destroy: false,
-            },
-            Wire::Handle {
-                kind: 98u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 5i64,
-            unavailable: 2i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2253u32,
+        wire: 2450u32,
+        call: 2243u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -101536,8 +101506,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2254u32,
+        wire: 2451u32,
+        call: 2244u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -101554,8 +101524,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2255u32,
+        wire: 2452u32,
+        call: 2245u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -101567,7 +101537,7 @@ pub mod nccl {
                 float: false,
             },
             Wire::Handle {
-                kind: 96u16,
+                kind: 95u16,
                 destroy: false,
             },
         ],
@@ -101581,8 +101551,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2256u32,
+        wire: 2453u32,
+        call: 2246u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -101602,8 +101572,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2206u32,
+        wire: 2401u32,
+        call: 2196u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -101611,7 +101581,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
         ],
@@ -101625,8 +101595,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2207u32,
+        wire: 2402u32,
+        call: 2197u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -101634,7 +101604,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
         ],
@@ -101648,8 +101618,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2208u32,
+        wire: 2403u32,
+        call: 2198u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -101657,7 +101627,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
         ],
@@ -101671,8 +101641,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2209u32,
+        wire: 2404u32,
+        call: 2199u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -101680,7 +101650,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
         ],
@@ -101694,8 +101664,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2210u32,
+        wire: 2405u32,
+        call: 2200u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -101703,7 +101673,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
         ],
@@ -101717,8 +101687,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2211u32,
+        wire: 2406u32,
+        call: 2201u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -101726,7 +101696,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 98u16,
                 named: false,
             },
         ],
@@ -101740,8 +101710,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2212u32,
+        wire: 2407u32,
+        call: 2202u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -101749,7 +101719,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 98u16,
                 named: false,
             },
         ],
@@ -101763,8 +101733,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2213u32,
+        wire: 2408u32,
+        call: 2203u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -101772,7 +101742,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 98u16,
                 named: false,
             },
         ],
@@ -101786,8 +101756,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2214u32,
+        wire: 2409u32,
+        call: 2204u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -101795,7 +101765,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 98u16,
                 named: false,
             },
         ],
@@ -101809,8 +101779,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2215u32,
+        wire: 2410u32,
+        call: 2205u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -101818,7 +101788,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 99u16,
+                kind: 98u16,
                 named: false,
             },
         ],
@@ -101832,8 +101802,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2216u32,
+        wire: 2411u32,
+        call: 2206u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -101841,7 +101811,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101861,8 +101831,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2217u32,
+        wire: 2412u32,
+        call: 2207u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -101870,7 +101840,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101890,8 +101860,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2218u32,
+        wire: 2413u32,
+        call: 2208u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -101899,7 +101869,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101919,8 +101889,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2219u32,
+        wire: 2414u32,
+        call: 2209u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -101928,7 +101898,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101948,8 +101918,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2220u32,
+        wire: 2415u32,
+        call: 2210u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -101957,7 +101927,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -101977,8 +101947,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2221u32,
+        wire: 2416u32,
+        call: 2211u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -101986,7 +101956,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102006,8 +101976,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2222u32,
+        wire: 2417u32,
+        call: 2212u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102015,7 +101985,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102035,8 +102005,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2223u32,
+        wire: 2418u32,
+        call: 2213u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102044,7 +102014,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102064,8 +102034,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2224u32,
+        wire: 2419u32,
+        call: 2214u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102073,7 +102043,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102093,8 +102063,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2225u32,
+        wire: 2420u32,
+        call: 2215u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102102,7 +102072,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102122,8 +102092,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2226u32,
+        wire: 2421u32,
+        call: 2216u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -102131,7 +102101,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102151,8 +102121,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2227u32,
+        wire: 2422u32,
+        call: 2217u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102160,7 +102130,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102180,8 +102150,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2228u32,
+        wire: 2423u32,
+        call: 2218u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102189,7 +102159,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102209,8 +102179,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2229u32,
+        wire: 2424u32,
+        call: 2219u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102218,7 +102188,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102238,8 +102208,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2230u32,
+        wire: 2425u32,
+        call: 2220u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102247,7 +102217,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102267,8 +102237,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2231u32,
+        wire: 2426u32,
+        call: 2221u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -102276,7 +102246,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102296,8 +102266,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2232u32,
+        wire: 2427u32,
+        call: 2222u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102305,7 +102275,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102325,8 +102295,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2233u32,
+        wire: 2428u32,
+        call: 2223u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102334,7 +102304,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102354,8 +102324,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2234u32,
+        wire: 2429u32,
+        call: 2224u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102363,7 +102333,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102383,8 +102353,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2235u32,
+        wire: 2430u32,
+        call: 2225u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102392,7 +102362,7 @@ pub mod nvjitlink {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 99u16,
+                kind: 98u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102412,8 +102382,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2236u32,
+        wire: 2431u32,
+        call: 2226u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -102455,7 +102425,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 100u16,
+                kind: 99u16,
                 destroy: true,
             },
         ],
@@ -102478,7 +102448,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102507,7 +102477,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102534,7 +102504,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
         ],
@@ -102557,7 +102527,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
         ],
@@ -102580,7 +102550,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102607,7 +102577,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102615,7 +102585,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 104u16,
+                kind: 103u16,
                 named: false,
             },
         ],
@@ -102638,7 +102608,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102652,7 +102622,7 @@ pub mod nvml {
                 record: Some("nvmlGpuInstancePlacement_st"),
             },
             Wire::OutHandle {
-                kind: 104u16,
+                kind: 103u16,
                 named: false,
             },
         ],
@@ -102675,7 +102645,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: true,
             },
             Wire::Val {
@@ -102710,7 +102680,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102743,7 +102713,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102772,7 +102742,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102801,7 +102771,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102830,7 +102800,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -102863,7 +102833,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102892,7 +102862,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102927,7 +102897,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102956,7 +102926,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -102985,7 +102955,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103014,7 +102984,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103051,7 +103021,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103084,7 +103054,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103113,7 +103083,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103142,7 +103112,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103177,7 +103147,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103206,7 +103176,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103235,7 +103205,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103264,7 +103234,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103293,7 +103263,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103328,7 +103298,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103361,7 +103331,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103390,11 +103360,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -103417,7 +103387,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103446,7 +103416,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103475,7 +103445,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103510,7 +103480,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103545,7 +103515,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103580,7 +103550,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103613,7 +103583,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103648,7 +103618,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103677,7 +103647,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103710,7 +103680,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103739,7 +103709,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103772,7 +103742,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103807,7 +103777,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103836,7 +103806,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103844,7 +103814,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 104u16,
+                kind: 103u16,
                 named: false,
             },
         ],
@@ -103867,7 +103837,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103896,7 +103866,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103929,7 +103899,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -103937,7 +103907,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 104u16,
+                kind: 103u16,
                 named: false,
             },
             Wire::Buf {
@@ -103966,7 +103936,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -103995,7 +103965,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104030,7 +104000,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104069,7 +104039,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -104096,7 +104066,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -104120,7 +104090,7 @@ pub mod nvml {
         params: &[
             Wire::Str,
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -104144,7 +104114,7 @@ pub mod nvml {
         params: &[
             Wire::Str,
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -104168,7 +104138,7 @@ pub mod nvml {
         params: &[
             Wire::Str,
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -104192,7 +104162,7 @@ pub mod nvml {
         params: &[
             Wire::Str,
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -104221,7 +104191,7 @@ pub mod nvml {
                 record: Some("nvmlUUID_v1_t"),
             },
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -104244,7 +104214,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104273,7 +104243,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104302,7 +104272,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104331,7 +104301,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104360,7 +104330,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104395,7 +104365,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104430,7 +104400,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104463,7 +104433,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104496,7 +104466,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104525,7 +104495,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104554,7 +104524,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104583,7 +104553,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104618,7 +104588,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104647,7 +104617,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104676,7 +104646,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104684,7 +104654,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -104707,7 +104677,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104742,7 +104712,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -104785,7 +104755,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104820,7 +104790,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104849,7 +104819,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104878,7 +104848,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104907,7 +104877,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104936,7 +104906,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104965,7 +104935,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -104994,7 +104964,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105031,7 +105001,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105064,7 +105034,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105097,7 +105067,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105130,7 +105100,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105165,11 +105135,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105202,7 +105172,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105231,7 +105201,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105260,7 +105230,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105289,7 +105259,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105318,7 +105288,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105347,7 +105317,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105376,7 +105346,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105405,7 +105375,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105440,7 +105410,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105469,7 +105439,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105498,7 +105468,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105527,7 +105497,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105556,7 +105526,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105585,7 +105555,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105632,7 +105602,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105661,7 +105631,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105690,7 +105660,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105719,7 +105689,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105748,7 +105718,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105777,7 +105747,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105810,7 +105780,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105843,7 +105813,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105876,11 +105846,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105909,7 +105879,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -105923,7 +105893,7 @@ pub mod nvml {
                 record: None,
             },
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -105946,7 +105916,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -105975,7 +105945,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106008,7 +105978,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -106037,7 +106007,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -106066,11 +106036,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -106099,7 +106069,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106107,7 +106077,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::Handle {
-                kind: 102u16,
+                kind: 101u16,
                 destroy: false,
             },
         ],
@@ -106130,7 +106100,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
         ],
@@ -106153,7 +106123,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
         ],
@@ -106176,7 +106146,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
         ],
@@ -106199,7 +106169,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106226,7 +106196,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106257,7 +106227,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106288,7 +106258,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106315,7 +106285,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106346,7 +106316,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106373,7 +106343,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106400,7 +106370,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106427,7 +106397,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
         ],
@@ -106450,7 +106420,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106481,7 +106451,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106508,7 +106478,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -106537,7 +106507,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106568,7 +106538,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106595,7 +106565,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106626,7 +106596,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106657,7 +106627,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106684,7 +106654,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106715,7 +106685,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106742,7 +106712,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106769,7 +106739,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106800,7 +106770,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106833,7 +106803,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106860,7 +106830,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106887,7 +106857,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106914,7 +106884,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106947,7 +106917,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -106978,7 +106948,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -107007,7 +106977,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107034,7 +107004,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
         ],
@@ -107057,7 +107027,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 102u16,
+                kind: 101u16,
                 named: false,
             },
         ],
@@ -107080,7 +107050,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 102u16,
+                kind: 101u16,
                 destroy: true,
             },
         ],
@@ -107157,7 +107127,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107165,7 +107135,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::Handle {
-                kind: 103u16,
+                kind: 102u16,
                 destroy: false,
             },
         ],
@@ -107188,7 +107158,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -107217,7 +107187,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::OutHandle {
-                kind: 103u16,
+                kind: 102u16,
                 named: false,
             },
         ],
@@ -107240,7 +107210,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 103u16,
+                kind: 102u16,
                 destroy: true,
             },
         ],
@@ -107263,11 +107233,11 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Handle {
-                kind: 103u16,
+                kind: 102u16,
                 destroy: false,
             },
         ],
@@ -107290,7 +107260,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107317,7 +107287,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 103u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107325,7 +107295,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 99u16,
                 named: false,
             },
         ],
@@ -107348,7 +107318,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 103u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107362,7 +107332,7 @@ pub mod nvml {
                 record: Some("nvmlComputeInstancePlacement_st"),
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 99u16,
                 named: false,
             },
         ],
@@ -107385,7 +107355,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 103u16,
                 destroy: true,
             },
         ],
@@ -107408,7 +107378,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 103u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107416,7 +107386,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 99u16,
                 named: false,
             },
         ],
@@ -107439,7 +107409,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 103u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107472,7 +107442,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 103u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107480,7 +107450,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 100u16,
+                kind: 99u16,
                 named: false,
             },
             Wire::Buf {
@@ -107509,7 +107479,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 104u16,
+                kind: 103u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -107709,7 +107679,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 105u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Buf {
@@ -107719,7 +107689,7 @@ pub mod nvml {
                 record: None,
             },
             Wire::OutHandle {
-                kind: 101u16,
+                kind: 100u16,
                 named: false,
             },
         ],
@@ -107746,7 +107716,7 @@ pub mod nvml {
                 float: false,
             },
             Wire::OutHandle {
-                kind: 105u16,
+                kind: 104u16,
                 named: false,
             },
         ],
@@ -107769,7 +107739,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 105u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Val {
@@ -107802,7 +107772,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 105u16,
+                kind: 104u16,
                 destroy: false,
             },
             Wire::Val {
@@ -108324,7 +108294,7 @@ pub mod nvml {
         class: Class::Sync,
         params: &[
             Wire::Handle {
-                kind: 101u16,
+                kind: 100u16,
                 destroy: false,
             },
             Wire::Val {
@@ -108447,143 +108417,10 @@ pub mod nvml {
 }
 pub mod nvrtc {
     use chidori_protocol::desc::*;
-    pub static nvrtcAddNameExpression: CallDesc = CallDesc {
+    static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
+    pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
         wire: 2396u32,
         call: 2191u32,
-        name: "nvrtcAddNameExpression",
-        form: None,
-        library: "nvrtc",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-            Wire::Str,
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcDestroyProgram: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2192u32,
-        name: "nvrtcDestroyProgram",
-        form: None,
-        library: "nvrtc",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::OutHandle {
-                kind: 26u16,
-                named: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcGetCUBINSize: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2193u32,
-        name: "nvrtcGetCUBINSize",
-        form: None,
-        library: "nvrtc",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcGetLTOIRSize: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2194u32,
-        name: "nvrtcGetLTOIRSize",
-        form: None,
-        library: "nvrtc",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcGetNVVMSize: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2195u32,
-        name: "nvrtcGetNVVMSize",
-        form: None,
-        library: "nvrtc",
-        versions: &["11.8", "12.1", "12.6", "12.8"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2196u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -108606,61 +108443,9 @@ pub mod nvrtc {
         },
         only_waits: false,
     };
-    pub static nvrtcGetOptiXIRSize: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2197u32,
-        name: "nvrtcGetOptiXIRSize",
-        form: None,
-        library: "nvrtc",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcGetPCHCreateStatus: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2198u32,
-        name: "nvrtcGetPCHCreateStatus",
-        form: None,
-        library: "nvrtc",
-        versions: &["12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2199u32,
+        wire: 2397u32,
+        call: 2192u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -108683,98 +108468,11 @@ pub mod nvrtc {
         },
         only_waits: false,
     };
-    pub static nvrtcGetPCHHeapSizeRequired: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2200u32,
-        name: "nvrtcGetPCHHeapSizeRequired",
-        form: None,
-        library: "nvrtc",
-        versions: &["12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcGetPTXSize: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2201u32,
-        name: "nvrtcGetPTXSize",
-        form: None,
-        library: "nvrtc",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcGetProgramLogSize: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2202u32,
-        name: "nvrtcGetProgramLogSize",
-        form: None,
-        library: "nvrtc",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
-        params: &[
-            Wire::Handle {
-                kind: 26u16,
-                destroy: false,
-            },
-            Wire::Buf {
-                dir: Dir::Out,
-                elem: 8u32,
-                len: None,
-                record: None,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 11i64,
-            unavailable: 11i64,
-            invalid_handle: 4i64,
-        },
-        only_waits: false,
-    };
-    pub static nvrtcGetSupportedArchs: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2203u32,
+    pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
+        wire: 2398u32,
+        call: 2193u32,
         name: "nvrtcGetSupportedArchs",
-        form: None,
+        form: Some("call"),
         library: "nvrtc",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -108782,7 +108480,7 @@ pub mod nvrtc {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: None,
+                len: Some(&LEN_nvrtcGetSupportedArchs__call_0),
                 record: None,
             },
         ],
@@ -108796,8 +108494,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2204u32,
+        wire: 2399u32,
+        call: 2194u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -108819,8 +108517,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2205u32,
+        wire: 2400u32,
+        call: 2195u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -14,3 +14,4 @@ pub mod entry;
 pub mod kernels;
 pub mod memory;
 pub mod nvml;
+pub mod nvrtc;

@@ -1,0 +1,387 @@
+//! NVRTC with programs kept on the client. Creating a program, adding name expressions and
+//! reading the log, PTX, CUBIN or lowered names need no server; `nvrtcCompileProgram`
+//! sends the whole program in one request and keeps what the server's NVRTC produced.
+//! NVRTC needs no GPU, but the client loads no NVIDIA library: the server compiles, and
+//! the result is loaded there like any module (`cuModuleLoadData`).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use chidori_cuda::calls::nvrtc as calls;
+use chidori_protocol::messages::{CompileRequest, CompileResult, Service, ServiceReply};
+
+const SUCCESS: u32 = 0;
+const INVALID_INPUT: u32 = 3;
+const INVALID_PROGRAM: u32 = 4;
+const NO_NAME_EXPRESSIONS_AFTER_COMPILATION: u32 = 8;
+const NO_LOWERED_NAMES_BEFORE_COMPILATION: u32 = 9;
+const NAME_EXPRESSION_NOT_VALID: u32 = 10;
+const INTERNAL_ERROR: u32 = 11;
+
+struct Program {
+    request: CompileRequest,
+    /// The last compile's result, with the lowered names as C strings the caller may hold
+    /// until the program is destroyed.
+    compiled: Option<(CompileResult, Vec<(String, CString)>)>,
+}
+
+/// Programs by handle (a tagged counter: a value the application hands back is looked up,
+/// never dereferenced).
+static PROGRAMS: Mutex<Option<HashMap<u64, Program>>> = Mutex::new(None);
+
+fn programs() -> MutexGuard<'static, Option<HashMap<u64, Program>>> {
+    PROGRAMS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn next_handle() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    0xc1d0_5000_0000_0000 | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn local(name: &'static str, body: impl FnOnce() -> u32) -> u32 {
+    crate::guard::ffi(name, INTERNAL_ERROR, || {
+        crate::trace::local(name);
+        body()
+    })
+}
+
+/// A C string argument. None for NULL.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+unsafe fn string(p: *const c_char) -> Option<String> {
+    // SAFETY: per the contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// `n` C strings from an array. None if the array or one of its strings is NULL.
+///
+/// # Safety
+/// `array` is NULL or holds `n` pointers, each NULL or a NUL-terminated string.
+unsafe fn strings(array: *const *const c_char, n: usize) -> Option<Vec<String>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    if array.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract.
+    (0..n).map(|i| unsafe { string(*array.add(i)) }).collect()
+}
+
+pub unsafe fn nvrtcCreateProgram(
+    prog: *mut c_void,
+    src: *mut c_void,
+    name: *mut c_void,
+    numHeaders: i32,
+    headers: *mut c_void,
+    includeNames: *mut c_void,
+) -> u32 {
+    local("nvrtcCreateProgram", || {
+        let Ok(n) = usize::try_from(numHeaders) else { return INVALID_INPUT };
+        if prog.is_null() {
+            return INVALID_INPUT;
+        }
+        // SAFETY: NVRTC's contract: a source string, an optional name, and `numHeaders`
+        // header contents and include names.
+        let (source, name, contents, includes) = unsafe {
+            (
+                string(src as *const c_char),
+                string(name as *const c_char),
+                strings(headers as *const *const c_char, n),
+                strings(includeNames as *const *const c_char, n),
+            )
+        };
+        let (Some(source), Some(contents), Some(includes)) = (source, contents, includes) else {
+            return INVALID_INPUT;
+        };
+        let request = CompileRequest {
+            source,
+            name,
+            headers: includes.into_iter().zip(contents).collect(),
+            ..CompileRequest::default()
+        };
+        let handle = next_handle();
+        programs().get_or_insert_with(HashMap::new).insert(handle, Program { request, compiled: None });
+        // SAFETY: the caller's nvrtcProgram*, checked non-null.
+        unsafe { std::ptr::write_unaligned(prog as *mut u64, handle) };
+        SUCCESS
+    })
+}
+
+pub unsafe fn nvrtcDestroyProgram(prog: *mut c_void) -> u32 {
+    local("nvrtcDestroyProgram", || {
+        if prog.is_null() {
+            return INVALID_PROGRAM;
+        }
+        // SAFETY: the caller's nvrtcProgram*, checked non-null.
+        let handle = unsafe { std::ptr::read_unaligned(prog as *const u64) };
+        if programs().as_mut().and_then(|m| m.remove(&handle)).is_none() {
+            return INVALID_PROGRAM;
+        }
+        // SAFETY: as above.
+        unsafe { std::ptr::write_unaligned(prog as *mut u64, 0) };
+        SUCCESS
+    })
+}
+
+pub unsafe fn nvrtcAddNameExpression(prog: *mut c_void, name_expression: *mut c_void) -> u32 {
+    local("nvrtcAddNameExpression", || {
+        // SAFETY: a C string or NULL.
+        let Some(expr) = (unsafe { string(name_expression as *const c_char) }) else { return INVALID_INPUT };
+        let mut all = programs();
+        let Some(p) = all.as_mut().and_then(|m| m.get_mut(&(prog as u64))) else { return INVALID_PROGRAM };
+        if p.compiled.is_some() {
+            return NO_NAME_EXPRESSIONS_AFTER_COMPILATION;
+        }
+        p.request.name_expressions.push(expr);
+        SUCCESS
+    })
+}
+
+pub unsafe fn nvrtcCompileProgram(prog: *mut c_void, numOptions: i32, options: *mut c_void) -> u32 {
+    crate::guard::ffi("nvrtcCompileProgram", INTERNAL_ERROR, || {
+        let Ok(n) = usize::try_from(numOptions) else { return INVALID_INPUT };
+        // SAFETY: `numOptions` option strings.
+        let Some(options) = (unsafe { strings(options as *const *const c_char, n) }) else { return INVALID_INPUT };
+        let request = {
+            let mut all = programs();
+            let Some(p) = all.as_mut().and_then(|m| m.get_mut(&(prog as u64))) else { return INVALID_PROGRAM };
+            p.request.options = options;
+            p.request.clone()
+        };
+        let start = Instant::now();
+        let result = match compile(&request) {
+            Ok(r) => r,
+            Err(message) => {
+                crate::log::once_owned(&message, || tracing::error!("nvrtcCompileProgram: {message}"));
+                let mut log = message.into_bytes();
+                log.push(0);
+                CompileResult { status: i64::from(INTERNAL_ERROR), log, ..CompileResult::default() }
+            }
+        };
+        let received = (result.log.len() + result.ptx.len() + result.cubin.len()) as u64;
+        crate::trace::bytes("nvrtcCompileProgram", 1, request.source.len() as u64, received, start.elapsed());
+        let status = u32::try_from(result.status).unwrap_or(INTERNAL_ERROR);
+        let lowered = result
+            .lowered
+            .iter()
+            .filter_map(|(expr, name)| Some((expr.clone(), CString::new(name.as_str()).ok()?)))
+            .collect();
+        if let Some(p) = programs().as_mut().and_then(|m| m.get_mut(&(prog as u64))) {
+            p.compiled = Some((result, lowered));
+        }
+        status
+    })
+}
+
+fn compile(request: &CompileRequest) -> Result<CompileResult, String> {
+    let conn = crate::conn::get()?;
+    match conn.service(&Service::Compile(request.clone()), &[])? {
+        ServiceReply::Compiled(r) => Ok(r),
+        ServiceReply::Error { message, .. } => Err(format!("the server cannot compile: {message}")),
+        other => Err(format!("unexpected answer {other:?}")),
+    }
+}
+
+/// Which output of a compiled program.
+#[derive(Clone, Copy)]
+enum Output {
+    Log,
+    Ptx,
+    Cubin,
+}
+
+/// The bytes of `what`, or the status for a program that has none.
+fn with_output<T>(prog: *mut c_void, what: Output, f: impl FnOnce(&[u8]) -> T) -> Result<T, u32> {
+    let all = programs();
+    let p = all.as_ref().and_then(|m| m.get(&(prog as u64))).ok_or(INVALID_PROGRAM)?;
+    match (&p.compiled, what) {
+        // Before a compile the log is the empty string.
+        (None, Output::Log) => Ok(f(b"\0")),
+        (None, _) => Err(INVALID_PROGRAM),
+        (Some((r, _)), Output::Log) if r.log.is_empty() => Ok(f(b"\0")),
+        (Some((r, _)), Output::Log) => Ok(f(&r.log)),
+        (Some((r, _)), _) if r.status != 0 => Err(INVALID_PROGRAM),
+        (Some((r, _)), Output::Ptx) => Ok(f(&r.ptx)),
+        (Some((r, _)), Output::Cubin) => Ok(f(&r.cubin)),
+    }
+}
+
+fn size_of_output(name: &'static str, prog: *mut c_void, what: Output, out: *mut c_void) -> u32 {
+    local(name, || {
+        if out.is_null() {
+            return INVALID_INPUT;
+        }
+        match with_output(prog, what, |b| b.len()) {
+            Ok(n) => {
+                // SAFETY: the caller's size_t*, checked non-null.
+                unsafe { std::ptr::write_unaligned(out as *mut usize, n) };
+                SUCCESS
+            }
+            Err(s) => s,
+        }
+    })
+}
+
+fn copy_output(name: &'static str, prog: *mut c_void, what: Output, out: *mut c_void) -> u32 {
+    local(name, || {
+        if out.is_null() {
+            return INVALID_INPUT;
+        }
+        // SAFETY: the caller's buffer of the size the matching *Size call reported.
+        with_output(prog, what, |b| unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out as *mut u8, b.len()) })
+            .map_or_else(|s| s, |_| SUCCESS)
+    })
+}
+
+pub unsafe fn nvrtcGetProgramLogSize(prog: *mut c_void, logSizeRet: *mut c_void) -> u32 {
+    size_of_output("nvrtcGetProgramLogSize", prog, Output::Log, logSizeRet)
+}
+
+pub unsafe fn nvrtcGetProgramLog(prog: *mut c_void, log: *mut c_void) -> u32 {
+    copy_output("nvrtcGetProgramLog", prog, Output::Log, log)
+}
+
+pub unsafe fn nvrtcGetPTXSize(prog: *mut c_void, ptxSizeRet: *mut c_void) -> u32 {
+    size_of_output("nvrtcGetPTXSize", prog, Output::Ptx, ptxSizeRet)
+}
+
+pub unsafe fn nvrtcGetPTX(prog: *mut c_void, ptx: *mut c_void) -> u32 {
+    copy_output("nvrtcGetPTX", prog, Output::Ptx, ptx)
+}
+
+pub unsafe fn nvrtcGetCUBINSize(prog: *mut c_void, cubinSizeRet: *mut c_void) -> u32 {
+    size_of_output("nvrtcGetCUBINSize", prog, Output::Cubin, cubinSizeRet)
+}
+
+pub unsafe fn nvrtcGetCUBIN(prog: *mut c_void, cubin: *mut c_void) -> u32 {
+    copy_output("nvrtcGetCUBIN", prog, Output::Cubin, cubin)
+}
+
+pub unsafe fn nvrtcGetLoweredName(prog: *mut c_void, name_expression: *mut c_void, lowered_name: *mut c_void) -> u32 {
+    local("nvrtcGetLoweredName", || {
+        // SAFETY: a C string or NULL.
+        let Some(expr) = (unsafe { string(name_expression as *const c_char) }) else { return INVALID_INPUT };
+        if lowered_name.is_null() {
+            return INVALID_INPUT;
+        }
+        let all = programs();
+        let Some(p) = all.as_ref().and_then(|m| m.get(&(prog as u64))) else { return INVALID_PROGRAM };
+        let Some((_, lowered)) = &p.compiled else { return NO_LOWERED_NAMES_BEFORE_COMPILATION };
+        let Some((_, name)) = lowered.iter().find(|(e, _)| *e == expr) else { return NAME_EXPRESSION_NOT_VALID };
+        // SAFETY: the caller's const char**; the string lives until the program is destroyed.
+        unsafe { std::ptr::write_unaligned(lowered_name as *mut *const c_char, name.as_ptr()) };
+        SUCCESS
+    })
+}
+
+/// The server NVRTC's architectures, asked once.
+static ARCHS: OnceLock<Vec<i32>> = OnceLock::new();
+
+pub unsafe fn nvrtcGetSupportedArchs(supportedArchs: *mut c_void) -> u32 {
+    crate::guard::ffi("nvrtcGetSupportedArchs", INTERNAL_ERROR, || {
+        if supportedArchs.is_null() {
+            return INVALID_INPUT;
+        }
+        let archs = match ARCHS.get() {
+            Some(a) => {
+                crate::trace::local("nvrtcGetSupportedArchs");
+                a
+            }
+            None => {
+                let mut n = 0i32;
+                // SAFETY: one int out.
+                let s =
+                    unsafe { crate::runtime::call(&calls::nvrtcGetNumSupportedArchs, &[&mut n as *mut i32 as u64]) };
+                if s != 0 {
+                    return s as u32;
+                }
+                let mut all = [0i32; 256];
+                // SAFETY: the wire form's buffer of 256 ints.
+                let s =
+                    unsafe { crate::runtime::call(&calls::nvrtcGetSupportedArchs__call, &[all.as_mut_ptr() as u64]) };
+                if s != 0 {
+                    return s as u32;
+                }
+                let n = usize::try_from(n).unwrap_or(0).min(all.len());
+                ARCHS.get_or_init(|| all[..n].to_vec())
+            }
+        };
+        // SAFETY: the caller's array of nvrtcGetNumSupportedArchs ints.
+        unsafe { std::ptr::copy_nonoverlapping(archs.as_ptr(), supportedArchs as *mut i32, archs.len()) };
+        SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program(src: &str) -> u64 {
+        let src = CString::new(src).unwrap();
+        let mut prog = 0u64;
+        let s = unsafe {
+            nvrtcCreateProgram(
+                &mut prog as *mut u64 as *mut c_void,
+                src.as_ptr() as *mut c_void,
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(s, SUCCESS);
+        prog
+    }
+
+    #[test]
+    fn outputs_follow_nvrtc_semantics_around_a_compile() {
+        let prog = program("__global__ void k() {}");
+        let p = prog as *mut c_void;
+        let expr = CString::new("k").unwrap();
+        assert_eq!(unsafe { nvrtcAddNameExpression(p, expr.as_ptr() as *mut c_void) }, SUCCESS);
+        let mut n = 99usize;
+        assert_eq!(unsafe { nvrtcGetProgramLogSize(p, &mut n as *mut usize as *mut c_void) }, SUCCESS);
+        assert_eq!(n, 1, "before a compile the log is the empty string");
+        assert_eq!(unsafe { nvrtcGetPTXSize(p, &mut n as *mut usize as *mut c_void) }, INVALID_PROGRAM);
+        let mut lowered: *const c_char = std::ptr::null();
+        let lp = &mut lowered as *mut *const c_char as *mut c_void;
+        assert_eq!(
+            unsafe { nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp) },
+            NO_LOWERED_NAMES_BEFORE_COMPILATION
+        );
+        // What a compile brings back.
+        let result = CompileResult {
+            status: 0,
+            log: b"\0".to_vec(),
+            ptx: b"// ptx\0".to_vec(),
+            cubin: b"\x7fELF".to_vec(),
+            lowered: vec![("k".into(), "_Z1kv".into())],
+        };
+        let lowered_c = vec![("k".to_owned(), CString::new("_Z1kv").unwrap())];
+        programs().as_mut().unwrap().get_mut(&prog).unwrap().compiled = Some((result, lowered_c));
+        assert_eq!(unsafe { nvrtcGetPTXSize(p, &mut n as *mut usize as *mut c_void) }, SUCCESS);
+        assert_eq!(n, 7);
+        let mut ptx = vec![0u8; n];
+        assert_eq!(unsafe { nvrtcGetPTX(p, ptx.as_mut_ptr() as *mut c_void) }, SUCCESS);
+        assert_eq!(ptx, b"// ptx\0");
+        assert_eq!(unsafe { nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp) }, SUCCESS);
+        assert_eq!(unsafe { CStr::from_ptr(lowered) }.to_str().unwrap(), "_Z1kv");
+        let other = CString::new("nope").unwrap();
+        assert_eq!(unsafe { nvrtcGetLoweredName(p, other.as_ptr() as *mut c_void, lp) }, NAME_EXPRESSION_NOT_VALID);
+        assert_eq!(
+            unsafe { nvrtcAddNameExpression(p, expr.as_ptr() as *mut c_void) },
+            NO_NAME_EXPRESSIONS_AFTER_COMPILATION
+        );
+        let mut handle = prog;
+        assert_eq!(unsafe { nvrtcDestroyProgram(&mut handle as *mut u64 as *mut c_void) }, SUCCESS);
+        assert_eq!(handle, 0, "destroy clears the caller's handle");
+        assert_eq!(unsafe { nvrtcGetProgramLogSize(p, &mut n as *mut usize as *mut c_void) }, INVALID_PROGRAM);
+        let mut bogus = 0x1234u64;
+        assert_eq!(unsafe { nvrtcDestroyProgram(&mut bogus as *mut u64 as *mut c_void) }, INVALID_PROGRAM);
+    }
+}
