@@ -521,7 +521,9 @@ fn register_exit_flush() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn flush_at_exit() {
         let _ = std::panic::catch_unwind(|| {
-            if let Some(conn) = existing() {
+            // Only this process's own connection: a forked child holds a copy of its
+            // parent's outbox and socket, which it must not write.
+            if let Some(conn) = existing().filter(|c| c.forks == FORKS.load(Ordering::Relaxed)) {
                 let _ = conn.flush();
             }
         });
