@@ -202,7 +202,8 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     let archive = messages::encode(&prepared.call);
     let header = Header::new(Kind::Call, desc.wire, thread_id(), seq);
     let sent_bytes: usize = prepared.bulk.iter().map(|b| b.len()).sum::<usize>() + archive.len();
-    let start = Instant::now();
+    // Only a waiting call's time is traced (and read: the clock is not free on a hot path).
+    let start = waits.then(Instant::now);
     let sent =
         if waits { conn.send(header, &archive, &prepared.bulk) } else { conn.post(header, &archive, &prepared.bulk) };
     if sent.is_err() {
@@ -210,7 +211,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         return unavailable(desc);
     }
     let Some(slot) = slot else {
-        crate::trace::record(desc, false, sent_bytes, 0, start);
+        crate::trace::record(desc, sent_bytes, 0, None);
         return success(desc);
     };
     let ret = match slot.wait() {
@@ -221,7 +222,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     // waiting call returns.
     crate::state::wait_deferred();
     let received: usize = prepared.outs.iter().map(|o| o.len).sum();
-    crate::trace::record(desc, true, sent_bytes, received, start);
+    crate::trace::record(desc, sent_bytes, received, start);
     // A deferred failure of an earlier asynchronous call surfaces here.
     if desc.ret == Ret::Status
         && ret == desc.codes.success as u64

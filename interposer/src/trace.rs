@@ -66,15 +66,16 @@ fn with(name: &'static str, f: impl FnOnce(&Counter)) {
     }
 }
 
-/// Record one forwarded call.
-pub fn record(desc: &CallDesc, waited: bool, sent: usize, received: usize, start: Instant) {
+/// Record one forwarded call; `waited`: when the caller started waiting for its reply
+/// (None for a call sent without waiting).
+pub fn record(desc: &CallDesc, sent: usize, received: usize, waited: Option<Instant>) {
     if destination().is_none() {
         return;
     }
-    let ns = if waited { start.elapsed().as_nanos() as u64 } else { 0 };
+    let ns = waited.map_or(0, |start| start.elapsed().as_nanos() as u64);
     with(desc.name, |c| {
         c.calls.fetch_add(1, Ordering::Relaxed);
-        c.round_trips.fetch_add(u64::from(waited), Ordering::Relaxed);
+        c.round_trips.fetch_add(u64::from(waited.is_some()), Ordering::Relaxed);
         c.sent.fetch_add(sent as u64, Ordering::Relaxed);
         c.received.fetch_add(received as u64, Ordering::Relaxed);
         c.wait_ns.fetch_add(ns, Ordering::Relaxed);
