@@ -13,8 +13,8 @@
 #   kernels  the CUDA suite: native, loopback, 70 ms WAN; the module cache's second run
 #   torch    `import torch` and the first result read back (round trips, fresh and warm
 #            module cache), the standard workloads and the torch suite, native and remote
-#   repeat   decode with the dynamic cache through chidori $REPEAT times (MALLOC_CHECK_=3):
-#            hunting an intermittent client abort
+#   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
+#            $REPEAT_MODES (plain, mcheck, nocudnn): hunting an intermittent client abort
 # The standard workloads and the WAN relay come from ../shared (copied into target/dist by
 # `cargo xtask dist`, since only the repository travels). Logs go to $LOGS, packed into
 # $LOGS/round-logs.tgz at the end (the device tool returns at most 8 files); a table last.
