@@ -161,7 +161,7 @@ const NAME_TAG: u64 = 0xc1d0_0000_0000_0000;
 
 /// A new name for a handle the client names itself: a tagged counter, never a user-space
 /// address, so it cannot collide with a handle the library made.
-fn next_handle_name() -> u64 {
+pub fn next_handle_name() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NAME_TAG | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }

@@ -47,7 +47,8 @@ fn destination() -> Option<&'static str> {
 
 fn with(name: &'static str, f: impl FnOnce(&Counter)) {
     // Two names may share an address (one a prefix of the other): the length tells them apart.
-    let key = (name.as_ptr() as usize) ^ (name.len() << 48) | 1;
+    // Never 0 (a free slot): a name's address is non-null and below bit 48.
+    let key = (name.as_ptr() as usize) ^ (name.len() << 48);
     let start = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52;
     for i in 0..SLOTS {
         let slot = &TABLE[(start + i) % SLOTS];

@@ -28,17 +28,12 @@ struct Program {
     compiled: Option<(CompileResult, Vec<(String, CString)>)>,
 }
 
-/// Programs by handle (a tagged counter: a value the application hands back is looked up,
-/// never dereferenced).
+/// Programs by handle (a client handle name: a value the application hands back is looked
+/// up, never dereferenced).
 static PROGRAMS: Mutex<Option<HashMap<u64, Program>>> = Mutex::new(None);
 
 fn programs() -> MutexGuard<'static, Option<HashMap<u64, Program>>> {
     PROGRAMS.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn next_handle() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    0xc1d0_5000_0000_0000 | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn local(name: &'static str, body: impl FnOnce() -> u32) -> u32 {
@@ -104,7 +99,7 @@ pub unsafe fn nvrtcCreateProgram(
             headers: includes.into_iter().zip(contents).collect(),
             ..CompileRequest::default()
         };
-        let handle = next_handle();
+        let handle = crate::runtime::next_handle_name();
         programs().get_or_insert_with(HashMap::new).insert(handle, Program { request, compiled: None });
         // SAFETY: the caller's nvrtcProgram*, checked non-null.
         unsafe { std::ptr::write_unaligned(prog as *mut u64, handle) };
