@@ -387,10 +387,13 @@ fn calls_from_exit_handlers_do_not_panic() {
     assert!(!stderr.contains("panicked"), "no panic may show: {stderr}");
 }
 
-/// A cuDNN graph execution the way torch's SDPA makes one: a variant pack per call,
-/// created, filled, finalized, executed and destroyed. The client names the packs, so the
-/// whole loop costs no round trip; a descriptor the session never made is refused.
-const CUDNN_VARIANT_PACKS: &str = r#"
+/// A cuDNN graph built and executed the way torch's frontend does it: tensors, an operation
+/// whose attribute is an array of descriptors, the operation graph, a plan; then a variant
+/// pack per execution, created, filled, finalized, executed and destroyed. The client names
+/// every descriptor, so only the finalizes whose status steers the caller (the graph's, the
+/// plan's) wait; a descriptor the session never made is refused, as an argument and inside
+/// an array (there the failure surfaces at the next waiting call).
+const CUDNN_GRAPH: &str = r#"
 #include <stdio.h>
 typedef void *desc_t;
 int cudnnCreate(void **handle);
@@ -399,22 +402,35 @@ int cudnnBackendSetAttribute(desc_t d, int name, int type, long long count, cons
 int cudnnBackendFinalize(desc_t d);
 int cudnnBackendExecute(void *handle, desc_t plan, desc_t pack);
 int cudnnBackendDestroyDescriptor(desc_t d);
+enum { POINTWISE_OP = 13, GRAPH = 15, PACK = 16, TENSOR = 17, PLAN = 5, DESCRIPTORS = 15, INT64 = 5 };
 int main(void) {
   void *h = 0;
-  desc_t plan = 0, tensor = 0;
-  if (cudnnCreate(&h) || cudnnBackendCreateDescriptor(5, &plan) || cudnnBackendFinalize(plan)) return 2;
+  desc_t x = 0, y = 0, op = 0, graph = 0, plan = 0, stray = 0, graph2 = 0;
+  if (cudnnCreate(&h)) return 2;
+  if (cudnnBackendCreateDescriptor(TENSOR, &x) || cudnnBackendCreateDescriptor(TENSOR, &y)) return 3;
+  if (cudnnBackendFinalize(x) || cudnnBackendFinalize(y)) return 3;
+  desc_t xy[2] = {x, y};
+  if (cudnnBackendCreateDescriptor(POINTWISE_OP, &op) || cudnnBackendSetAttribute(op, 750, DESCRIPTORS, 2, xy)) return 4;
+  if (cudnnBackendFinalize(op)) return 4;
+  if (cudnnBackendCreateDescriptor(GRAPH, &graph) || cudnnBackendSetAttribute(graph, 800, DESCRIPTORS, 1, &op)) return 5;
+  int graph_status = cudnnBackendFinalize(graph);
+  if (cudnnBackendCreateDescriptor(PLAN, &plan) || cudnnBackendFinalize(plan)) return 6;
   for (int i = 0; i < 100; i++) {
     desc_t pack = 0;
     long long ids[1] = {1};
-    if (cudnnBackendCreateDescriptor(16, &pack)) return 3;
-    if (cudnnBackendSetAttribute(pack, 1002, 5, 1, ids)) return 4;
-    if (cudnnBackendFinalize(pack) || cudnnBackendExecute(h, plan, pack)) return 5;
-    if (cudnnBackendDestroyDescriptor(pack)) return 6;
+    if (cudnnBackendCreateDescriptor(PACK, &pack)) return 7;
+    if (cudnnBackendSetAttribute(pack, 1002, INT64, 1, ids)) return 8;
+    if (cudnnBackendFinalize(pack) || cudnnBackendExecute(h, plan, pack)) return 9;
+    if (cudnnBackendDestroyDescriptor(pack)) return 10;
   }
-  /* A waiting call: it reports any failure of the calls sent without waiting. */
-  int sync = cudnnBackendCreateDescriptor(17, &tensor);
+  desc_t foreign_array[2] = {x, (desc_t)0x1234};
+  if (cudnnBackendCreateDescriptor(POINTWISE_OP, &stray)) return 11;
+  int sent = cudnnBackendSetAttribute(stray, 750, DESCRIPTORS, 2, foreign_array);
+  /* A waiting call: it reports the failure of the call sent without waiting. */
+  if (cudnnBackendCreateDescriptor(GRAPH, &graph2)) return 12;
+  int next = cudnnBackendFinalize(graph2);
   int foreign = cudnnBackendFinalize((desc_t)0x1234);
-  printf("sync=%d foreign=%d\n", sync, foreign);
+  printf("graph=%d sent=%d next=%d foreign=%d\n", graph_status, sent, next, foreign);
   return 0;
 }
 "#;
@@ -430,24 +446,27 @@ fn cudnn_program(name: &str, source: &str) -> PathBuf {
 }
 
 #[test]
-fn cudnn_variant_packs_cost_no_round_trip() {
+fn cudnn_graphs_wait_only_where_a_status_steers() {
     let server = server();
-    let exe = cudnn_program("cudnn-packs", CUDNN_VARIANT_PACKS);
+    let exe = cudnn_program("cudnn-graph", CUDNN_GRAPH);
     let mut cmd = Command::new(chidori());
     cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
     let out = cmd.output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
-    // The deferred packs all worked (the waiting call reports none failed); the foreign
-    // descriptor is CUDNN_STATUS_BAD_PARAM.
-    assert_eq!(stdout.trim(), "sync=0 foreign=2000", "{stderr}");
+    // The graph of named descriptors finalized (the worker mapped the names in the arrays);
+    // the foreign element is CUDNN_STATUS_BAD_PARAM at the next waiting call, and so is the
+    // foreign argument.
+    assert_eq!(stdout.trim(), "graph=0 sent=0 next=2000 foreign=2000", "{stderr}");
+    assert!(stderr.contains("element 1 of the array, 0x1234, is not a cudnnBackendDescriptor_t"), "{stderr}");
     let row = |f: &str| -> Vec<String> {
         let line = stderr.lines().find(|l| l.starts_with(f)).unwrap_or_else(|| panic!("no {f} row: {stderr}"));
         line.split_whitespace().skip(1).take(2).map(str::to_owned).collect()
     };
-    // Round trips: the plan's create and the final one; the plan's finalize and the foreign one.
-    assert_eq!(row("cudnnBackendCreateDescriptor"), ["102", "2"], "{stderr}");
-    assert_eq!(row("cudnnBackendFinalize"), ["102", "2"], "{stderr}");
+    // Round trips: the finalizes of the two graphs, the plan, and the foreign descriptor.
+    assert_eq!(row("cudnnBackendCreateDescriptor"), ["107", "0"], "{stderr}");
+    assert_eq!(row("cudnnBackendFinalize"), ["107", "4"], "{stderr}");
+    assert_eq!(row("cudnnBackendSetAttribute"), ["103", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendExecute"), ["100", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendDestroyDescriptor"), ["100", "0"], "{stderr}");
 }

@@ -182,29 +182,19 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu126(
         )
     }
 }
-///`cudnnBackendDestroyDescriptor` for CUDA 11.8, 12.1 (async).
+///`cudnnBackendDestroyDescriptor` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu118(
     descriptor: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendDestroyDescriptor__cu118,
-            &[(descriptor) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnBackendDestroyDescriptor__cu118(descriptor) }
 }
-///`cudnnBackendDestroyDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
+///`cudnnBackendDestroyDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu126(
     descriptor: *mut c_void,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnBackendDestroyDescriptor__cu126,
-            &[(descriptor) as usize as u64],
-        ) as u32
-    }
+    unsafe { crate::custom::cudnn::cudnnBackendDestroyDescriptor__cu126(descriptor) }
 }
 ///`cudnnBackendExecute` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]

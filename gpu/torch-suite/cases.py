@@ -339,6 +339,17 @@ def torch_compile():
 
 
 @case("fp32")
+def nvrtc_jiterator():
+    # torch's jiterator compiles the kernel at run time through NVRTC and loads the CUBIN.
+    code = "template <typename T> T chidori_op(T x, T y, T alpha) { return -x * y + x - y + alpha; }"
+    fn = torch.cuda.jiterator._create_jit_fn(code, alpha=1.0)
+    a = torch.rand(3, 1000, device=DEV)
+    b = torch.rand(3, 1000, device=DEV)
+    out = fn(a, b, alpha=3.14)
+    return {"out": stats(out), "matches_eager": torch.allclose(out, -a * b + a - b + 3.14)}
+
+
+@case("fp32")
 def fft():
     x = torch.randn(64, 1024, device=DEV)
     c = torch.fft.fft(x)

@@ -128,6 +128,16 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                     }
                 }
             }
+            Wire::Handles { len, .. } => {
+                if a == 0 {
+                    lens[i] = NULL_LEN;
+                    continue;
+                }
+                let n = len.eval(args).unwrap_or(0).saturating_mul(8);
+                lens[i] = n;
+                // SAFETY: the caller's array of that many handles, per the API contract.
+                bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) });
+            }
             Wire::Buf { dir, elem, len, .. } => {
                 if a == 0 {
                     lens[i] = NULL_LEN;

@@ -72,6 +72,9 @@ pub enum Wire {
     /// `named`: the client names the handle itself (a value it writes before sending; the
     /// worker maps it to the real one), so the call needs no reply.
     OutHandle { kind: HandleKind, named: bool },
+    /// Input array of `len` handles of `kind` (8 bytes each), every one checked against the
+    /// session's table and mapped to the library's handle, as a [`Wire::Handle`] is.
+    Handles { kind: HandleKind, len: &'static Len },
     /// Host buffer of `len` (None: one) elements of `elem` bytes. `record` names the struct
     /// for layout translation between the client's and the server's CUDA version.
     Buf { dir: Dir, elem: u32, len: Option<&'static Len>, record: Option<&'static str> },

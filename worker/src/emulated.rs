@@ -379,10 +379,17 @@ impl Backend for Emulated {
                     put_u64(a[1], h);
                     SUCCESS
                 }
-                ("cudnn", "cudnnBackendSetAttribute") => match self.state().descriptors.get(&a[0]) {
-                    Some((_, false)) => SUCCESS,
-                    _ => 2000,
-                },
+                // An array of descriptors (CUDNN_TYPE_BACKEND_DESCRIPTOR) holds live ones.
+                ("cudnn", "cudnnBackendSetAttribute") => {
+                    let s = self.state();
+                    let elements = if a[2] == 15 && a[4] != 0 { a[3] as usize } else { 0 };
+                    // SAFETY: the worker's array of `elementCount` descriptors (the wire form).
+                    let live = (0..elements).all(|i| s.descriptors.contains_key(&*(a[4] as *const u64).add(i)));
+                    match s.descriptors.get(&a[0]) {
+                        Some((_, false)) if live => SUCCESS,
+                        _ => 2000,
+                    }
+                }
                 ("cudnn", "cudnnBackendFinalize") => match self.state().descriptors.get_mut(&a[0]) {
                     Some((_, finalized @ false)) => {
                         *finalized = true;
@@ -407,6 +414,13 @@ impl Backend for Emulated {
                         2000
                     } else {
                         let (requested, available) = (a[3] as i64, if a[2] == 15 { 1 } else { 2 });
+                        if a[2] == 15 && a[5] != 0 && requested > 0 {
+                            // SAFETY: the worker's array of `requested` descriptors.
+                            let filled = *(a[5] as *const u64);
+                            if !self.state().descriptors.contains_key(&filled) {
+                                return Ok(2000);
+                            }
+                        }
                         let n = if a[5] == 0 { available } else { requested.clamp(0, available) };
                         if a[4] != 0 {
                             put_u64(a[4], n as u64);

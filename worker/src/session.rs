@@ -490,6 +490,35 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 raw[i] = b.addr();
                 buffers[i] = Some(b);
             }
+            Wire::Handles { kind, len: count } => {
+                if len == NULL_LEN {
+                    continue;
+                }
+                let count = count.eval(&args).ok_or_else(|| Fatal(format!("{}: bad length", desc.name)))?;
+                if count.checked_mul(8).filter(|&b| b <= MAX_BUFFER) != Some(len) {
+                    return Err(Fatal(format!("{}: {len} bytes for {count} handles", desc.name)));
+                }
+                let mut b = Buffer::from(take(len)?);
+                let handles = session.handles.lock().unwrap_or_else(|p| p.into_inner());
+                for (at, chunk) in b.bytes_mut().chunks_exact_mut(8).enumerate() {
+                    let value = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+                    let Some(real) = handles.resolve(kind, value) else {
+                        drop(handles);
+                        return fail(
+                            desc.codes.invalid_handle,
+                            format!(
+                                "{}: element {at} of the array, {value:#x}, is not a {} of this session",
+                                desc.name,
+                                Handles::name(kind)
+                            ),
+                        );
+                    };
+                    chunk.copy_from_slice(&real.to_le_bytes());
+                }
+                drop(handles);
+                raw[i] = b.addr();
+                buffers[i] = Some(b);
+            }
             Wire::Buf { dir, elem, len: count, record } => {
                 if len == NULL_LEN {
                     continue;

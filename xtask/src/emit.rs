@@ -152,7 +152,10 @@ impl<'a> Emitter<'a> {
                 for (variant, form, d) in forms {
                     if let Disposition::Forward { params, .. } = d {
                         for w in params {
-                            if let Wire::Handle { kind, .. } | Wire::OutHandle { kind, .. } = w {
+                            if let Wire::Handle { kind, .. }
+                            | Wire::OutHandle { kind, .. }
+                            | Wire::Handles { kind, .. } = w
+                            {
                                 handles.insert(kind.clone());
                             }
                         }
@@ -324,6 +327,11 @@ impl<'a> Emitter<'a> {
                 let k = self.handles[kind];
                 let named = *named || self.named.contains(kind);
                 quote!(Wire::OutHandle { kind: #k, named: #named })
+            }
+            Wire::Handles { kind, len } => {
+                let k = self.handles[kind];
+                let r = len_static(len, statics, prefix);
+                quote!(Wire::Handles { kind: #k, len: &#r })
             }
             Wire::Buf { dir, elem, len, record } => {
                 let dir = match dir {

@@ -250,6 +250,8 @@ pub enum Wire {
     ByValRecord { bytes: u64, record: String },
     /// Pointer to one handle the callee creates; `named`: the client names it (spec `named`).
     OutHandle { kind: String, named: bool },
+    /// Input array of `len` handles of `kind` (spec `handles(kind)[len]`).
+    Handles { kind: String, len: Len },
     /// Host buffer: `len` elements (None: one) of `elem` bytes.
     Buf { dir: Dir, elem: u64, len: Option<Len>, record: Option<String> },
     /// NUL-terminated input string.
@@ -938,6 +940,16 @@ fn classify(
                 };
                 Wire::Scalar { dir, bytes, mode }
             }
+            ParamSpec::Handles { kind: h, len: e } => match kind {
+                Kind::Pointer { .. } => {
+                    let known = env.handle_typedefs.contains(h) || env.opaques.contains(h);
+                    if !known {
+                        bail!("{}: handles({h}): {h} is no handle type of this library", p.name);
+                    }
+                    Wire::Handles { kind: handle_kind(h), len: len(e)? }
+                }
+                other => bail!("{}: `handles` needs a pointer, not {other:?}", p.name),
+            },
             ParamSpec::InBuf(e) | ParamSpec::OutBuf(e) | ParamSpec::InOutBuf(e) => {
                 let elem = pointee_size(&kind, &ty).with_context(|| format!("{}: buffer needs a pointer", p.name))?;
                 let dir = match s {

@@ -60,6 +60,8 @@
 //! other parameters: names, integer literals, `+`, `*` and parentheses. `scalar@h`,
 //! `scalar_out@h` and `scalar_inout@h`: a BLAS scalar (alpha, beta, a dot product's result), a host value or a
 //! device address depending on the pointer mode the client recorded for parameter `h`.
+//! `handles(kind)[expr]`: an input array of `expr` handles of `kind` (a `void *` array such
+//! as cuDNN's descriptor attributes), each checked and mapped like a handle argument.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -215,6 +217,12 @@ pub enum ParamSpec {
     InBuf(LenExpr),
     OutBuf(LenExpr),
     InOutBuf(LenExpr),
+    /// `handles(kind)[expr]`: an input array of `expr` handles of `kind`, each checked and
+    /// mapped to the library's handle by the worker.
+    Handles {
+        kind: String,
+        len: LenExpr,
+    },
     /// A scalar whose pointer mode is recorded for the handle parameter `mode`.
     Scalar {
         mode: String,
@@ -281,6 +289,13 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
     let (head, rest) = s.split_once('[').with_context(|| format!("unknown parameter kind {s:?}"))?;
     let body = rest.strip_suffix(']').with_context(|| format!("missing ] in {s:?}"))?;
     let expr = parse_expr(body).with_context(|| format!("in {s:?}"))?;
+    if let Some(kind) = head.trim().strip_prefix("handles(").and_then(|k| k.strip_suffix(')')) {
+        let kind = kind.trim();
+        if kind.is_empty() || !kind.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            bail!("handles(kind): {kind:?} is not a handle kind in {s:?}");
+        }
+        return Ok(ParamSpec::Handles { kind: kind.to_owned(), len: expr });
+    }
     Ok(match head.trim() {
         "in" => ParamSpec::InBuf(expr),
         "out" => ParamSpec::OutBuf(expr),
@@ -394,6 +409,12 @@ mod tests {
                 Box::new(LenExpr::Lit(4))
             ))
         );
+        assert_eq!(
+            parse_param("handles(cudnnBackendDescriptor_t)[count]").unwrap(),
+            ParamSpec::Handles { kind: "cudnnBackendDescriptor_t".into(), len: LenExpr::Param("count".into()) }
+        );
+        assert!(parse_param("handles()[count]").is_err());
+        assert!(parse_param("handles(a b)[count]").is_err());
         assert!(parse_param("sideways").is_err());
         assert!(parse_param("in[a +]").is_err());
         assert!(parse_param("in[a - b]").is_err());

@@ -4,10 +4,15 @@
 //! pointer means nothing on the server, so the client places the scalar's bytes there once
 //! (`Service::HostValue`, cached by content) and sends the server's address instead.
 //!
-//! Variant packs are made per execution (torch's SDPA creates, fills, finalizes, executes
-//! and destroys one per call): the client names them, and sends their create and finalize
-//! without waiting, so a graph execution costs no round trip. They never travel inside
-//! another descriptor's attributes, so the server's name table covers every use.
+//! Backend descriptors are named by the client: torch's cuDNN frontend creates some ten
+//! per graph it builds (tensors, operations, the graph, heuristics, engine configurations,
+//! the plan) and a variant pack per execution, so a create costs no round trip. Names
+//! travel as handle arguments and inside attribute arrays of descriptors
+//! (`handles(cudnnBackendDescriptor_t)[…]` in the spec); the worker maps both. A finalize
+//! whose status steers the caller (an engine, a configuration, the graph, a plan: the
+//! frontend tries the next candidate when one fails) waits; the rest (tensors, operations,
+//! variant packs) are sent without waiting, and a failure surfaces at the next waiting cuDNN
+//! call: the graph's finalize at the latest, which fails natively too when a part of it did.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::collections::HashMap;
@@ -77,8 +82,10 @@ fn rewrite(pointers: &mut [u64]) -> Result<usize, String> {
     Ok(n)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn set_attribute(
     desc: &'static CallDesc,
+    descriptors: &'static CallDesc,
     descriptor: *mut c_void,
     name: u32,
     ty: u32,
@@ -93,7 +100,15 @@ fn set_attribute(
             // array or our copy of it).
             unsafe { crate::runtime::call(desc, &args) as u32 }
         };
-        if name != VARIANT_PACK_DATA_POINTERS || ty != TYPE_VOID_PTR || elements.is_null() || count <= 0 {
+        if elements.is_null() || count <= 0 {
+            return forward(elements as u64);
+        }
+        if ty == TYPE_BACKEND_DESCRIPTOR {
+            let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements as u64];
+            // SAFETY: `count` descriptors at `elements` (the API contract).
+            return unsafe { crate::runtime::call(descriptors, &args) as u32 };
+        }
+        if name != VARIANT_PACK_DATA_POINTERS || ty != TYPE_VOID_PTR {
             return forward(elements as u64);
         }
         let Ok(len) = usize::try_from(count) else { return bad_param };
@@ -112,7 +127,7 @@ fn set_attribute(
 }
 
 macro_rules! set_attribute_variant {
-    ($name:ident, $desc:ident, $codes:expr) => {
+    ($name:ident, $desc:ident, $descriptors:ident, $codes:expr) => {
         pub unsafe fn $name(
             descriptor: *mut c_void,
             attributeName: u32,
@@ -120,17 +135,43 @@ macro_rules! set_attribute_variant {
             elementCount: i64,
             arrayOfElements: *mut c_void,
         ) -> u32 {
-            let (n, t) = (attributeName, attributeType);
-            set_attribute(&calls::$desc, descriptor, n, t, elementCount, arrayOfElements, $codes)
+            let (forms, n, t) = ((&calls::$desc, &calls::$descriptors), attributeName, attributeType);
+            set_attribute(forms.0, forms.1, descriptor, n, t, elementCount, arrayOfElements, $codes)
         }
     };
 }
 
-set_attribute_variant!(cudnnBackendSetAttribute__cu118, cudnnBackendSetAttribute__cu118__call, CODES_V8);
-set_attribute_variant!(cudnnBackendSetAttribute__cu126, cudnnBackendSetAttribute__cu126__call, CODES_V9);
+set_attribute_variant!(
+    cudnnBackendSetAttribute__cu118,
+    cudnnBackendSetAttribute__cu118__call,
+    cudnnBackendSetAttribute__cu118__descriptors,
+    CODES_V8
+);
+set_attribute_variant!(
+    cudnnBackendSetAttribute__cu126,
+    cudnnBackendSetAttribute__cu126__call,
+    cudnnBackendSetAttribute__cu126__descriptors,
+    CODES_V9
+);
 
-/// CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR (the same in cuDNN 8 and 9).
-const VARIANT_PACK: u32 = 16;
+/// The descriptor types of cuDNN 8.9 (POINTWISE ..= OPERATION_RNG; the values are the same
+/// in cuDNN 9): the client names these. A newer type is created with a reply, so a server
+/// library without it says so at once.
+const NAMED_TYPES: std::ops::RangeInclusive<u32> = 0..=33;
+
+/// Whether a finalize of a descriptor of type `ty` waits for its status: ENGINE, ENGINECFG,
+/// ENGINEHEUR, EXECUTION_PLAN, INTERMEDIATE_INFO, KNOB_INFO, LAYOUT_INFO and
+/// OPERATIONGRAPH, whose failure a caller acts on (the frontend moves to the next engine).
+fn finalize_waits(ty: u32) -> bool {
+    matches!(ty, 2..=6 | 8 | 9 | 15)
+}
+
+/// The type of each descriptor the client named, until it is destroyed.
+static TYPES: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
+
+fn types() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u32>>> {
+    TYPES.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 fn create_descriptor(
     call: &'static CallDesc,
@@ -143,21 +184,49 @@ fn create_descriptor(
         if out.is_null() {
             return bad_param;
         }
-        let desc = if ty == VARIANT_PACK { named } else { call };
-        // SAFETY: `out` receives one descriptor (written by the client for a named one).
-        unsafe { crate::runtime::call(desc, &[u64::from(ty), out as u64]) as u32 }
+        if !NAMED_TYPES.contains(&ty) {
+            // SAFETY: `out` receives one descriptor.
+            return unsafe { crate::runtime::call(call, &[u64::from(ty), out as u64]) as u32 };
+        }
+        // SAFETY: `out` receives one descriptor, the client's name for it.
+        let s = unsafe { crate::runtime::call(named, &[u64::from(ty), out as u64]) as u32 };
+        if s == 0 {
+            // SAFETY: written by the call above (the caller's descriptor pointer, non-null).
+            let name = unsafe { std::ptr::read_unaligned(out as *const u64) };
+            types().get_or_insert_with(HashMap::new).insert(name, ty);
+        }
+        s
     })
 }
 
 fn finalize(call: &'static CallDesc, deferred: &'static CallDesc, descriptor: *mut c_void, bad_param: u32) -> u32 {
     crate::guard::ffi("cudnnBackendFinalize", bad_param, || {
-        // Only variant packs carry client names: their finalize cannot fail for a pack
-        // whose attributes the library accepted, and an error still surfaces at the next
-        // synchronizing call.
-        let desc = if crate::runtime::is_client_name(descriptor as u64) { deferred } else { call };
+        let ty = types().as_ref().and_then(|t| t.get(&(descriptor as u64)).copied());
+        let desc = match ty {
+            Some(ty) if !finalize_waits(ty) => deferred,
+            _ => call,
+        };
         // SAFETY: a value.
         unsafe { crate::runtime::call(desc, &[descriptor as u64]) as u32 }
     })
+}
+
+fn destroy_descriptor(call: &'static CallDesc, descriptor: *mut c_void, bad_param: u32) -> u32 {
+    crate::guard::ffi("cudnnBackendDestroyDescriptor", bad_param, || {
+        if let Some(t) = types().as_mut() {
+            t.remove(&(descriptor as u64));
+        }
+        // SAFETY: a value.
+        unsafe { crate::runtime::call(call, &[descriptor as u64]) as u32 }
+    })
+}
+
+pub unsafe fn cudnnBackendDestroyDescriptor__cu118(descriptor: *mut c_void) -> u32 {
+    destroy_descriptor(&calls::cudnnBackendDestroyDescriptor__cu118__call, descriptor, CODES_V8.0)
+}
+
+pub unsafe fn cudnnBackendDestroyDescriptor__cu126(descriptor: *mut c_void) -> u32 {
+    destroy_descriptor(&calls::cudnnBackendDestroyDescriptor__cu126__call, descriptor, CODES_V9.0)
 }
 
 macro_rules! create_variant {
@@ -231,7 +300,8 @@ fn get_attribute(
             // SAFETY: `count` receives one int64; the array is NULL or never touched.
             unsafe { crate::runtime::call(call, &args) as u32 }
         } else if ty == TYPE_BACKEND_DESCRIPTOR {
-            // Descriptors the caller made; the library fills them, the array is only read.
+            // Descriptors the caller made (names the worker maps); the library fills them,
+            // the array is only read.
             let args = [head[0], head[1], head[2], head[3], count_ptr, elements as u64];
             // SAFETY: the caller's array of `requested` descriptors (the API contract).
             unsafe { crate::runtime::call(descriptors, &args) as u32 }
