@@ -13,6 +13,8 @@
 #   kernels  the CUDA suite: native, loopback, 70 ms WAN; the module cache's second run
 #   torch    `import torch` and the first result read back (round trips, fresh and warm
 #            module cache), the standard workloads and the torch suite, native and remote
+#   waits    every round trip in order, and cuDNN's descriptor traffic, for the workloads'
+#            70 ms arguments (CHIDORI_LOG trace), on loopback
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
 #            $REPEAT_MODES (plain, mcheck, nocudnn): hunting an intermittent client abort
 # The standard workloads and the WAN relay come from ../shared (copied into target/dist by
@@ -138,6 +140,24 @@ if want repeat; then
       grep -m3 -E "malloc|free\(\)|corrupt|Error" "$LOGS/repeat-$mode-$i.err"
     done
     row "decode dynamic $mode" "$ok of $n passed (repeat-$mode-*.err)"
+  done
+fi
+
+if want waits; then
+  # Every round trip in order, and cuDNN's descriptor traffic, for the 70 ms arguments of the
+  # workloads (run on loopback: the calls are the same, the waiting is not).
+  for spec in "train:train.py --dtype fp16 --steps 12 --log-every 6" \
+      "static:decode.py --cache static --layers 4 --new-tokens 8" \
+      "dynamic:decode.py --cache dynamic --layers 4 --new-tokens 8"; do
+    name=${spec%%:*}; args=(${spec#*:}); script=$SHARED/workloads/${args[0]}
+    CHIDORI_LOG=warn,chidori::waits=trace,chidori::custom::cudnn=trace timeout ${RUN_TIMEOUT:-150} \
+      "$CHIDORI" run -s $SERVER -- python3 "$script" "${args[@]:1}" > "$LOGS/waits-$name.out" 2> "$LOGS/waits-$name.err"
+    echo "== $name: $(grep -cE 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/waits-$name.err") round trips; the last 120, in order:"
+    grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/waits-$name.err" | tail -120 | awk '{print $2}' | uniq -c | head -60
+    echo "-- cuDNN gets (descriptor type, attribute, type, requested>0), finalizes and creates that wait:"
+    grep -E 'TRACE (get|finalize|create):' "$LOGS/waits-$name.err" \
+      | sed -E 's/requested [1-9][0-9]*/requested N/; s/-> .*//' | sort | uniq -c | sort -rn | head -40
+    row "waits $name" "$(grep -cE 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/waits-$name.err") round trips (waits-$name.err)"
   done
 fi
 

@@ -233,6 +233,8 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     crate::state::wait_deferred();
     let received: usize = prepared.outs.iter().map(|o| o.len).sum();
     crate::trace::record(desc, sent_bytes, received, start);
+    // Each round trip in order (CHIDORI_LOG=chidori::waits=trace): what a workload waits for.
+    tracing::trace!(target: "chidori::waits", "{} -> {ret}", desc.name);
     // A deferred failure of an earlier asynchronous call surfaces here.
     if desc.ret == Ret::Status
         && ret == desc.codes.success as u64

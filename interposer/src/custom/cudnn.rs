@@ -173,6 +173,11 @@ fn types() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u32>>> {
     TYPES.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The type of a descriptor the client named (None: one the library made, or not one).
+fn type_of(descriptor: *mut c_void) -> Option<u32> {
+    types().as_ref().and_then(|t| t.get(&(descriptor as u64)).copied())
+}
+
 fn create_descriptor(
     call: &'static CallDesc,
     named: &'static CallDesc,
@@ -185,6 +190,7 @@ fn create_descriptor(
             return bad_param;
         }
         if !NAMED_TYPES.contains(&ty) {
+            tracing::trace!("create: descriptor type {ty} waits");
             // SAFETY: `out` receives one descriptor.
             return unsafe { crate::runtime::call(call, &[u64::from(ty), out as u64]) as u32 };
         }
@@ -201,11 +207,12 @@ fn create_descriptor(
 
 fn finalize(call: &'static CallDesc, deferred: &'static CallDesc, descriptor: *mut c_void, bad_param: u32) -> u32 {
     crate::guard::ffi("cudnnBackendFinalize", bad_param, || {
-        let ty = types().as_ref().and_then(|t| t.get(&(descriptor as u64)).copied());
+        let ty = type_of(descriptor);
         let desc = match ty {
             Some(ty) if !finalize_waits(ty) => deferred,
             _ => call,
         };
+        tracing::trace!("finalize: descriptor type {ty:?}, waits: {}", desc.waits());
         // SAFETY: a value.
         unsafe { crate::runtime::call(desc, &[descriptor as u64]) as u32 }
     })
@@ -320,6 +327,10 @@ fn get_attribute(
             }
             s
         };
+        tracing::trace!(
+            "get: descriptor type {:?}, attribute {name}, type {ty}, requested {requested} -> {status}, {count}",
+            type_of(descriptor)
+        );
         if status == 0 && !count_out.is_null() {
             // SAFETY: the caller's int64_t*, checked non-null.
             unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
