@@ -389,7 +389,8 @@ fn calls_from_exit_handlers_do_not_panic() {
 
 /// A cuDNN graph built and executed the way torch's frontend does it: tensors, an operation
 /// whose attribute is an array of descriptors, the operation graph, a plan; then a variant
-/// pack per execution, created, filled, finalized, executed and destroyed. The client names
+/// pack per execution, created, filled (a host scalar among its data pointers, as SDPA's
+/// scale), finalized, executed and destroyed. The client names
 /// every descriptor, so only the finalizes whose status steers the caller (the graph's, the
 /// plan's) wait; a descriptor the session never made is refused, as an argument and inside
 /// an array (there the failure surfaces at the next waiting call).
@@ -402,7 +403,7 @@ int cudnnBackendSetAttribute(desc_t d, int name, int type, long long count, cons
 int cudnnBackendFinalize(desc_t d);
 int cudnnBackendExecute(void *handle, desc_t plan, desc_t pack);
 int cudnnBackendDestroyDescriptor(desc_t d);
-enum { POINTWISE_OP = 13, GRAPH = 15, PACK = 16, TENSOR = 17, PLAN = 5, DESCRIPTORS = 15, INT64 = 5 };
+enum { POINTWISE_OP = 13, GRAPH = 15, PACK = 16, TENSOR = 17, PLAN = 5, DESCRIPTORS = 15, INT64 = 5, VOID_PTR = 6 };
 int main(void) {
   void *h = 0;
   desc_t x = 0, y = 0, op = 0, graph = 0, plan = 0, stray = 0, graph2 = 0;
@@ -417,9 +418,12 @@ int main(void) {
   if (cudnnBackendCreateDescriptor(PLAN, &plan) || cudnnBackendFinalize(plan)) return 6;
   for (int i = 0; i < 100; i++) {
     desc_t pack = 0;
-    long long ids[1] = {1};
+    long long ids[2] = {1, 2};
+    float scale = 0.125f * i; /* a pass-by-value tensor: its pointer is a host address */
+    void *data[2] = {0, &scale};
     if (cudnnBackendCreateDescriptor(PACK, &pack)) return 7;
-    if (cudnnBackendSetAttribute(pack, 1002, INT64, 1, ids)) return 8;
+    if (cudnnBackendSetAttribute(pack, 1000, INT64, 2, ids)) return 8;
+    if (cudnnBackendSetAttribute(pack, 1001, VOID_PTR, 2, data)) return 8;
     if (cudnnBackendFinalize(pack) || cudnnBackendExecute(h, plan, pack)) return 9;
     if (cudnnBackendDestroyDescriptor(pack)) return 10;
   }
@@ -466,7 +470,7 @@ fn cudnn_graphs_wait_only_where_a_status_steers() {
     // Round trips: the finalizes of the two graphs, the plan, and the foreign descriptor.
     assert_eq!(row("cudnnBackendCreateDescriptor"), ["107", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendFinalize"), ["107", "4"], "{stderr}");
-    assert_eq!(row("cudnnBackendSetAttribute"), ["103", "0"], "{stderr}");
+    assert_eq!(row("cudnnBackendSetAttribute"), ["203", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendExecute"), ["100", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendDestroyDescriptor"), ["100", "0"], "{stderr}");
 }

@@ -170,7 +170,10 @@ pub fn variable_address(conn: &Conn, var: &registry::Variable) -> Result<u64, u3
     let module = unsafe { var.module.as_ref() }.ok_or(NOT_FOUND)?;
     let loaded = ensure(conn, module)?;
     let name = var.name.to_string_lossy().into_owned();
-    match conn.service(&Service::Global { module: loaded.library, name }, &[]).map_err(|_| NO_DEVICE)? {
+    let start = Instant::now();
+    let reply = conn.service(&Service::Global { module: loaded.library, name }, &[]).map_err(|_| NO_DEVICE)?;
+    crate::trace::bytes("(module variable)", 1, 0, 0, start.elapsed());
+    match reply {
         ServiceReply::Global { address, .. } => Ok(*var.address.get_or_init(|| address)),
         ServiceReply::Error { status, message } => {
             crate::log::once_owned(&message, || tracing::warn!("{message}"));
@@ -185,7 +188,10 @@ pub fn function_params(conn: &Conn, handle: u64) -> Result<Arc<[(u32, u32)]>, u3
     if let Some(p) = FUNCTIONS.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&handle)) {
         return Ok(p.clone());
     }
-    match conn.service(&Service::FunctionParams { function: handle }, &[]).map_err(|_| NO_DEVICE)? {
+    let start = Instant::now();
+    let reply = conn.service(&Service::FunctionParams { function: handle }, &[]).map_err(|_| NO_DEVICE)?;
+    crate::trace::bytes("(function parameters)", 1, 0, 0, start.elapsed());
+    match reply {
         ServiceReply::Params { params } => {
             let params: Arc<[(u32, u32)]> = params.into();
             remember(handle, params.clone());

@@ -170,10 +170,6 @@ pub enum Service {
     Global { module: u64, name: String },
     /// Parameter layout of a function (from cuModuleGetFunction).
     FunctionParams { function: u64 },
-    /// Keep the bytes in the bulk section (at most [`HOST_VALUE_MAX`]) in the worker's
-    /// memory for the rest of the session; answered by `HostValue` with their address. For
-    /// host scalars a library reads through a pointer (cuDNN's pass-by-value tensors).
-    HostValue,
     /// Compile a CUDA C++ program with the server's NVRTC (the client keeps NVRTC programs
     /// and sends everything a compile needs at once); answered by `Compiled`.
     Compile(CompileRequest),
@@ -203,10 +199,15 @@ pub struct CompileResult {
     pub lowered: Vec<(String, String)>,
 }
 
-/// Largest host value a client may place on the server with `Service::HostValue`.
+/// A record of cuDNN's variant-pack data pointers as the `hostvalues` wire form of
+/// cudnnBackendSetAttribute sends them: the pointer (a device address), or, where
+/// [`HOST_VALUE_FLAG`] is set, the bytes of the host scalar the caller's pointer points at
+/// (the worker keeps them beside the descriptor and passes their address).
+pub const HOST_VALUE_RECORD: usize = 32;
+/// Bytes of a host scalar in a record: the widest by-value type (16); the library reads
+/// what the tensor's type needs.
 pub const HOST_VALUE_MAX: usize = 16;
-/// Most distinct host values one session may place.
-pub const HOST_VALUE_LIMIT: usize = 1 << 16;
+pub const HOST_VALUE_FLAG: u64 = 1;
 
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum ServiceReply {
@@ -223,9 +224,6 @@ pub enum ServiceReply {
     },
     Params {
         params: Vec<(u32, u32)>,
-    },
-    HostValue {
-        address: u64,
     },
     Compiled(CompileResult),
     /// `status` in the driver's codes.

@@ -21,8 +21,8 @@ use chidori_protocol::PROTOCOL_VERSION;
 use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Ret, Wire};
 use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
-    self, Api, AsyncError, Call, Goodbye, HOST_VALUE_LIMIT, HOST_VALUE_MAX, Hello, HostCallback, HostCallbackDone,
-    KernelInfo, Launch, NULL_LEN, Refuse, RefuseReason, Reply, Service, ServiceReply, Welcome,
+    self, Api, AsyncError, Call, Goodbye, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch, NULL_LEN, Refuse,
+    RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
 
 use crate::backend::Backend;
@@ -63,9 +63,9 @@ struct Session {
     libraries: Mutex<std::collections::HashSet<u64>>,
     /// Parameter layouts of every function this session may launch.
     layouts: Mutex<HashMap<u64, ParamLayout>>,
-    /// Host values placed by the client (`Service::HostValue`), by content; 16-byte
-    /// aligned, alive for the session.
-    host_values: Mutex<HashMap<Vec<u8>, Box<u128>>>,
+    /// Memory kept for a library handle until the handle is destroyed: the host scalars of
+    /// a cuDNN variant pack (its data pointers point at them).
+    owned: Mutex<HashMap<u64, Box<[u128]>>>,
 }
 
 /// Why a session ends badly: the frame or call that broke the protocol.
@@ -131,7 +131,7 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         modules: Mutex::new(HashMap::new()),
         libraries: Mutex::new(std::collections::HashSet::new()),
         layouts: Mutex::new(HashMap::new()),
-        host_values: Mutex::new(HashMap::new()),
+        owned: Mutex::new(HashMap::new()),
     });
     reader.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
@@ -422,7 +422,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut raw = vec![0u64; n];
     let mut buffers: Vec<Option<Buffer>> = (0..n).map(|_| None).collect();
     let mut translations: Vec<Option<Translation>> = (0..n).map(|_| None).collect();
-    let mut destroyed: Vec<(HandleKind, u64)> = Vec::new();
+    let mut destroyed: Vec<(HandleKind, u64, u64)> = Vec::new();
     for (i, wire) in desc.params.iter().enumerate() {
         let (a, len) = (args[i], lens[i]);
         match *wire {
@@ -437,7 +437,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     );
                 };
                 if destroy {
-                    destroyed.push((kind, a));
+                    destroyed.push((kind, a, real));
                 }
                 raw[i] = real;
             }
@@ -568,6 +568,20 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         return Err(Fatal(format!("{}: {} unexpected bulk bytes", desc.name, frame.bulk.len() - bulk_at)));
     }
 
+    // cuDNN variant-pack data pointers with host scalars inline (the `hostvalues` form):
+    // the worker keeps the scalars beside the pack and passes their addresses.
+    let mut kept = None;
+    let mut _pointers = Vec::new();
+    if desc.form == Some("hostvalues") && lens[4] != NULL_LEN {
+        // SAFETY: raw[4] addresses the buffer laid out above, lens[4] bytes long.
+        let records = unsafe { std::slice::from_raw_parts(raw[4] as *const u8, lens[4] as usize) };
+        let Some((pointers, values)) = host_value_pointers(records) else {
+            return Err(Fatal(format!("{}: {} bytes of host value records", desc.name, lens[4])));
+        };
+        _pointers = pointers;
+        raw[4] = _pointers.as_ptr() as u64;
+        kept = Some(values);
+    }
     let ret = if desc.form == Some("host") {
         host_function(session, desc, &raw)
     } else {
@@ -595,8 +609,13 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 }
             }
         }
-        for (kind, value) in destroyed {
-            handles.remove(kind, value);
+        drop(handles);
+        if let Some(values) = kept {
+            lock(&session.owned).insert(raw[0], values);
+        }
+        for (kind, value, real) in destroyed {
+            lock(&session.handles).remove(kind, value);
+            lock(&session.owned).remove(&real);
         }
     }
     if !desc.waits() {
@@ -788,7 +807,6 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 }
             }
         }
-        Service::HostValue => host_value(session, &frame.bulk),
         Service::Compile(request) => match session.backend.compile(&request) {
             Ok(result) => ServiceReply::Compiled(result),
             Err((status, message)) => ServiceReply::Error { status, message },
@@ -804,33 +822,25 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     session.writer.send(h, &messages::encode(&reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
 }
 
-/// Place a host value for the session; the same bytes share one address.
-fn host_value(session: &Session, bytes: &[u8]) -> ServiceReply {
-    place_host_value(&mut lock(&session.host_values), bytes)
-}
-
-fn place_host_value(values: &mut HashMap<Vec<u8>, Box<u128>>, bytes: &[u8]) -> ServiceReply {
-    if bytes.is_empty() || bytes.len() > HOST_VALUE_MAX {
-        return ServiceReply::Error {
-            status: 1,
-            message: format!("a host value of {} bytes (1 to {HOST_VALUE_MAX} allowed)", bytes.len()),
-        };
+/// Data pointers from `hostvalues` records: device addresses as they are, host scalars as
+/// addresses of the returned copies (16-byte aligned). None: not whole records.
+fn host_value_pointers(records: &[u8]) -> Option<(Vec<u64>, Box<[u128]>)> {
+    use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
+    if !records.len().is_multiple_of(HOST_VALUE_RECORD) {
+        return None;
     }
-    if let Some(v) = values.get(bytes) {
-        return ServiceReply::HostValue { address: &**v as *const u128 as u64 };
-    }
-    if values.len() >= HOST_VALUE_LIMIT {
-        return ServiceReply::Error {
-            status: 2,
-            message: format!("this session already placed {HOST_VALUE_LIMIT} distinct host values"),
-        };
-    }
-    let mut le = [0u8; 16];
-    le[..bytes.len()].copy_from_slice(bytes);
-    let v = Box::new(u128::from_le_bytes(le));
-    let address = &*v as *const u128 as u64;
-    values.insert(bytes.to_vec(), v);
-    ServiceReply::HostValue { address }
+    let word = |r: &[u8], at: usize| u64::from_le_bytes(r[at..at + 8].try_into().expect("8 bytes"));
+    let mut values: Box<[u128]> = records
+        .chunks_exact(HOST_VALUE_RECORD)
+        .map(|r| u128::from_le_bytes(r[16..16 + HOST_VALUE_MAX].try_into().expect("16 bytes")))
+        .collect();
+    let base = values.as_mut_ptr();
+    let pointers = records
+        .chunks_exact(HOST_VALUE_RECORD)
+        .enumerate()
+        .map(|(i, r)| if word(r, 8) & HOST_VALUE_FLAG != 0 { base.wrapping_add(i) as u64 } else { word(r, 0) })
+        .collect();
+    Some((pointers, values))
 }
 
 fn module_reply(m: &Loaded) -> ServiceReply {
@@ -908,15 +918,17 @@ mod tests {
     }
 
     #[test]
-    fn host_values_are_placed_once_and_bounded() {
-        let mut values = HashMap::new();
-        let scale = 0.125f32.to_le_bytes();
-        let ServiceReply::HostValue { address: a } = place_host_value(&mut values, &scale) else { panic!() };
-        let ServiceReply::HostValue { address: b } = place_host_value(&mut values, &scale) else { panic!() };
-        assert_eq!(a, b, "the same bytes share one address");
-        // SAFETY: the address of the boxed value just placed (alive in `values`).
-        assert_eq!(unsafe { *(a as *const f32) }, 0.125);
-        assert!(matches!(place_host_value(&mut values, &[]), ServiceReply::Error { .. }));
-        assert!(matches!(place_host_value(&mut values, &[0u8; HOST_VALUE_MAX + 1]), ServiceReply::Error { .. }));
+    fn host_value_records_become_pointers_to_kept_values() {
+        use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_RECORD};
+        let mut records = vec![0u8; 2 * HOST_VALUE_RECORD];
+        records[..8].copy_from_slice(&0x7f00_0000_1000u64.to_le_bytes());
+        records[HOST_VALUE_RECORD + 8..HOST_VALUE_RECORD + 16].copy_from_slice(&HOST_VALUE_FLAG.to_le_bytes());
+        records[HOST_VALUE_RECORD + 16..HOST_VALUE_RECORD + 20].copy_from_slice(&0.125f32.to_le_bytes());
+        let (pointers, values) = host_value_pointers(&records).unwrap();
+        assert_eq!(pointers[0], 0x7f00_0000_1000, "a device address passes as it is");
+        assert_eq!(pointers[1], values.as_ptr().wrapping_add(1) as u64, "a host scalar points at its kept copy");
+        // SAFETY: the address of the second kept value (alive in `values`).
+        assert_eq!(unsafe { *(pointers[1] as *const f32) }, 0.125);
+        assert!(host_value_pointers(&records[..HOST_VALUE_RECORD + 1]).is_none(), "a torn record");
     }
 }

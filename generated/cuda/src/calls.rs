@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 363319560540179982u64;
+pub const SCHEMA_HASH: u64 = 10717261678462723518u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2251usize] = [
@@ -5758,8 +5758,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnBackendPopulateCudaGraph,
     &cudnn::cudnnBackendSetAttribute__cu118__call,
     &cudnn::cudnnBackendSetAttribute__cu118__descriptors,
+    &cudnn::cudnnBackendSetAttribute__cu118__hostvalues,
     &cudnn::cudnnBackendSetAttribute__cu126__call,
     &cudnn::cudnnBackendSetAttribute__cu126__descriptors,
+    &cudnn::cudnnBackendSetAttribute__cu126__hostvalues,
     &cudnn::cudnnBackendUpdateCudaGraph,
     &cudnn::cudnnBatchNormalizationBackwardEx__cu118,
     &cudnn::cudnnBatchNormalizationBackwardEx__cu126,
@@ -45959,8 +45961,14 @@ pub mod cudnn {
         &LEN_cudnnBackendSetAttribute__cu118__call_17,
     );
     static LEN_cudnnBackendSetAttribute__cu118__descriptors_19: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu126__call_20: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu126__call_21: Len = Len::Table(
+    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_20: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_21: Len = Len::Lit(32u64);
+    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_22: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu118__hostvalues_20,
+        &LEN_cudnnBackendSetAttribute__cu118__hostvalues_21,
+    );
+    static LEN_cudnnBackendSetAttribute__cu126__call_23: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126__call_24: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -45968,142 +45976,148 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendSetAttribute__cu126__call_22: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu126__call_20,
-        &LEN_cudnnBackendSetAttribute__cu126__call_21,
+    static LEN_cudnnBackendSetAttribute__cu126__call_25: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu126__call_23,
+        &LEN_cudnnBackendSetAttribute__cu126__call_24,
     );
-    static LEN_cudnnBackendSetAttribute__cu126__descriptors_23: Len = Len::Param(3u8);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_24: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_25: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_26: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_27: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_28: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_29: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_30: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_31: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu118_32: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu118_33: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu126_34: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu126_35: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu118_36: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu118_37: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu126_38: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu126_39: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_40: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_41: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_42: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_43: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu118_44: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu118_45: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu126_46: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu126_47: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu118_48: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu118_49: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu126_50: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu126_51: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu118_52: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu118_53: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu126_54: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu126_55: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu118_56: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu118_57: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu126_58: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu126_59: Len = Len::Lit(16u64);
-    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_60: Len = Len::Param(
+    static LEN_cudnnBackendSetAttribute__cu126__descriptors_26: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_27: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_28: Len = Len::Lit(32u64);
+    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_29: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu126__hostvalues_27,
+        &LEN_cudnnBackendSetAttribute__cu126__hostvalues_28,
+    );
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_30: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_31: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_32: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_33: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_34: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_35: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_36: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_37: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu118_38: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu118_39: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu126_40: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu126_41: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu118_42: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu118_43: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu126_44: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu126_45: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_46: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_47: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_48: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_49: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu118_50: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu118_51: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu126_52: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu126_53: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu118_54: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu118_55: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu126_56: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu126_57: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu118_58: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu118_59: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu126_60: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu126_61: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu118_62: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu118_63: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu126_64: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu126_65: Len = Len::Lit(16u64);
+    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_66: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_61: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_67: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_62: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_68: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_63: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_69: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_64: Len = Len::Param(8u8);
-    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_65: Len = Len::Param(8u8);
-    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_66: Len = Len::Param(
+    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_70: Len = Len::Param(8u8);
+    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_71: Len = Len::Param(8u8);
+    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_72: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_67: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_73: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_68: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_74: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_69: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_75: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_70: Len = Len::Param(5u8);
-    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_71: Len = Len::Param(5u8);
-    static LEN_cudnnGetFilterNdDescriptor__cu118_72: Len = Len::Param(1u8);
-    static LEN_cudnnGetFilterNdDescriptor__cu126_73: Len = Len::Param(1u8);
-    static LEN_cudnnGetLastErrorString_74: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu118_75: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu118_76: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu126_77: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu126_78: Len = Len::Param(1u8);
-    static LEN_cudnnLRNCrossChannelBackward__cu118_79: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu118_80: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu126_81: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu126_82: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu118_83: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu118_84: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu126_85: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu126_86: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu118_87: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu118_88: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu126_89: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu126_90: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu118_91: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu118_92: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu126_93: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu126_94: Len = Len::Lit(16u64);
-    static LEN_cudnnScaleTensor__cu118_95: Len = Len::Lit(16u64);
-    static LEN_cudnnScaleTensor__cu126_96: Len = Len::Lit(16u64);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu118_97: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu118_98: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu118_99: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu126_100: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu126_101: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu126_102: Len = Len::Param(1u8);
-    static LEN_cudnnSetFilterNdDescriptor__cu118_103: Len = Len::Param(3u8);
-    static LEN_cudnnSetFilterNdDescriptor__cu126_104: Len = Len::Param(3u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu118_105: Len = Len::Param(4u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu118_106: Len = Len::Lit(16u64);
-    static LEN_cudnnSetRNNDataDescriptor__cu126_107: Len = Len::Param(4u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu126_108: Len = Len::Lit(16u64);
-    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_109: Len = Len::Param(3u8);
-    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_110: Len = Len::Param(3u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu118_111: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu118_112: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu126_113: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu126_114: Len = Len::Param(2u8);
-    static LEN_cudnnSoftmaxBackward__cu118_115: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu118_116: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu126_117: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu126_118: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu118_119: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu118_120: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu126_121: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu126_122: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_123: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_124: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_125: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_126: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_127: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_128: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_129: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_130: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu118_131: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu118_132: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu126_133: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu126_134: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu118_135: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu118_136: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu126_137: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu126_138: Len = Len::Lit(16u64);
+    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_76: Len = Len::Param(5u8);
+    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_77: Len = Len::Param(5u8);
+    static LEN_cudnnGetFilterNdDescriptor__cu118_78: Len = Len::Param(1u8);
+    static LEN_cudnnGetFilterNdDescriptor__cu126_79: Len = Len::Param(1u8);
+    static LEN_cudnnGetLastErrorString_80: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118_81: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118_82: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126_83: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126_84: Len = Len::Param(1u8);
+    static LEN_cudnnLRNCrossChannelBackward__cu118_85: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu118_86: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu126_87: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu126_88: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu118_89: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu118_90: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu126_91: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu126_92: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu118_93: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu118_94: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu126_95: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu126_96: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu118_97: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu118_98: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu126_99: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu126_100: Len = Len::Lit(16u64);
+    static LEN_cudnnScaleTensor__cu118_101: Len = Len::Lit(16u64);
+    static LEN_cudnnScaleTensor__cu126_102: Len = Len::Lit(16u64);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_103: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_104: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_105: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_106: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_107: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_108: Len = Len::Param(1u8);
+    static LEN_cudnnSetFilterNdDescriptor__cu118_109: Len = Len::Param(3u8);
+    static LEN_cudnnSetFilterNdDescriptor__cu126_110: Len = Len::Param(3u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu118_111: Len = Len::Param(4u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu118_112: Len = Len::Lit(16u64);
+    static LEN_cudnnSetRNNDataDescriptor__cu126_113: Len = Len::Param(4u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu126_114: Len = Len::Lit(16u64);
+    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_115: Len = Len::Param(3u8);
+    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_116: Len = Len::Param(3u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu118_117: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu118_118: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu126_119: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu126_120: Len = Len::Param(2u8);
+    static LEN_cudnnSoftmaxBackward__cu118_121: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu118_122: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu126_123: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu126_124: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu118_125: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu118_126: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu126_127: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu126_128: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_129: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_130: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_131: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_132: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_133: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_134: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_135: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_136: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu118_137: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu118_138: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu126_139: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu126_140: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu118_141: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu118_142: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu126_143: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu126_144: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
         wire: 1215u32,
         call: 1183u32,
@@ -47027,8 +47041,49 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
+    pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
         wire: 1243u32,
+        call: 1195u32,
+        name: "cudnnBackendSetAttribute",
+        form: Some("hostvalues"),
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 54u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBackendSetAttribute__cu118__hostvalues_22),
+                record: None,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
+        wire: 1244u32,
         call: 1195u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
@@ -47055,7 +47110,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu126__call_22),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu126__call_25),
                 record: None,
             },
         ],
@@ -47069,7 +47124,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1244u32,
+        wire: 1245u32,
         call: 1195u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
@@ -47095,7 +47150,48 @@ pub mod cudnn {
             },
             Wire::Handles {
                 kind: 54u16,
-                len: &LEN_cudnnBackendSetAttribute__cu126__descriptors_23,
+                len: &LEN_cudnnBackendSetAttribute__cu126__descriptors_26,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
+        wire: 1246u32,
+        call: 1195u32,
+        name: "cudnnBackendSetAttribute",
+        form: Some("hostvalues"),
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 54u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBackendSetAttribute__cu126__hostvalues_29),
+                record: None,
             },
         ],
         ret: Ret::Status,
@@ -47108,7 +47204,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1245u32,
+        wire: 1247u32,
         call: 1196u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
@@ -47143,7 +47239,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1246u32,
+        wire: 1248u32,
         call: 1197u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
@@ -47166,25 +47262,25 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_24),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_30),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_25),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_31),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_26),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_32),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_27),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_33),
                 record: None,
             },
             Wire::Handle {
@@ -47251,7 +47347,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1247u32,
+        wire: 1249u32,
         call: 1197u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
@@ -47274,25 +47370,25 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_28),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_34),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_29),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_35),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_30),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_36),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_31),
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_37),
                 record: None,
             },
             Wire::Handle {
@@ -47359,7 +47455,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1248u32,
+        wire: 1250u32,
         call: 1198u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
@@ -47378,13 +47474,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_32),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_38),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_33),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_39),
                 record: None,
             },
             Wire::Handle {
@@ -47420,7 +47516,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1249u32,
+        wire: 1251u32,
         call: 1198u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
@@ -47439,13 +47535,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_34),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_40),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_35),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_41),
                 record: None,
             },
             Wire::Handle {
@@ -47481,7 +47577,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1250u32,
+        wire: 1252u32,
         call: 1199u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
@@ -47500,13 +47596,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_36),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_42),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_37),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_43),
                 record: None,
             },
             Wire::Handle {
@@ -47548,7 +47644,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1251u32,
+        wire: 1253u32,
         call: 1199u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
@@ -47567,13 +47663,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_38),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_44),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_39),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_45),
                 record: None,
             },
             Wire::Handle {
@@ -47615,7 +47711,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1252u32,
+        wire: 1254u32,
         call: 1200u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
@@ -47638,13 +47734,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_40),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_46),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_41),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_47),
                 record: None,
             },
             Wire::Handle {
@@ -47705,7 +47801,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1253u32,
+        wire: 1255u32,
         call: 1200u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
@@ -47728,13 +47824,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_42),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_48),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_43),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_49),
                 record: None,
             },
             Wire::Handle {
@@ -47795,7 +47891,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1254u32,
+        wire: 1256u32,
         call: 1201u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
@@ -47826,7 +47922,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1255u32,
+        wire: 1257u32,
         call: 1201u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
@@ -47857,7 +47953,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1256u32,
+        wire: 1258u32,
         call: 1202u32,
         name: "cudnnCTCLoss_v8",
         form: None,
@@ -47907,7 +48003,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1257u32,
+        wire: 1259u32,
         call: 1202u32,
         name: "cudnnCTCLoss_v8",
         form: None,
@@ -47957,7 +48053,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1258u32,
+        wire: 1260u32,
         call: 1203u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
@@ -47975,7 +48071,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1259u32,
+        wire: 1261u32,
         call: 1204u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
@@ -47993,7 +48089,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1260u32,
+        wire: 1262u32,
         call: 1205u32,
         name: "cudnnCnnVersionCheck",
         form: None,
@@ -48011,7 +48107,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1261u32,
+        wire: 1263u32,
         call: 1206u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
@@ -48026,7 +48122,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_44),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_50),
                 record: None,
             },
             Wire::Handle {
@@ -48055,7 +48151,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_45),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_51),
                 record: None,
             },
             Wire::Handle {
@@ -48074,7 +48170,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1262u32,
+        wire: 1264u32,
         call: 1206u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
@@ -48089,7 +48185,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_46),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_52),
                 record: None,
             },
             Wire::Handle {
@@ -48118,7 +48214,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_47),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_53),
                 record: None,
             },
             Wire::Handle {
@@ -48137,7 +48233,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1263u32,
+        wire: 1265u32,
         call: 1207u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
@@ -48152,7 +48248,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_48),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_54),
                 record: None,
             },
             Wire::Handle {
@@ -48181,7 +48277,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_49),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_55),
                 record: None,
             },
             Wire::Handle {
@@ -48200,7 +48296,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1264u32,
+        wire: 1266u32,
         call: 1207u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
@@ -48215,7 +48311,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_50),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_56),
                 record: None,
             },
             Wire::Handle {
@@ -48244,7 +48340,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_51),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_57),
                 record: None,
             },
             Wire::Handle {
@@ -48263,7 +48359,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1265u32,
+        wire: 1267u32,
         call: 1208u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
@@ -48278,7 +48374,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_52),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_58),
                 record: None,
             },
             Wire::Handle {
@@ -48307,7 +48403,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_53),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_59),
                 record: None,
             },
             Wire::Handle {
@@ -48340,7 +48436,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1266u32,
+        wire: 1268u32,
         call: 1208u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
@@ -48355,7 +48451,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_54),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_60),
                 record: None,
             },
             Wire::Handle {
@@ -48384,7 +48480,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_55),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_61),
                 record: None,
             },
             Wire::Handle {
@@ -48417,7 +48513,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1267u32,
+        wire: 1269u32,
         call: 1209u32,
         name: "cudnnConvolutionForward",
         form: None,
@@ -48432,7 +48528,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu118_56),
+                len: Some(&LEN_cudnnConvolutionForward__cu118_62),
                 record: None,
             },
             Wire::Handle {
@@ -48461,7 +48557,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu118_57),
+                len: Some(&LEN_cudnnConvolutionForward__cu118_63),
                 record: None,
             },
             Wire::Handle {
@@ -48480,7 +48576,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1268u32,
+        wire: 1270u32,
         call: 1209u32,
         name: "cudnnConvolutionForward",
         form: None,
@@ -48495,7 +48591,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu126_58),
+                len: Some(&LEN_cudnnConvolutionForward__cu126_64),
                 record: None,
             },
             Wire::Handle {
@@ -48524,7 +48620,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu126_59),
+                len: Some(&LEN_cudnnConvolutionForward__cu126_65),
                 record: None,
             },
             Wire::Handle {
@@ -48543,7 +48639,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1269u32,
+        wire: 1271u32,
         call: 1210u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
@@ -48570,7 +48666,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1270u32,
+        wire: 1272u32,
         call: 1211u32,
         name: "cudnnCreate",
         form: None,
@@ -48593,7 +48689,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1271u32,
+        wire: 1273u32,
         call: 1211u32,
         name: "cudnnCreate",
         form: None,
@@ -48616,7 +48712,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1272u32,
+        wire: 1274u32,
         call: 1212u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
@@ -48639,7 +48735,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1273u32,
+        wire: 1275u32,
         call: 1212u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
@@ -48662,7 +48758,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1274u32,
+        wire: 1276u32,
         call: 1213u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
@@ -48685,7 +48781,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1275u32,
+        wire: 1277u32,
         call: 1214u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
@@ -48712,7 +48808,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1276u32,
+        wire: 1278u32,
         call: 1215u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
@@ -48735,7 +48831,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1277u32,
+        wire: 1279u32,
         call: 1215u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
@@ -48758,7 +48854,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1278u32,
+        wire: 1280u32,
         call: 1216u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
@@ -48781,7 +48877,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1279u32,
+        wire: 1281u32,
         call: 1216u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
@@ -48804,7 +48900,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1280u32,
+        wire: 1282u32,
         call: 1217u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
@@ -48827,7 +48923,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1281u32,
+        wire: 1283u32,
         call: 1217u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
@@ -48850,7 +48946,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1282u32,
+        wire: 1284u32,
         call: 1218u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
@@ -48873,7 +48969,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1283u32,
+        wire: 1285u32,
         call: 1218u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
@@ -48896,7 +48992,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1284u32,
+        wire: 1286u32,
         call: 1219u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
@@ -48919,7 +49015,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1285u32,
+        wire: 1287u32,
         call: 1219u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
@@ -48942,7 +49038,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1286u32,
+        wire: 1288u32,
         call: 1220u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
@@ -48969,7 +49065,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1287u32,
+        wire: 1289u32,
         call: 1220u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
@@ -48996,7 +49092,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1288u32,
+        wire: 1290u32,
         call: 1221u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
@@ -49023,7 +49119,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1289u32,
+        wire: 1291u32,
         call: 1221u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
@@ -49050,7 +49146,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1290u32,
+        wire: 1292u32,
         call: 1222u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
@@ -49077,7 +49173,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1291u32,
+        wire: 1293u32,
         call: 1222u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
@@ -49104,7 +49200,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1292u32,
+        wire: 1294u32,
         call: 1223u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
@@ -49127,7 +49223,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1293u32,
+        wire: 1295u32,
         call: 1223u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
@@ -49150,7 +49246,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1294u32,
+        wire: 1296u32,
         call: 1224u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
@@ -49173,7 +49269,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1295u32,
+        wire: 1297u32,
         call: 1224u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
@@ -49196,7 +49292,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1296u32,
+        wire: 1298u32,
         call: 1225u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
@@ -49231,7 +49327,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1297u32,
+        wire: 1299u32,
         call: 1226u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
@@ -49254,7 +49350,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1298u32,
+        wire: 1300u32,
         call: 1226u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
@@ -49277,7 +49373,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1299u32,
+        wire: 1301u32,
         call: 1227u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
@@ -49300,7 +49396,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1300u32,
+        wire: 1302u32,
         call: 1227u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
@@ -49323,7 +49419,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1301u32,
+        wire: 1303u32,
         call: 1228u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
@@ -49346,7 +49442,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1302u32,
+        wire: 1304u32,
         call: 1228u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
@@ -49369,7 +49465,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1303u32,
+        wire: 1305u32,
         call: 1229u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
@@ -49392,7 +49488,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1304u32,
+        wire: 1306u32,
         call: 1229u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
@@ -49415,7 +49511,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1305u32,
+        wire: 1307u32,
         call: 1230u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
@@ -49438,7 +49534,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1306u32,
+        wire: 1308u32,
         call: 1230u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
@@ -49461,7 +49557,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1307u32,
+        wire: 1309u32,
         call: 1231u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
@@ -49484,7 +49580,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1308u32,
+        wire: 1310u32,
         call: 1231u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
@@ -49507,7 +49603,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1309u32,
+        wire: 1311u32,
         call: 1232u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
@@ -49530,7 +49626,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1310u32,
+        wire: 1312u32,
         call: 1232u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
@@ -49553,7 +49649,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1311u32,
+        wire: 1313u32,
         call: 1233u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
@@ -49576,7 +49672,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1312u32,
+        wire: 1314u32,
         call: 1233u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
@@ -49599,7 +49695,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1313u32,
+        wire: 1315u32,
         call: 1234u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
@@ -49630,7 +49726,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1314u32,
+        wire: 1316u32,
         call: 1234u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
@@ -49661,7 +49757,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1315u32,
+        wire: 1317u32,
         call: 1235u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
@@ -49700,7 +49796,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1316u32,
+        wire: 1318u32,
         call: 1235u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
@@ -49739,7 +49835,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1317u32,
+        wire: 1319u32,
         call: 1236u32,
         name: "cudnnDestroy",
         form: Some("call"),
@@ -49762,7 +49858,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1318u32,
+        wire: 1320u32,
         call: 1236u32,
         name: "cudnnDestroy",
         form: Some("call"),
@@ -49785,7 +49881,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1319u32,
+        wire: 1321u32,
         call: 1237u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
@@ -49808,7 +49904,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1320u32,
+        wire: 1322u32,
         call: 1237u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
@@ -49831,7 +49927,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1321u32,
+        wire: 1323u32,
         call: 1238u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
@@ -49854,7 +49950,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1322u32,
+        wire: 1324u32,
         call: 1239u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
@@ -49881,7 +49977,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1323u32,
+        wire: 1325u32,
         call: 1240u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
@@ -49904,7 +50000,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1324u32,
+        wire: 1326u32,
         call: 1240u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
@@ -49927,7 +50023,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1325u32,
+        wire: 1327u32,
         call: 1241u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
@@ -49950,7 +50046,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1326u32,
+        wire: 1328u32,
         call: 1241u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
@@ -49973,7 +50069,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1327u32,
+        wire: 1329u32,
         call: 1242u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
@@ -49996,7 +50092,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1328u32,
+        wire: 1330u32,
         call: 1242u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
@@ -50019,7 +50115,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1329u32,
+        wire: 1331u32,
         call: 1243u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
@@ -50042,7 +50138,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1330u32,
+        wire: 1332u32,
         call: 1243u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
@@ -50065,7 +50161,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1331u32,
+        wire: 1333u32,
         call: 1244u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
@@ -50088,7 +50184,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1332u32,
+        wire: 1334u32,
         call: 1244u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
@@ -50111,7 +50207,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1333u32,
+        wire: 1335u32,
         call: 1245u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
@@ -50134,7 +50230,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1334u32,
+        wire: 1336u32,
         call: 1245u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
@@ -50157,7 +50253,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1335u32,
+        wire: 1337u32,
         call: 1246u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
@@ -50180,7 +50276,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1336u32,
+        wire: 1338u32,
         call: 1246u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
@@ -50203,7 +50299,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1337u32,
+        wire: 1339u32,
         call: 1247u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
@@ -50226,7 +50322,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1338u32,
+        wire: 1340u32,
         call: 1247u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
@@ -50249,7 +50345,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1339u32,
+        wire: 1341u32,
         call: 1248u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
@@ -50272,7 +50368,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1340u32,
+        wire: 1342u32,
         call: 1248u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
@@ -50295,7 +50391,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1341u32,
+        wire: 1343u32,
         call: 1249u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
@@ -50318,7 +50414,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1342u32,
+        wire: 1344u32,
         call: 1249u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
@@ -50341,7 +50437,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1343u32,
+        wire: 1345u32,
         call: 1250u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
@@ -50364,7 +50460,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1344u32,
+        wire: 1346u32,
         call: 1251u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
@@ -50387,7 +50483,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1345u32,
+        wire: 1347u32,
         call: 1251u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
@@ -50410,7 +50506,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
+        wire: 1348u32,
         call: 1252u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
@@ -50433,7 +50529,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
+        wire: 1349u32,
         call: 1252u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
@@ -50456,7 +50552,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
+        wire: 1350u32,
         call: 1253u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
@@ -50479,7 +50575,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
+        wire: 1351u32,
         call: 1253u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
@@ -50502,7 +50598,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
+        wire: 1352u32,
         call: 1254u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
@@ -50525,7 +50621,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
+        wire: 1353u32,
         call: 1254u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
@@ -50548,7 +50644,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
+        wire: 1354u32,
         call: 1255u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
@@ -50571,7 +50667,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
+        wire: 1355u32,
         call: 1255u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
@@ -50594,7 +50690,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
+        wire: 1356u32,
         call: 1256u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
@@ -50617,7 +50713,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
+        wire: 1357u32,
         call: 1256u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
@@ -50640,7 +50736,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
+        wire: 1358u32,
         call: 1257u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
@@ -50663,7 +50759,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
+        wire: 1359u32,
         call: 1257u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
@@ -50686,7 +50782,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
+        wire: 1360u32,
         call: 1258u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
@@ -50709,7 +50805,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
+        wire: 1361u32,
         call: 1258u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
@@ -50732,7 +50828,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
+        wire: 1362u32,
         call: 1259u32,
         name: "cudnnDropoutBackward",
         form: None,
@@ -50774,7 +50870,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
+        wire: 1363u32,
         call: 1259u32,
         name: "cudnnDropoutBackward",
         form: None,
@@ -50816,7 +50912,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
+        wire: 1364u32,
         call: 1260u32,
         name: "cudnnDropoutForward",
         form: None,
@@ -50858,7 +50954,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
+        wire: 1365u32,
         call: 1260u32,
         name: "cudnnDropoutForward",
         form: None,
@@ -50900,7 +50996,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1364u32,
+        wire: 1366u32,
         call: 1261u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
@@ -50929,7 +51025,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1365u32,
+        wire: 1367u32,
         call: 1261u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
@@ -50958,7 +51054,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
+        wire: 1368u32,
         call: 1262u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
@@ -50987,7 +51083,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
+        wire: 1369u32,
         call: 1262u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
@@ -51016,7 +51112,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1368u32,
+        wire: 1370u32,
         call: 1263u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
@@ -51060,7 +51156,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_60),
+                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_66),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51079,7 +51175,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1369u32,
+        wire: 1371u32,
         call: 1263u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
@@ -51123,7 +51219,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_61),
+                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_67),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51142,7 +51238,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
+        wire: 1372u32,
         call: 1264u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
@@ -51186,7 +51282,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_62),
+                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_68),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51205,7 +51301,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
+        wire: 1373u32,
         call: 1264u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
@@ -51249,7 +51345,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_63),
+                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_69),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51268,7 +51364,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
+        wire: 1374u32,
         call: 1265u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
@@ -51312,7 +51408,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_64),
+                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_70),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51331,7 +51427,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
+        wire: 1375u32,
         call: 1265u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
@@ -51375,7 +51471,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_65),
+                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_71),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51394,7 +51490,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
+        wire: 1376u32,
         call: 1266u32,
         name: "cudnnFusedOpsExecute",
         form: None,
@@ -51425,7 +51521,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
+        wire: 1377u32,
         call: 1266u32,
         name: "cudnnFusedOpsExecute",
         form: None,
@@ -51456,7 +51552,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
+        wire: 1378u32,
         call: 1267u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
@@ -51497,7 +51593,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
+        wire: 1379u32,
         call: 1267u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
@@ -51538,7 +51634,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1378u32,
+        wire: 1380u32,
         call: 1268u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
@@ -51567,7 +51663,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1379u32,
+        wire: 1381u32,
         call: 1268u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
@@ -51596,7 +51692,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1380u32,
+        wire: 1382u32,
         call: 1269u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
@@ -51641,7 +51737,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1381u32,
+        wire: 1383u32,
         call: 1270u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
@@ -51674,7 +51770,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1382u32,
+        wire: 1384u32,
         call: 1271u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
@@ -51739,7 +51835,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1383u32,
+        wire: 1385u32,
         call: 1271u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
@@ -51804,7 +51900,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
+        wire: 1386u32,
         call: 1272u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
@@ -51861,7 +51957,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
+        wire: 1387u32,
         call: 1272u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
@@ -51918,7 +52014,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
+        wire: 1388u32,
         call: 1273u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
@@ -51963,7 +52059,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
+        wire: 1389u32,
         call: 1273u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
@@ -52008,7 +52104,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1388u32,
+        wire: 1390u32,
         call: 1274u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
@@ -52037,7 +52133,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1389u32,
+        wire: 1391u32,
         call: 1274u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
@@ -52066,7 +52162,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1390u32,
+        wire: 1392u32,
         call: 1275u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
@@ -52107,7 +52203,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1391u32,
+        wire: 1393u32,
         call: 1275u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
@@ -52148,7 +52244,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1392u32,
+        wire: 1394u32,
         call: 1276u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
@@ -52193,7 +52289,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1393u32,
+        wire: 1395u32,
         call: 1276u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
@@ -52238,7 +52334,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1394u32,
+        wire: 1396u32,
         call: 1277u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
@@ -52309,7 +52405,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1395u32,
+        wire: 1397u32,
         call: 1277u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
@@ -52380,7 +52476,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1396u32,
+        wire: 1398u32,
         call: 1278u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
@@ -52430,7 +52526,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1397u32,
+        wire: 1399u32,
         call: 1278u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
@@ -52480,7 +52576,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
+        wire: 1400u32,
         call: 1279u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
@@ -52509,7 +52605,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
+        wire: 1401u32,
         call: 1279u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
@@ -52538,7 +52634,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
+        wire: 1402u32,
         call: 1280u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
@@ -52579,7 +52675,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_66),
+                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_72),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
         ],
@@ -52593,7 +52689,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
+        wire: 1403u32,
         call: 1280u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
@@ -52634,7 +52730,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_67),
+                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_73),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
         ],
@@ -52648,7 +52744,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
+        wire: 1404u32,
         call: 1281u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
@@ -52697,7 +52793,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
+        wire: 1405u32,
         call: 1281u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
@@ -52746,7 +52842,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
+        wire: 1406u32,
         call: 1282u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
@@ -52775,7 +52871,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
+        wire: 1407u32,
         call: 1282u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
@@ -52804,7 +52900,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
+        wire: 1408u32,
         call: 1283u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
@@ -52845,7 +52941,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_68),
+                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_74),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
         ],
@@ -52859,7 +52955,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
+        wire: 1409u32,
         call: 1283u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
@@ -52900,7 +52996,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_69),
+                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_75),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
         ],
@@ -52914,7 +53010,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
+        wire: 1410u32,
         call: 1284u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
@@ -52963,7 +53059,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
+        wire: 1411u32,
         call: 1284u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
@@ -53012,7 +53108,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
+        wire: 1412u32,
         call: 1285u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
@@ -53041,7 +53137,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
+        wire: 1413u32,
         call: 1285u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
@@ -53070,7 +53166,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1412u32,
+        wire: 1414u32,
         call: 1286u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
@@ -53111,7 +53207,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_70),
+                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_76),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
         ],
@@ -53125,7 +53221,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1413u32,
+        wire: 1415u32,
         call: 1286u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
@@ -53166,7 +53262,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_71),
+                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_77),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
         ],
@@ -53180,7 +53276,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
+        wire: 1416u32,
         call: 1287u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
@@ -53229,7 +53325,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
+        wire: 1417u32,
         call: 1287u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
@@ -53278,7 +53374,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1416u32,
+        wire: 1418u32,
         call: 1288u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
@@ -53307,7 +53403,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1417u32,
+        wire: 1419u32,
         call: 1288u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
@@ -53336,7 +53432,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1418u32,
+        wire: 1420u32,
         call: 1289u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
@@ -53365,7 +53461,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1419u32,
+        wire: 1421u32,
         call: 1289u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
@@ -53394,7 +53490,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1420u32,
+        wire: 1422u32,
         call: 1290u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
@@ -53435,7 +53531,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1421u32,
+        wire: 1423u32,
         call: 1290u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
@@ -53476,7 +53572,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1422u32,
+        wire: 1424u32,
         call: 1291u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
@@ -53505,7 +53601,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1423u32,
+        wire: 1425u32,
         call: 1291u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
@@ -53534,7 +53630,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1424u32,
+        wire: 1426u32,
         call: 1292u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
@@ -53555,7 +53651,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1425u32,
+        wire: 1427u32,
         call: 1292u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
@@ -53576,7 +53672,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1426u32,
+        wire: 1428u32,
         call: 1293u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
@@ -53616,7 +53712,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1427u32,
+        wire: 1429u32,
         call: 1293u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
@@ -53656,7 +53752,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1428u32,
+        wire: 1430u32,
         call: 1294u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
@@ -53710,7 +53806,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1429u32,
+        wire: 1431u32,
         call: 1294u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
@@ -53764,7 +53860,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1430u32,
+        wire: 1432u32,
         call: 1295u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
@@ -53801,7 +53897,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu118_72),
+                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu118_78),
                 record: None,
             },
         ],
@@ -53815,7 +53911,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1431u32,
+        wire: 1433u32,
         call: 1295u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
@@ -53852,7 +53948,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu126_73),
+                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu126_79),
                 record: None,
             },
         ],
@@ -53866,7 +53962,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1432u32,
+        wire: 1434u32,
         call: 1296u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
@@ -53895,7 +53991,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1433u32,
+        wire: 1435u32,
         call: 1296u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
@@ -53924,7 +54020,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1434u32,
+        wire: 1436u32,
         call: 1297u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
@@ -53999,7 +54095,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1435u32,
+        wire: 1437u32,
         call: 1297u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
@@ -54074,7 +54170,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1436u32,
+        wire: 1438u32,
         call: 1298u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
@@ -54121,7 +54217,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1437u32,
+        wire: 1439u32,
         call: 1298u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
@@ -54168,7 +54264,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1438u32,
+        wire: 1440u32,
         call: 1299u32,
         name: "cudnnGetLastErrorString",
         form: None,
@@ -54179,7 +54275,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudnnGetLastErrorString_74),
+                len: Some(&LEN_cudnnGetLastErrorString_80),
                 record: None,
             },
             Wire::Val {
@@ -54197,7 +54293,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1439u32,
+        wire: 1441u32,
         call: 1300u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
@@ -54218,7 +54314,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1440u32,
+        wire: 1442u32,
         call: 1300u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
@@ -54239,7 +54335,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1441u32,
+        wire: 1443u32,
         call: 1301u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
@@ -54316,7 +54412,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1442u32,
+        wire: 1444u32,
         call: 1301u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
@@ -54393,7 +54489,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1443u32,
+        wire: 1445u32,
         call: 1302u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
@@ -54462,7 +54558,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1444u32,
+        wire: 1446u32,
         call: 1302u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
@@ -54531,7 +54627,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1445u32,
+        wire: 1447u32,
         call: 1303u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
@@ -54584,7 +54680,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1446u32,
+        wire: 1448u32,
         call: 1303u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
@@ -54637,7 +54733,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1447u32,
+        wire: 1449u32,
         call: 1304u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
@@ -54678,7 +54774,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1448u32,
+        wire: 1450u32,
         call: 1304u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
@@ -54719,7 +54815,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1449u32,
+        wire: 1451u32,
         call: 1305u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
@@ -54790,7 +54886,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1450u32,
+        wire: 1452u32,
         call: 1305u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
@@ -54861,7 +54957,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
+        wire: 1453u32,
         call: 1306u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
@@ -54907,7 +55003,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
+        wire: 1454u32,
         call: 1306u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
@@ -54953,7 +55049,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
+        wire: 1455u32,
         call: 1307u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
@@ -55016,7 +55112,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
+        wire: 1456u32,
         call: 1307u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
@@ -55079,7 +55175,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
+        wire: 1457u32,
         call: 1308u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
@@ -55116,7 +55212,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
+        wire: 1458u32,
         call: 1308u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
@@ -55153,7 +55249,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1457u32,
+        wire: 1459u32,
         call: 1309u32,
         name: "cudnnGetProperty",
         form: None,
@@ -55182,7 +55278,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1458u32,
+        wire: 1460u32,
         call: 1309u32,
         name: "cudnnGetProperty",
         form: None,
@@ -55211,7 +55307,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1459u32,
+        wire: 1461u32,
         call: 1310u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
@@ -55244,7 +55340,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1460u32,
+        wire: 1462u32,
         call: 1311u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
@@ -55277,7 +55373,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1461u32,
+        wire: 1463u32,
         call: 1312u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
@@ -55306,7 +55402,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1462u32,
+        wire: 1464u32,
         call: 1313u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
@@ -55339,7 +55435,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1463u32,
+        wire: 1465u32,
         call: 1314u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
@@ -55372,7 +55468,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1464u32,
+        wire: 1466u32,
         call: 1315u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
@@ -55401,7 +55497,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1465u32,
+        wire: 1467u32,
         call: 1316u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
@@ -55430,7 +55526,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1466u32,
+        wire: 1468u32,
         call: 1317u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
@@ -55471,7 +55567,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1467u32,
+        wire: 1469u32,
         call: 1318u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
@@ -55518,7 +55614,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1468u32,
+        wire: 1470u32,
         call: 1318u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
@@ -55565,7 +55661,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
-        wire: 1469u32,
+        wire: 1471u32,
         call: 1319u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
@@ -55625,7 +55721,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
-        wire: 1470u32,
+        wire: 1472u32,
         call: 1319u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
@@ -55685,7 +55781,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1471u32,
+        wire: 1473u32,
         call: 1320u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
@@ -55718,7 +55814,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1472u32,
+        wire: 1474u32,
         call: 1320u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
@@ -55751,7 +55847,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1473u32,
+        wire: 1475u32,
         call: 1321u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
@@ -55804,7 +55900,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1474u32,
+        wire: 1476u32,
         call: 1321u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
@@ -55857,7 +55953,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1475u32,
+        wire: 1477u32,
         call: 1322u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
@@ -55898,7 +55994,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1476u32,
+        wire: 1478u32,
         call: 1322u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
@@ -55939,7 +56035,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1477u32,
+        wire: 1479u32,
         call: 1323u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
@@ -55980,7 +56076,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1478u32,
+        wire: 1480u32,
         call: 1323u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
@@ -56021,7 +56117,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1479u32,
+        wire: 1481u32,
         call: 1324u32,
         name: "cudnnGetStream",
         form: Some("call"),
@@ -56048,7 +56144,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1480u32,
+        wire: 1482u32,
         call: 1324u32,
         name: "cudnnGetStream",
         form: Some("call"),
@@ -56075,7 +56171,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1481u32,
+        wire: 1483u32,
         call: 1325u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
@@ -56147,7 +56243,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1482u32,
+        wire: 1484u32,
         call: 1325u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
@@ -56219,7 +56315,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1483u32,
+        wire: 1485u32,
         call: 1326u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
@@ -56250,13 +56346,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_75),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_81),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_76),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_82),
                 record: None,
             },
         ],
@@ -56270,7 +56366,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1484u32,
+        wire: 1486u32,
         call: 1326u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
@@ -56301,13 +56397,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_77),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_83),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_78),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_84),
                 record: None,
             },
         ],
@@ -56321,7 +56417,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1485u32,
+        wire: 1487u32,
         call: 1327u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
@@ -56350,7 +56446,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1486u32,
+        wire: 1488u32,
         call: 1327u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
@@ -56379,7 +56475,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1487u32,
+        wire: 1489u32,
         call: 1328u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
@@ -56436,7 +56532,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1488u32,
+        wire: 1490u32,
         call: 1328u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
@@ -56493,7 +56589,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1489u32,
+        wire: 1491u32,
         call: 1329u32,
         name: "cudnnGetVersion",
         form: Some("call"),
@@ -56514,7 +56610,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1490u32,
+        wire: 1492u32,
         call: 1329u32,
         name: "cudnnGetVersion",
         form: Some("call"),
@@ -56535,7 +56631,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1491u32,
+        wire: 1493u32,
         call: 1330u32,
         name: "cudnnGraphVersionCheck",
         form: None,
@@ -56553,7 +56649,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1492u32,
+        wire: 1494u32,
         call: 1331u32,
         name: "cudnnInitTransformDest",
         form: None,
@@ -56590,7 +56686,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1493u32,
+        wire: 1495u32,
         call: 1331u32,
         name: "cudnnInitTransformDest",
         form: None,
@@ -56627,7 +56723,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1494u32,
+        wire: 1496u32,
         call: 1332u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
@@ -56650,7 +56746,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_79),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_85),
                 record: None,
             },
             Wire::Handle {
@@ -56671,7 +56767,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_80),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_86),
                 record: None,
             },
             Wire::Handle {
@@ -56690,7 +56786,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1495u32,
+        wire: 1497u32,
         call: 1332u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
@@ -56713,7 +56809,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_81),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_87),
                 record: None,
             },
             Wire::Handle {
@@ -56734,7 +56830,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_82),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_88),
                 record: None,
             },
             Wire::Handle {
@@ -56753,7 +56849,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1496u32,
+        wire: 1498u32,
         call: 1333u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
@@ -56776,7 +56872,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_83),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_89),
                 record: None,
             },
             Wire::Handle {
@@ -56787,7 +56883,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_84),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_90),
                 record: None,
             },
             Wire::Handle {
@@ -56806,7 +56902,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1497u32,
+        wire: 1499u32,
         call: 1333u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
@@ -56829,7 +56925,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_85),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_91),
                 record: None,
             },
             Wire::Handle {
@@ -56840,7 +56936,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_86),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_92),
                 record: None,
             },
             Wire::Handle {
@@ -56859,7 +56955,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1498u32,
+        wire: 1500u32,
         call: 1334u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
@@ -56896,7 +56992,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1499u32,
+        wire: 1501u32,
         call: 1334u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
@@ -56933,7 +57029,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1500u32,
+        wire: 1502u32,
         call: 1335u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
@@ -56951,7 +57047,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1501u32,
+        wire: 1503u32,
         call: 1336u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
@@ -56969,7 +57065,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1502u32,
+        wire: 1504u32,
         call: 1337u32,
         name: "cudnnOpsVersionCheck",
         form: None,
@@ -56987,7 +57083,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1503u32,
+        wire: 1505u32,
         call: 1338u32,
         name: "cudnnPoolingBackward",
         form: None,
@@ -57006,7 +57102,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu118_87),
+                len: Some(&LEN_cudnnPoolingBackward__cu118_93),
                 record: None,
             },
             Wire::Handle {
@@ -57027,7 +57123,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu118_88),
+                len: Some(&LEN_cudnnPoolingBackward__cu118_94),
                 record: None,
             },
             Wire::Handle {
@@ -57046,7 +57142,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1504u32,
+        wire: 1506u32,
         call: 1338u32,
         name: "cudnnPoolingBackward",
         form: None,
@@ -57065,7 +57161,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu126_89),
+                len: Some(&LEN_cudnnPoolingBackward__cu126_95),
                 record: None,
             },
             Wire::Handle {
@@ -57086,7 +57182,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu126_90),
+                len: Some(&LEN_cudnnPoolingBackward__cu126_96),
                 record: None,
             },
             Wire::Handle {
@@ -57105,7 +57201,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1505u32,
+        wire: 1507u32,
         call: 1339u32,
         name: "cudnnPoolingForward",
         form: None,
@@ -57124,7 +57220,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu118_91),
+                len: Some(&LEN_cudnnPoolingForward__cu118_97),
                 record: None,
             },
             Wire::Handle {
@@ -57135,7 +57231,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu118_92),
+                len: Some(&LEN_cudnnPoolingForward__cu118_98),
                 record: None,
             },
             Wire::Handle {
@@ -57154,7 +57250,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1506u32,
+        wire: 1508u32,
         call: 1339u32,
         name: "cudnnPoolingForward",
         form: None,
@@ -57173,7 +57269,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu126_93),
+                len: Some(&LEN_cudnnPoolingForward__cu126_99),
                 record: None,
             },
             Wire::Handle {
@@ -57184,7 +57280,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu126_94),
+                len: Some(&LEN_cudnnPoolingForward__cu126_100),
                 record: None,
             },
             Wire::Handle {
@@ -57203,7 +57299,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1507u32,
+        wire: 1509u32,
         call: 1340u32,
         name: "cudnnQueryRuntimeError",
         form: None,
@@ -57240,7 +57336,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1508u32,
+        wire: 1510u32,
         call: 1340u32,
         name: "cudnnQueryRuntimeError",
         form: None,
@@ -57277,7 +57373,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1509u32,
+        wire: 1511u32,
         call: 1341u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
@@ -57345,7 +57441,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1510u32,
+        wire: 1512u32,
         call: 1341u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
@@ -57413,7 +57509,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1511u32,
+        wire: 1513u32,
         call: 1342u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
@@ -57470,7 +57566,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1512u32,
+        wire: 1514u32,
         call: 1343u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
@@ -57532,7 +57628,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1513u32,
+        wire: 1515u32,
         call: 1343u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
@@ -57594,7 +57690,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1514u32,
+        wire: 1516u32,
         call: 1344u32,
         name: "cudnnRNNForward",
         form: None,
@@ -57663,7 +57759,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1515u32,
+        wire: 1517u32,
         call: 1344u32,
         name: "cudnnRNNForward",
         form: None,
@@ -57732,7 +57828,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1516u32,
+        wire: 1518u32,
         call: 1345u32,
         name: "cudnnRNNGetClip",
         form: None,
@@ -57783,7 +57879,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1517u32,
+        wire: 1519u32,
         call: 1346u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
@@ -57830,7 +57926,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1518u32,
+        wire: 1520u32,
         call: 1346u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
@@ -57877,7 +57973,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1519u32,
+        wire: 1521u32,
         call: 1347u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
@@ -57918,7 +58014,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1520u32,
+        wire: 1522u32,
         call: 1348u32,
         name: "cudnnRNNSetClip",
         form: None,
@@ -57961,7 +58057,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1521u32,
+        wire: 1523u32,
         call: 1349u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
@@ -58000,7 +58096,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1522u32,
+        wire: 1524u32,
         call: 1349u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
@@ -58039,7 +58135,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1523u32,
+        wire: 1525u32,
         call: 1350u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
@@ -58074,7 +58170,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1524u32,
+        wire: 1526u32,
         call: 1351u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
@@ -58114,7 +58210,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1525u32,
+        wire: 1527u32,
         call: 1351u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
@@ -58154,7 +58250,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1526u32,
+        wire: 1528u32,
         call: 1352u32,
         name: "cudnnScaleTensor",
         form: None,
@@ -58174,7 +58270,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnScaleTensor__cu118_95),
+                len: Some(&LEN_cudnnScaleTensor__cu118_101),
                 record: None,
             },
         ],
@@ -58188,7 +58284,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1527u32,
+        wire: 1529u32,
         call: 1352u32,
         name: "cudnnScaleTensor",
         form: None,
@@ -58208,7 +58304,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnScaleTensor__cu126_96),
+                len: Some(&LEN_cudnnScaleTensor__cu126_102),
                 record: None,
             },
         ],
@@ -58222,7 +58318,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1528u32,
+        wire: 1530u32,
         call: 1353u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
@@ -58257,7 +58353,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1529u32,
+        wire: 1531u32,
         call: 1353u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
@@ -58292,7 +58388,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1530u32,
+        wire: 1532u32,
         call: 1354u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
@@ -58319,7 +58415,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1531u32,
+        wire: 1533u32,
         call: 1354u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
@@ -58346,7 +58442,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1532u32,
+        wire: 1534u32,
         call: 1355u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
@@ -58370,7 +58466,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1533u32,
+        wire: 1535u32,
         call: 1356u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
@@ -58409,7 +58505,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1534u32,
+        wire: 1536u32,
         call: 1357u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
@@ -58508,7 +58604,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1535u32,
+        wire: 1537u32,
         call: 1357u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
@@ -58607,7 +58703,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1536u32,
+        wire: 1538u32,
         call: 1358u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
@@ -58634,7 +58730,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1537u32,
+        wire: 1539u32,
         call: 1358u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
@@ -58661,7 +58757,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1538u32,
+        wire: 1540u32,
         call: 1359u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
@@ -58696,7 +58792,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1539u32,
+        wire: 1541u32,
         call: 1359u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
@@ -58731,7 +58827,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1540u32,
+        wire: 1542u32,
         call: 1360u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
@@ -58770,7 +58866,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1541u32,
+        wire: 1543u32,
         call: 1360u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
@@ -58809,7 +58905,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1542u32,
+        wire: 1544u32,
         call: 1361u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
@@ -58848,7 +58944,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1543u32,
+        wire: 1545u32,
         call: 1362u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
@@ -58903,7 +58999,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1544u32,
+        wire: 1546u32,
         call: 1362u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
@@ -58958,7 +59054,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
+        wire: 1547u32,
         call: 1363u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
@@ -58985,7 +59081,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
+        wire: 1548u32,
         call: 1363u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
@@ -59012,7 +59108,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1547u32,
+        wire: 1549u32,
         call: 1364u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
@@ -59039,7 +59135,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1548u32,
+        wire: 1550u32,
         call: 1364u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
@@ -59066,7 +59162,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1549u32,
+        wire: 1551u32,
         call: 1365u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
@@ -59085,19 +59181,19 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_97),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_103),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_98),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_104),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_99),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_105),
                 record: None,
             },
             Wire::Val {
@@ -59119,7 +59215,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1550u32,
+        wire: 1552u32,
         call: 1365u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
@@ -59138,19 +59234,19 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_100),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_106),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_101),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_107),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_102),
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_108),
                 record: None,
             },
             Wire::Val {
@@ -59172,7 +59268,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
+        wire: 1553u32,
         call: 1366u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
@@ -59199,7 +59295,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
+        wire: 1554u32,
         call: 1366u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
@@ -59226,7 +59322,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1553u32,
+        wire: 1555u32,
         call: 1367u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
@@ -59266,7 +59362,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1554u32,
+        wire: 1556u32,
         call: 1367u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
@@ -59306,7 +59402,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
+        wire: 1557u32,
         call: 1368u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
@@ -59353,7 +59449,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
+        wire: 1558u32,
         call: 1368u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
@@ -59400,7 +59496,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1557u32,
+        wire: 1559u32,
         call: 1369u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
@@ -59427,7 +59523,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu118_103),
+                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu118_109),
                 record: None,
             },
         ],
@@ -59441,7 +59537,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1558u32,
+        wire: 1560u32,
         call: 1369u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
@@ -59468,7 +59564,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu126_104),
+                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu126_110),
                 record: None,
             },
         ],
@@ -59482,7 +59578,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1559u32,
+        wire: 1561u32,
         call: 1370u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
@@ -59521,7 +59617,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1560u32,
+        wire: 1562u32,
         call: 1370u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
@@ -59560,7 +59656,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1561u32,
+        wire: 1563u32,
         call: 1371u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
@@ -59595,7 +59691,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1562u32,
+        wire: 1564u32,
         call: 1371u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
@@ -59630,7 +59726,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1563u32,
+        wire: 1565u32,
         call: 1372u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
@@ -59657,7 +59753,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1564u32,
+        wire: 1566u32,
         call: 1373u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
@@ -59712,7 +59808,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1565u32,
+        wire: 1567u32,
         call: 1373u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
@@ -59767,7 +59863,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1566u32,
+        wire: 1568u32,
         call: 1374u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
@@ -59798,7 +59894,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1567u32,
+        wire: 1569u32,
         call: 1375u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
@@ -59825,7 +59921,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1568u32,
+        wire: 1570u32,
         call: 1376u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
@@ -59860,13 +59956,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_105),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_111),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_106),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_112),
                 record: None,
             },
         ],
@@ -59880,7 +59976,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1569u32,
+        wire: 1571u32,
         call: 1376u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
@@ -59915,13 +60011,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_107),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_113),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_108),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_114),
                 record: None,
             },
         ],
@@ -59935,7 +60031,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1570u32,
+        wire: 1572u32,
         call: 1377u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
@@ -59994,7 +60090,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1571u32,
+        wire: 1573u32,
         call: 1378u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
@@ -60073,7 +60169,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1572u32,
+        wire: 1574u32,
         call: 1378u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
@@ -60152,7 +60248,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1573u32,
+        wire: 1575u32,
         call: 1379u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
@@ -60179,7 +60275,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1574u32,
+        wire: 1576u32,
         call: 1380u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
@@ -60206,7 +60302,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1575u32,
+        wire: 1577u32,
         call: 1381u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
@@ -60241,7 +60337,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1576u32,
+        wire: 1578u32,
         call: 1382u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
@@ -60284,7 +60380,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1577u32,
+        wire: 1579u32,
         call: 1382u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
@@ -60327,7 +60423,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1578u32,
+        wire: 1580u32,
         call: 1383u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
@@ -60354,7 +60450,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_109),
+                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_115),
                 record: None,
             },
         ],
@@ -60368,7 +60464,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1579u32,
+        wire: 1581u32,
         call: 1383u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
@@ -60395,7 +60491,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_110),
+                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_116),
                 record: None,
             },
         ],
@@ -60409,7 +60505,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1580u32,
+        wire: 1582u32,
         call: 1384u32,
         name: "cudnnSetStream",
         form: Some("call"),
@@ -60436,7 +60532,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1581u32,
+        wire: 1583u32,
         call: 1384u32,
         name: "cudnnSetStream",
         form: Some("call"),
@@ -60463,7 +60559,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1582u32,
+        wire: 1584u32,
         call: 1385u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
@@ -60510,7 +60606,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1583u32,
+        wire: 1585u32,
         call: 1385u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
@@ -60557,7 +60653,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1584u32,
+        wire: 1586u32,
         call: 1386u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
@@ -60616,7 +60712,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1585u32,
+        wire: 1587u32,
         call: 1386u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
@@ -60675,7 +60771,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1586u32,
+        wire: 1588u32,
         call: 1387u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
@@ -60698,13 +60794,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_111),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_117),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_112),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_118),
                 record: None,
             },
         ],
@@ -60718,7 +60814,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1587u32,
+        wire: 1589u32,
         call: 1387u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
@@ -60741,13 +60837,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_113),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_119),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_114),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_120),
                 record: None,
             },
         ],
@@ -60761,7 +60857,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1588u32,
+        wire: 1590u32,
         call: 1388u32,
         name: "cudnnSoftmaxBackward",
         form: None,
@@ -60784,7 +60880,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu118_115),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu118_121),
                 record: None,
             },
             Wire::Handle {
@@ -60800,7 +60896,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu118_116),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu118_122),
                 record: None,
             },
             Wire::Handle {
@@ -60819,7 +60915,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1589u32,
+        wire: 1591u32,
         call: 1388u32,
         name: "cudnnSoftmaxBackward",
         form: None,
@@ -60842,7 +60938,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu126_117),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu126_123),
                 record: None,
             },
             Wire::Handle {
@@ -60858,7 +60954,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu126_118),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu126_124),
                 record: None,
             },
             Wire::Handle {
@@ -60877,7 +60973,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
+        wire: 1592u32,
         call: 1389u32,
         name: "cudnnSoftmaxForward",
         form: None,
@@ -60900,7 +60996,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu118_119),
+                len: Some(&LEN_cudnnSoftmaxForward__cu118_125),
                 record: None,
             },
             Wire::Handle {
@@ -60911,7 +61007,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu118_120),
+                len: Some(&LEN_cudnnSoftmaxForward__cu118_126),
                 record: None,
             },
             Wire::Handle {
@@ -60930,7 +61026,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
+        wire: 1593u32,
         call: 1389u32,
         name: "cudnnSoftmaxForward",
         form: None,
@@ -60953,7 +61049,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu126_121),
+                len: Some(&LEN_cudnnSoftmaxForward__cu126_127),
                 record: None,
             },
             Wire::Handle {
@@ -60964,7 +61060,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu126_122),
+                len: Some(&LEN_cudnnSoftmaxForward__cu126_128),
                 record: None,
             },
             Wire::Handle {
@@ -60983,7 +61079,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
+        wire: 1594u32,
         call: 1390u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
@@ -61012,7 +61108,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
+        wire: 1595u32,
         call: 1390u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
@@ -61041,7 +61137,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
+        wire: 1596u32,
         call: 1391u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
@@ -61070,7 +61166,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
+        wire: 1597u32,
         call: 1391u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
@@ -61099,7 +61195,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
+        wire: 1598u32,
         call: 1392u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
@@ -61118,7 +61214,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_123),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_129),
                 record: None,
             },
             Wire::Handle {
@@ -61129,7 +61225,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_124),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_130),
                 record: None,
             },
             Wire::Handle {
@@ -61140,7 +61236,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_125),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_131),
                 record: None,
             },
             Wire::Handle {
@@ -61152,7 +61248,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_126),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_132),
                 record: None,
             },
             Wire::Device,
@@ -61167,7 +61263,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
+        wire: 1599u32,
         call: 1392u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
@@ -61186,7 +61282,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_127),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_133),
                 record: None,
             },
             Wire::Handle {
@@ -61197,7 +61293,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_128),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_134),
                 record: None,
             },
             Wire::Handle {
@@ -61208,7 +61304,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_129),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_135),
                 record: None,
             },
             Wire::Handle {
@@ -61220,7 +61316,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_130),
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_136),
                 record: None,
             },
             Wire::Device,
@@ -61235,7 +61331,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1598u32,
+        wire: 1600u32,
         call: 1393u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
@@ -61254,7 +61350,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_131),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_137),
                 record: None,
             },
             Wire::Handle {
@@ -61266,7 +61362,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_132),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_138),
                 record: None,
             },
             Wire::Handle {
@@ -61285,7 +61381,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1599u32,
+        wire: 1601u32,
         call: 1393u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
@@ -61304,7 +61400,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_133),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_139),
                 record: None,
             },
             Wire::Handle {
@@ -61316,7 +61412,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_134),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_140),
                 record: None,
             },
             Wire::Handle {
@@ -61335,7 +61431,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1600u32,
+        wire: 1602u32,
         call: 1394u32,
         name: "cudnnTransformTensor",
         form: None,
@@ -61350,7 +61446,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu118_135),
+                len: Some(&LEN_cudnnTransformTensor__cu118_141),
                 record: None,
             },
             Wire::Handle {
@@ -61361,7 +61457,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu118_136),
+                len: Some(&LEN_cudnnTransformTensor__cu118_142),
                 record: None,
             },
             Wire::Handle {
@@ -61380,7 +61476,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1601u32,
+        wire: 1603u32,
         call: 1394u32,
         name: "cudnnTransformTensor",
         form: None,
@@ -61395,7 +61491,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu126_137),
+                len: Some(&LEN_cudnnTransformTensor__cu126_143),
                 record: None,
             },
             Wire::Handle {
@@ -61406,7 +61502,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu126_138),
+                len: Some(&LEN_cudnnTransformTensor__cu126_144),
                 record: None,
             },
             Wire::Handle {
@@ -61431,7 +61527,7 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1803u32,
+        wire: 1805u32,
         call: 1596u32,
         name: "cufftCreate",
         form: None,
@@ -61456,7 +61552,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1804u32,
+        wire: 1806u32,
         call: 1597u32,
         name: "cufftDestroy",
         form: None,
@@ -61479,7 +61575,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1805u32,
+        wire: 1807u32,
         call: 1598u32,
         name: "cufftResetPlanProperty",
         form: None,
@@ -61506,7 +61602,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1806u32,
+        wire: 1808u32,
         call: 1599u32,
         name: "cufftSetAutoAllocation",
         form: None,
@@ -61533,7 +61629,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1807u32,
+        wire: 1809u32,
         call: 1600u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
@@ -61564,7 +61660,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1808u32,
+        wire: 1810u32,
         call: 1601u32,
         name: "cufftSetStream",
         form: None,
@@ -61591,7 +61687,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1809u32,
+        wire: 1811u32,
         call: 1602u32,
         name: "cufftSetWorkArea",
         form: None,
@@ -61615,7 +61711,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1810u32,
+        wire: 1812u32,
         call: 1603u32,
         name: "cufftXtClearCallback",
         form: None,
@@ -61642,7 +61738,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1811u32,
+        wire: 1813u32,
         call: 1604u32,
         name: "cufftXtExec",
         form: None,
@@ -61671,7 +61767,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1812u32,
+        wire: 1814u32,
         call: 1605u32,
         name: "cufftXtMakePlanMany",
         form: None,
@@ -61754,7 +61850,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1813u32,
+        wire: 1815u32,
         call: 1606u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
@@ -61785,7 +61881,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1814u32,
+        wire: 1816u32,
         call: 1607u32,
         name: "cufftXtSetDistribution",
         form: None,
@@ -61823,7 +61919,7 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1815u32,
+        wire: 1817u32,
         call: 1608u32,
         name: "curandCreateGenerator",
         form: None,
@@ -61850,7 +61946,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1816u32,
+        wire: 1818u32,
         call: 1609u32,
         name: "curandCreateGeneratorHost",
         form: None,
@@ -61877,7 +61973,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1817u32,
+        wire: 1819u32,
         call: 1610u32,
         name: "curandCreatePoissonDistribution",
         form: None,
@@ -61904,7 +62000,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1818u32,
+        wire: 1820u32,
         call: 1611u32,
         name: "curandDestroyDistribution",
         form: None,
@@ -61927,7 +62023,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1819u32,
+        wire: 1821u32,
         call: 1612u32,
         name: "curandDestroyGenerator",
         form: None,
@@ -61950,7 +62046,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1820u32,
+        wire: 1822u32,
         call: 1613u32,
         name: "curandGenerateSeeds",
         form: None,
@@ -61973,7 +62069,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1821u32,
+        wire: 1823u32,
         call: 1614u32,
         name: "curandSetGeneratorOffset",
         form: None,
@@ -62000,7 +62096,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1822u32,
+        wire: 1824u32,
         call: 1615u32,
         name: "curandSetGeneratorOrdering",
         form: None,
@@ -62027,7 +62123,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1823u32,
+        wire: 1825u32,
         call: 1616u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
@@ -62054,7 +62150,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1824u32,
+        wire: 1826u32,
         call: 1617u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
@@ -62081,7 +62177,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1825u32,
+        wire: 1827u32,
         call: 1618u32,
         name: "curandSetStream",
         form: None,
@@ -62120,7 +62216,7 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2129u32,
+        wire: 2131u32,
         call: 1922u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
@@ -62157,7 +62253,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2130u32,
+        wire: 2132u32,
         call: 1923u32,
         name: "cusolverDnCgeqrf",
         form: None,
@@ -62200,7 +62296,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2131u32,
+        wire: 2133u32,
         call: 1924u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
@@ -62242,7 +62338,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2132u32,
+        wire: 2134u32,
         call: 1925u32,
         name: "cusolverDnCgesvd",
         form: None,
@@ -62304,7 +62400,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2133u32,
+        wire: 2135u32,
         call: 1926u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
@@ -62341,7 +62437,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2134u32,
+        wire: 2136u32,
         call: 1927u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
@@ -62428,7 +62524,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2135u32,
+        wire: 2137u32,
         call: 1928u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
@@ -62509,7 +62605,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2136u32,
+        wire: 2138u32,
         call: 1929u32,
         name: "cusolverDnCgesvdj",
         form: None,
@@ -62574,7 +62670,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2137u32,
+        wire: 2139u32,
         call: 1930u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
@@ -62639,7 +62735,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2138u32,
+        wire: 2140u32,
         call: 1931u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
@@ -62704,7 +62800,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2139u32,
+        wire: 2141u32,
         call: 1932u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
@@ -62769,7 +62865,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2140u32,
+        wire: 2142u32,
         call: 1933u32,
         name: "cusolverDnCgetrf",
         form: None,
@@ -62808,7 +62904,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2141u32,
+        wire: 2143u32,
         call: 1934u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
@@ -62850,7 +62946,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2142u32,
+        wire: 2144u32,
         call: 1935u32,
         name: "cusolverDnCgetrs",
         form: None,
@@ -62897,7 +62993,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2143u32,
+        wire: 2145u32,
         call: 1936u32,
         name: "cusolverDnCheevd",
         form: None,
@@ -62944,7 +63040,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2144u32,
+        wire: 2146u32,
         call: 1937u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
@@ -62991,7 +63087,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2145u32,
+        wire: 2147u32,
         call: 1938u32,
         name: "cusolverDnCheevj",
         form: None,
@@ -63042,7 +63138,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2146u32,
+        wire: 2148u32,
         call: 1939u32,
         name: "cusolverDnCheevjBatched",
         form: None,
@@ -63097,7 +63193,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2147u32,
+        wire: 2149u32,
         call: 1940u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
@@ -63152,7 +63248,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2148u32,
+        wire: 2150u32,
         call: 1941u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
@@ -63203,7 +63299,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2149u32,
+        wire: 2151u32,
         call: 1942u32,
         name: "cusolverDnChegvd",
         form: None,
@@ -63259,7 +63355,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2150u32,
+        wire: 2152u32,
         call: 1943u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
@@ -63315,7 +63411,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2151u32,
+        wire: 2153u32,
         call: 1944u32,
         name: "cusolverDnChegvj",
         form: None,
@@ -63375,7 +63471,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2152u32,
+        wire: 2154u32,
         call: 1945u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
@@ -63435,7 +63531,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2153u32,
+        wire: 2155u32,
         call: 1946u32,
         name: "cusolverDnClaswp",
         form: None,
@@ -63480,7 +63576,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2154u32,
+        wire: 2156u32,
         call: 1947u32,
         name: "cusolverDnClauum",
         form: None,
@@ -63522,7 +63618,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2155u32,
+        wire: 2157u32,
         call: 1948u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
@@ -63564,7 +63660,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2156u32,
+        wire: 2158u32,
         call: 1949u32,
         name: "cusolverDnCpotrf",
         form: None,
@@ -63606,7 +63702,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2157u32,
+        wire: 2159u32,
         call: 1950u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
@@ -63647,7 +63743,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2158u32,
+        wire: 2160u32,
         call: 1951u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
@@ -63689,7 +63785,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2159u32,
+        wire: 2161u32,
         call: 1952u32,
         name: "cusolverDnCpotri",
         form: None,
@@ -63731,7 +63827,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2160u32,
+        wire: 2162u32,
         call: 1953u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
@@ -63773,7 +63869,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2161u32,
+        wire: 2163u32,
         call: 1954u32,
         name: "cusolverDnCpotrs",
         form: None,
@@ -63819,7 +63915,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2162u32,
+        wire: 2164u32,
         call: 1955u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
@@ -63869,7 +63965,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2163u32,
+        wire: 2165u32,
         call: 1956u32,
         name: "cusolverDnCreate",
         form: None,
@@ -63892,7 +63988,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2164u32,
+        wire: 2166u32,
         call: 1957u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
@@ -63915,7 +64011,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2165u32,
+        wire: 2167u32,
         call: 1958u32,
         name: "cusolverDnCreateParams",
         form: None,
@@ -63938,7 +64034,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2166u32,
+        wire: 2168u32,
         call: 1959u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
@@ -63961,7 +64057,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2167u32,
+        wire: 2169u32,
         call: 1960u32,
         name: "cusolverDnCsytrf",
         form: None,
@@ -64004,7 +64100,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2168u32,
+        wire: 2170u32,
         call: 1961u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
@@ -64042,7 +64138,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2169u32,
+        wire: 2171u32,
         call: 1962u32,
         name: "cusolverDnCsytri",
         form: None,
@@ -64085,7 +64181,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2170u32,
+        wire: 2172u32,
         call: 1963u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
@@ -64128,7 +64224,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2171u32,
+        wire: 2173u32,
         call: 1964u32,
         name: "cusolverDnCungbr",
         form: None,
@@ -64179,7 +64275,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2172u32,
+        wire: 2174u32,
         call: 1965u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
@@ -64230,7 +64326,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2173u32,
+        wire: 2175u32,
         call: 1966u32,
         name: "cusolverDnCungqr",
         form: None,
@@ -64277,7 +64373,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2174u32,
+        wire: 2176u32,
         call: 1967u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
@@ -64324,7 +64420,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2175u32,
+        wire: 2177u32,
         call: 1968u32,
         name: "cusolverDnCungtr",
         form: None,
@@ -64367,7 +64463,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2176u32,
+        wire: 2178u32,
         call: 1969u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
@@ -64410,7 +64506,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2177u32,
+        wire: 2179u32,
         call: 1970u32,
         name: "cusolverDnCunmqr",
         form: None,
@@ -64470,7 +64566,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2178u32,
+        wire: 2180u32,
         call: 1971u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
@@ -64530,7 +64626,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2179u32,
+        wire: 2181u32,
         call: 1972u32,
         name: "cusolverDnCunmtr",
         form: None,
@@ -64590,7 +64686,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2180u32,
+        wire: 2182u32,
         call: 1973u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
@@ -64650,7 +64746,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2181u32,
+        wire: 2183u32,
         call: 1974u32,
         name: "cusolverDnDestroy",
         form: None,
@@ -64673,7 +64769,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2182u32,
+        wire: 2184u32,
         call: 1975u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
@@ -64696,7 +64792,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2183u32,
+        wire: 2185u32,
         call: 1976u32,
         name: "cusolverDnDestroyParams",
         form: None,
@@ -64719,7 +64815,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2184u32,
+        wire: 2186u32,
         call: 1977u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
@@ -64742,7 +64838,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2185u32,
+        wire: 2187u32,
         call: 1978u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
@@ -64779,7 +64875,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2186u32,
+        wire: 2188u32,
         call: 1979u32,
         name: "cusolverDnDgeqrf",
         form: None,
@@ -64822,7 +64918,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2187u32,
+        wire: 2189u32,
         call: 1980u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
@@ -64864,7 +64960,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2188u32,
+        wire: 2190u32,
         call: 1981u32,
         name: "cusolverDnDgesvd",
         form: None,
@@ -64926,7 +65022,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2189u32,
+        wire: 2191u32,
         call: 1982u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
@@ -64963,7 +65059,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2190u32,
+        wire: 2192u32,
         call: 1983u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
@@ -65050,7 +65146,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2191u32,
+        wire: 2193u32,
         call: 1984u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
@@ -65131,7 +65227,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2192u32,
+        wire: 2194u32,
         call: 1985u32,
         name: "cusolverDnDgesvdj",
         form: None,
@@ -65196,7 +65292,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2193u32,
+        wire: 2195u32,
         call: 1986u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
@@ -65261,7 +65357,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2194u32,
+        wire: 2196u32,
         call: 1987u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
@@ -65326,7 +65422,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2195u32,
+        wire: 2197u32,
         call: 1988u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
@@ -65391,7 +65487,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2196u32,
+        wire: 2198u32,
         call: 1989u32,
         name: "cusolverDnDgetrf",
         form: None,
@@ -65430,7 +65526,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2197u32,
+        wire: 2199u32,
         call: 1990u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
@@ -65472,7 +65568,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2198u32,
+        wire: 2200u32,
         call: 1991u32,
         name: "cusolverDnDgetrs",
         form: None,
@@ -65519,7 +65615,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2199u32,
+        wire: 2201u32,
         call: 1992u32,
         name: "cusolverDnDlaswp",
         form: None,
@@ -65564,7 +65660,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2200u32,
+        wire: 2202u32,
         call: 1993u32,
         name: "cusolverDnDlauum",
         form: None,
@@ -65606,7 +65702,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2201u32,
+        wire: 2203u32,
         call: 1994u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
@@ -65648,7 +65744,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2202u32,
+        wire: 2204u32,
         call: 1995u32,
         name: "cusolverDnDorgbr",
         form: None,
@@ -65699,7 +65795,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2203u32,
+        wire: 2205u32,
         call: 1996u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
@@ -65750,7 +65846,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2204u32,
+        wire: 2206u32,
         call: 1997u32,
         name: "cusolverDnDorgqr",
         form: None,
@@ -65797,7 +65893,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2205u32,
+        wire: 2207u32,
         call: 1998u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
@@ -65844,7 +65940,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2206u32,
+        wire: 2208u32,
         call: 1999u32,
         name: "cusolverDnDorgtr",
         form: None,
@@ -65887,7 +65983,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2207u32,
+        wire: 2209u32,
         call: 2000u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
@@ -65930,7 +66026,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2208u32,
+        wire: 2210u32,
         call: 2001u32,
         name: "cusolverDnDormqr",
         form: None,
@@ -65990,7 +66086,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2209u32,
+        wire: 2211u32,
         call: 2002u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
@@ -66050,7 +66146,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2210u32,
+        wire: 2212u32,
         call: 2003u32,
         name: "cusolverDnDormtr",
         form: None,
@@ -66110,7 +66206,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2211u32,
+        wire: 2213u32,
         call: 2004u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
@@ -66170,7 +66266,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2212u32,
+        wire: 2214u32,
         call: 2005u32,
         name: "cusolverDnDpotrf",
         form: None,
@@ -66212,7 +66308,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2213u32,
+        wire: 2215u32,
         call: 2006u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
@@ -66253,7 +66349,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2214u32,
+        wire: 2216u32,
         call: 2007u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
@@ -66295,7 +66391,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2215u32,
+        wire: 2217u32,
         call: 2008u32,
         name: "cusolverDnDpotri",
         form: None,
@@ -66337,7 +66433,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2216u32,
+        wire: 2218u32,
         call: 2009u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
@@ -66379,7 +66475,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2217u32,
+        wire: 2219u32,
         call: 2010u32,
         name: "cusolverDnDpotrs",
         form: None,
@@ -66425,7 +66521,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2218u32,
+        wire: 2220u32,
         call: 2011u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
@@ -66475,7 +66571,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2219u32,
+        wire: 2221u32,
         call: 2012u32,
         name: "cusolverDnDsyevd",
         form: None,
@@ -66522,7 +66618,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2220u32,
+        wire: 2222u32,
         call: 2013u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
@@ -66569,7 +66665,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2221u32,
+        wire: 2223u32,
         call: 2014u32,
         name: "cusolverDnDsyevj",
         form: None,
@@ -66620,7 +66716,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2222u32,
+        wire: 2224u32,
         call: 2015u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
@@ -66675,7 +66771,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2223u32,
+        wire: 2225u32,
         call: 2016u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
@@ -66730,7 +66826,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2224u32,
+        wire: 2226u32,
         call: 2017u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
@@ -66781,7 +66877,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2225u32,
+        wire: 2227u32,
         call: 2018u32,
         name: "cusolverDnDsygvd",
         form: None,
@@ -66837,7 +66933,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2226u32,
+        wire: 2228u32,
         call: 2019u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
@@ -66893,7 +66989,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2227u32,
+        wire: 2229u32,
         call: 2020u32,
         name: "cusolverDnDsygvj",
         form: None,
@@ -66953,7 +67049,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2228u32,
+        wire: 2230u32,
         call: 2021u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
@@ -67013,7 +67109,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2229u32,
+        wire: 2231u32,
         call: 2022u32,
         name: "cusolverDnDsytrf",
         form: None,
@@ -67056,7 +67152,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2230u32,
+        wire: 2232u32,
         call: 2023u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
@@ -67094,7 +67190,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2231u32,
+        wire: 2233u32,
         call: 2024u32,
         name: "cusolverDnDsytri",
         form: None,
@@ -67137,7 +67233,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2232u32,
+        wire: 2234u32,
         call: 2025u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
@@ -67180,7 +67276,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2233u32,
+        wire: 2235u32,
         call: 2026u32,
         name: "cusolverDnGetStream",
         form: None,
@@ -67207,7 +67303,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2234u32,
+        wire: 2236u32,
         call: 2027u32,
         name: "cusolverDnGetrs",
         form: None,
@@ -67266,7 +67362,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2235u32,
+        wire: 2237u32,
         call: 2028u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
@@ -67289,7 +67385,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2236u32,
+        wire: 2238u32,
         call: 2029u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
@@ -67312,7 +67408,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2237u32,
+        wire: 2239u32,
         call: 2030u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
@@ -67335,7 +67431,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2238u32,
+        wire: 2240u32,
         call: 2031u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
@@ -67358,7 +67454,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2239u32,
+        wire: 2241u32,
         call: 2032u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
@@ -67381,7 +67477,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2240u32,
+        wire: 2242u32,
         call: 2033u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
@@ -67404,7 +67500,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2241u32,
+        wire: 2243u32,
         call: 2034u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
@@ -67427,7 +67523,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2242u32,
+        wire: 2244u32,
         call: 2035u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
@@ -67454,7 +67550,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2243u32,
+        wire: 2245u32,
         call: 2036u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
@@ -67481,7 +67577,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2244u32,
+        wire: 2246u32,
         call: 2037u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
@@ -67508,7 +67604,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2245u32,
+        wire: 2247u32,
         call: 2038u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
@@ -67535,7 +67631,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2246u32,
+        wire: 2248u32,
         call: 2039u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
@@ -67562,7 +67658,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2247u32,
+        wire: 2249u32,
         call: 2040u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
@@ -67593,7 +67689,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2248u32,
+        wire: 2250u32,
         call: 2041u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
@@ -67620,7 +67716,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2249u32,
+        wire: 2251u32,
         call: 2042u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
@@ -67647,7 +67743,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2250u32,
+        wire: 2252u32,
         call: 2043u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
@@ -67665,7 +67761,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2251u32,
+        wire: 2253u32,
         call: 2044u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
@@ -67688,7 +67784,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2252u32,
+        wire: 2254u32,
         call: 2045u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
@@ -67711,7 +67807,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2253u32,
+        wire: 2255u32,
         call: 2046u32,
         name: "cusolverDnPotrs",
         form: None,
@@ -67769,7 +67865,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2254u32,
+        wire: 2256u32,
         call: 2047u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
@@ -67800,7 +67896,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2255u32,
+        wire: 2257u32,
         call: 2048u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
@@ -67827,7 +67923,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2256u32,
+        wire: 2258u32,
         call: 2049u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
@@ -67854,7 +67950,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2257u32,
+        wire: 2259u32,
         call: 2050u32,
         name: "cusolverDnSetMathMode",
         form: None,
@@ -67881,7 +67977,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2258u32,
+        wire: 2260u32,
         call: 2051u32,
         name: "cusolverDnSetStream",
         form: None,
@@ -67908,7 +68004,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2259u32,
+        wire: 2261u32,
         call: 2052u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
@@ -67945,7 +68041,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2260u32,
+        wire: 2262u32,
         call: 2053u32,
         name: "cusolverDnSgeqrf",
         form: None,
@@ -67988,7 +68084,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2261u32,
+        wire: 2263u32,
         call: 2054u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
@@ -68030,7 +68126,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2262u32,
+        wire: 2264u32,
         call: 2055u32,
         name: "cusolverDnSgesvd",
         form: None,
@@ -68092,7 +68188,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2263u32,
+        wire: 2265u32,
         call: 2056u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
@@ -68129,7 +68225,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2264u32,
+        wire: 2266u32,
         call: 2057u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
@@ -68216,7 +68312,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2265u32,
+        wire: 2267u32,
         call: 2058u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
@@ -68297,7 +68393,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2266u32,
+        wire: 2268u32,
         call: 2059u32,
         name: "cusolverDnSgesvdj",
         form: None,
@@ -68362,7 +68458,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2267u32,
+        wire: 2269u32,
         call: 2060u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
@@ -68427,7 +68523,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2268u32,
+        wire: 2270u32,
         call: 2061u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
@@ -68492,7 +68588,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2269u32,
+        wire: 2271u32,
         call: 2062u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
@@ -68557,7 +68653,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2270u32,
+        wire: 2272u32,
         call: 2063u32,
         name: "cusolverDnSgetrf",
         form: None,
@@ -68596,7 +68692,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2271u32,
+        wire: 2273u32,
         call: 2064u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
@@ -68638,7 +68734,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2272u32,
+        wire: 2274u32,
         call: 2065u32,
         name: "cusolverDnSgetrs",
         form: None,
@@ -68685,7 +68781,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2273u32,
+        wire: 2275u32,
         call: 2066u32,
         name: "cusolverDnSlaswp",
         form: None,
@@ -68730,7 +68826,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2274u32,
+        wire: 2276u32,
         call: 2067u32,
         name: "cusolverDnSlauum",
         form: None,
@@ -68772,7 +68868,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2275u32,
+        wire: 2277u32,
         call: 2068u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
@@ -68814,7 +68910,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2276u32,
+        wire: 2278u32,
         call: 2069u32,
         name: "cusolverDnSorgbr",
         form: None,
@@ -68865,7 +68961,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2277u32,
+        wire: 2279u32,
         call: 2070u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
@@ -68916,7 +69012,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2278u32,
+        wire: 2280u32,
         call: 2071u32,
         name: "cusolverDnSorgqr",
         form: None,
@@ -68963,7 +69059,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2279u32,
+        wire: 2281u32,
         call: 2072u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
@@ -69010,7 +69106,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2280u32,
+        wire: 2282u32,
         call: 2073u32,
         name: "cusolverDnSorgtr",
         form: None,
@@ -69053,7 +69149,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2281u32,
+        wire: 2283u32,
         call: 2074u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
@@ -69096,7 +69192,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2282u32,
+        wire: 2284u32,
         call: 2075u32,
         name: "cusolverDnSormqr",
         form: None,
@@ -69156,7 +69252,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2283u32,
+        wire: 2285u32,
         call: 2076u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
@@ -69216,7 +69312,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2284u32,
+        wire: 2286u32,
         call: 2077u32,
         name: "cusolverDnSormtr",
         form: None,
@@ -69276,7 +69372,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2285u32,
+        wire: 2287u32,
         call: 2078u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
@@ -69336,7 +69432,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2286u32,
+        wire: 2288u32,
         call: 2079u32,
         name: "cusolverDnSpotrf",
         form: None,
@@ -69378,7 +69474,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2287u32,
+        wire: 2289u32,
         call: 2080u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
@@ -69419,7 +69515,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2288u32,
+        wire: 2290u32,
         call: 2081u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
@@ -69461,7 +69557,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2289u32,
+        wire: 2291u32,
         call: 2082u32,
         name: "cusolverDnSpotri",
         form: None,
@@ -69503,7 +69599,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2290u32,
+        wire: 2292u32,
         call: 2083u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
@@ -69545,7 +69641,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2291u32,
+        wire: 2293u32,
         call: 2084u32,
         name: "cusolverDnSpotrs",
         form: None,
@@ -69591,7 +69687,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2292u32,
+        wire: 2294u32,
         call: 2085u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
@@ -69641,7 +69737,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2293u32,
+        wire: 2295u32,
         call: 2086u32,
         name: "cusolverDnSsyevd",
         form: None,
@@ -69688,7 +69784,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2294u32,
+        wire: 2296u32,
         call: 2087u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
@@ -69735,7 +69831,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2295u32,
+        wire: 2297u32,
         call: 2088u32,
         name: "cusolverDnSsyevj",
         form: None,
@@ -69786,7 +69882,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2296u32,
+        wire: 2298u32,
         call: 2089u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
@@ -69841,7 +69937,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2297u32,
+        wire: 2299u32,
         call: 2090u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
@@ -69896,7 +69992,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
+        wire: 2300u32,
         call: 2091u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
@@ -69947,7 +70043,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2299u32,
+        wire: 2301u32,
         call: 2092u32,
         name: "cusolverDnSsygvd",
         form: None,
@@ -70003,7 +70099,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
+        wire: 2302u32,
         call: 2093u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
@@ -70059,7 +70155,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2301u32,
+        wire: 2303u32,
         call: 2094u32,
         name: "cusolverDnSsygvj",
         form: None,
@@ -70119,7 +70215,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
+        wire: 2304u32,
         call: 2095u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
@@ -70179,7 +70275,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2303u32,
+        wire: 2305u32,
         call: 2096u32,
         name: "cusolverDnSsytrf",
         form: None,
@@ -70222,7 +70318,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
+        wire: 2306u32,
         call: 2097u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
@@ -70260,7 +70356,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2305u32,
+        wire: 2307u32,
         call: 2098u32,
         name: "cusolverDnSsytri",
         form: None,
@@ -70303,7 +70399,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
+        wire: 2308u32,
         call: 2099u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
@@ -70346,7 +70442,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2307u32,
+        wire: 2309u32,
         call: 2100u32,
         name: "cusolverDnXgeev",
         form: None,
@@ -70437,7 +70533,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2308u32,
+        wire: 2310u32,
         call: 2101u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
@@ -70524,7 +70620,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2309u32,
+        wire: 2311u32,
         call: 2102u32,
         name: "cusolverDnXgeqrf",
         form: None,
@@ -70593,7 +70689,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2310u32,
+        wire: 2312u32,
         call: 2103u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
@@ -70658,7 +70754,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2311u32,
+        wire: 2313u32,
         call: 2104u32,
         name: "cusolverDnXgesvd",
         form: None,
@@ -70753,7 +70849,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2312u32,
+        wire: 2314u32,
         call: 2105u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
@@ -70844,7 +70940,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2313u32,
+        wire: 2315u32,
         call: 2106u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
@@ -70871,7 +70967,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2314u32,
+        wire: 2316u32,
         call: 2107u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
@@ -70898,7 +70994,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2315u32,
+        wire: 2317u32,
         call: 2108u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
@@ -70925,7 +71021,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2316u32,
+        wire: 2318u32,
         call: 2109u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
@@ -71016,7 +71112,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2317u32,
+        wire: 2319u32,
         call: 2110u32,
         name: "cusolverDnXgetrf",
         form: None,
@@ -71081,7 +71177,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2318u32,
+        wire: 2320u32,
         call: 2111u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
@@ -71141,7 +71237,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2319u32,
+        wire: 2321u32,
         call: 2112u32,
         name: "cusolverDnXgetrs",
         form: None,
@@ -71200,7 +71296,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2320u32,
+        wire: 2322u32,
         call: 2113u32,
         name: "cusolverDnXpotrf",
         form: None,
@@ -71264,7 +71360,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2321u32,
+        wire: 2323u32,
         call: 2114u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
@@ -71324,7 +71420,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2322u32,
+        wire: 2324u32,
         call: 2115u32,
         name: "cusolverDnXpotrs",
         form: None,
@@ -71382,7 +71478,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2323u32,
+        wire: 2325u32,
         call: 2116u32,
         name: "cusolverDnXsyevBatched",
         form: None,
@@ -71459,7 +71555,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2324u32,
+        wire: 2326u32,
         call: 2117u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
@@ -71532,7 +71628,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2325u32,
+        wire: 2327u32,
         call: 2118u32,
         name: "cusolverDnXsyevd",
         form: None,
@@ -71605,7 +71701,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2326u32,
+        wire: 2328u32,
         call: 2119u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
@@ -71674,7 +71770,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2327u32,
+        wire: 2329u32,
         call: 2120u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
@@ -71701,7 +71797,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2328u32,
+        wire: 2330u32,
         call: 2121u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
@@ -71728,7 +71824,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2329u32,
+        wire: 2331u32,
         call: 2122u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
@@ -71755,7 +71851,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2330u32,
+        wire: 2332u32,
         call: 2123u32,
         name: "cusolverDnXsytrs",
         form: None,
@@ -71825,7 +71921,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2331u32,
+        wire: 2333u32,
         call: 2124u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
@@ -71891,7 +71987,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2332u32,
+        wire: 2334u32,
         call: 2125u32,
         name: "cusolverDnXtrtri",
         form: None,
@@ -71951,7 +72047,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2333u32,
+        wire: 2335u32,
         call: 2126u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
@@ -72007,7 +72103,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2334u32,
+        wire: 2336u32,
         call: 2127u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
@@ -72044,7 +72140,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2335u32,
+        wire: 2337u32,
         call: 2128u32,
         name: "cusolverDnZgeqrf",
         form: None,
@@ -72087,7 +72183,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
+        wire: 2338u32,
         call: 2129u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
@@ -72129,7 +72225,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2337u32,
+        wire: 2339u32,
         call: 2130u32,
         name: "cusolverDnZgesvd",
         form: None,
@@ -72191,7 +72287,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2338u32,
+        wire: 2340u32,
         call: 2131u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
@@ -72228,7 +72324,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2339u32,
+        wire: 2341u32,
         call: 2132u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
@@ -72315,7 +72411,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2340u32,
+        wire: 2342u32,
         call: 2133u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
@@ -72396,7 +72492,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2341u32,
+        wire: 2343u32,
         call: 2134u32,
         name: "cusolverDnZgesvdj",
         form: None,
@@ -72461,7 +72557,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2342u32,
+        wire: 2344u32,
         call: 2135u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
@@ -72526,7 +72622,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2343u32,
+        wire: 2345u32,
         call: 2136u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
@@ -72591,7 +72687,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2344u32,
+        wire: 2346u32,
         call: 2137u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
@@ -72656,7 +72752,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2345u32,
+        wire: 2347u32,
         call: 2138u32,
         name: "cusolverDnZgetrf",
         form: None,
@@ -72695,7 +72791,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2346u32,
+        wire: 2348u32,
         call: 2139u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
@@ -72737,7 +72833,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2347u32,
+        wire: 2349u32,
         call: 2140u32,
         name: "cusolverDnZgetrs",
         form: None,
@@ -72784,7 +72880,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2348u32,
+        wire: 2350u32,
         call: 2141u32,
         name: "cusolverDnZheevd",
         form: None,
@@ -72831,7 +72927,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2349u32,
+        wire: 2351u32,
         call: 2142u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
@@ -72878,7 +72974,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2350u32,
+        wire: 2352u32,
         call: 2143u32,
         name: "cusolverDnZheevj",
         form: None,
@@ -72929,7 +73025,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2351u32,
+        wire: 2353u32,
         call: 2144u32,
         name: "cusolverDnZheevjBatched",
         form: None,
@@ -72984,7 +73080,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2352u32,
+        wire: 2354u32,
         call: 2145u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
@@ -73039,7 +73135,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2353u32,
+        wire: 2355u32,
         call: 2146u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
@@ -73090,7 +73186,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2354u32,
+        wire: 2356u32,
         call: 2147u32,
         name: "cusolverDnZhegvd",
         form: None,
@@ -73146,7 +73242,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2355u32,
+        wire: 2357u32,
         call: 2148u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
@@ -73202,7 +73298,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2356u32,
+        wire: 2358u32,
         call: 2149u32,
         name: "cusolverDnZhegvj",
         form: None,
@@ -73262,7 +73358,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
+        wire: 2359u32,
         call: 2150u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
@@ -73322,7 +73418,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2358u32,
+        wire: 2360u32,
         call: 2151u32,
         name: "cusolverDnZlaswp",
         form: None,
@@ -73367,7 +73463,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2359u32,
+        wire: 2361u32,
         call: 2152u32,
         name: "cusolverDnZlauum",
         form: None,
@@ -73409,7 +73505,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2360u32,
+        wire: 2362u32,
         call: 2153u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
@@ -73451,7 +73547,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2361u32,
+        wire: 2363u32,
         call: 2154u32,
         name: "cusolverDnZpotrf",
         form: None,
@@ -73493,7 +73589,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2362u32,
+        wire: 2364u32,
         call: 2155u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
@@ -73534,7 +73630,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2363u32,
+        wire: 2365u32,
         call: 2156u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
@@ -73576,7 +73672,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2364u32,
+        wire: 2366u32,
         call: 2157u32,
         name: "cusolverDnZpotri",
         form: None,
@@ -73618,7 +73714,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
+        wire: 2367u32,
         call: 2158u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
@@ -73660,7 +73756,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2366u32,
+        wire: 2368u32,
         call: 2159u32,
         name: "cusolverDnZpotrs",
         form: None,
@@ -73706,7 +73802,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2367u32,
+        wire: 2369u32,
         call: 2160u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
@@ -73756,7 +73852,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2368u32,
+        wire: 2370u32,
         call: 2161u32,
         name: "cusolverDnZsytrf",
         form: None,
@@ -73799,7 +73895,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
+        wire: 2371u32,
         call: 2162u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
@@ -73837,7 +73933,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2370u32,
+        wire: 2372u32,
         call: 2163u32,
         name: "cusolverDnZsytri",
         form: None,
@@ -73880,7 +73976,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
+        wire: 2373u32,
         call: 2164u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
@@ -73923,7 +74019,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2372u32,
+        wire: 2374u32,
         call: 2165u32,
         name: "cusolverDnZungbr",
         form: None,
@@ -73974,7 +74070,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2373u32,
+        wire: 2375u32,
         call: 2166u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
@@ -74025,7 +74121,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2374u32,
+        wire: 2376u32,
         call: 2167u32,
         name: "cusolverDnZungqr",
         form: None,
@@ -74072,7 +74168,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2375u32,
+        wire: 2377u32,
         call: 2168u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
@@ -74119,7 +74215,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2376u32,
+        wire: 2378u32,
         call: 2169u32,
         name: "cusolverDnZungtr",
         form: None,
@@ -74162,7 +74258,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
+        wire: 2379u32,
         call: 2170u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
@@ -74205,7 +74301,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2378u32,
+        wire: 2380u32,
         call: 2171u32,
         name: "cusolverDnZunmqr",
         form: None,
@@ -74265,7 +74361,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2379u32,
+        wire: 2381u32,
         call: 2172u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
@@ -74325,7 +74421,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2380u32,
+        wire: 2382u32,
         call: 2173u32,
         name: "cusolverDnZunmtr",
         form: None,
@@ -74385,7 +74481,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2381u32,
+        wire: 2383u32,
         call: 2174u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
@@ -74445,7 +74541,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2382u32,
+        wire: 2384u32,
         call: 2175u32,
         name: "cusolverRfAnalyze",
         form: None,
@@ -74468,7 +74564,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2383u32,
+        wire: 2385u32,
         call: 2176u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
@@ -74491,7 +74587,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2384u32,
+        wire: 2386u32,
         call: 2177u32,
         name: "cusolverRfBatchRefactor",
         form: None,
@@ -74514,7 +74610,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2385u32,
+        wire: 2387u32,
         call: 2178u32,
         name: "cusolverRfCreate",
         form: None,
@@ -74537,7 +74633,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2386u32,
+        wire: 2388u32,
         call: 2179u32,
         name: "cusolverRfDestroy",
         form: None,
@@ -74560,7 +74656,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2387u32,
+        wire: 2389u32,
         call: 2180u32,
         name: "cusolverRfRefactor",
         form: None,
@@ -74583,7 +74679,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2388u32,
+        wire: 2390u32,
         call: 2181u32,
         name: "cusolverRfSetAlgs",
         form: None,
@@ -74614,7 +74710,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2389u32,
+        wire: 2391u32,
         call: 2182u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
@@ -74645,7 +74741,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2390u32,
+        wire: 2392u32,
         call: 2183u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
@@ -74676,7 +74772,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2391u32,
+        wire: 2393u32,
         call: 2184u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
@@ -74703,7 +74799,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2392u32,
+        wire: 2394u32,
         call: 2185u32,
         name: "cusolverSpCreate",
         form: None,
@@ -74726,7 +74822,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2393u32,
+        wire: 2395u32,
         call: 2186u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
@@ -74749,7 +74845,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2394u32,
+        wire: 2396u32,
         call: 2187u32,
         name: "cusolverSpDestroy",
         form: None,
@@ -74772,7 +74868,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2395u32,
+        wire: 2397u32,
         call: 2188u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
@@ -74795,7 +74891,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2396u32,
+        wire: 2398u32,
         call: 2189u32,
         name: "cusolverSpGetStream",
         form: None,
@@ -74822,7 +74918,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2397u32,
+        wire: 2399u32,
         call: 2190u32,
         name: "cusolverSpSetStream",
         form: None,
@@ -74852,7 +74948,7 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1826u32,
+        wire: 1828u32,
         call: 1619u32,
         name: "cusparseAxpby",
         form: None,
@@ -74893,7 +74989,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1827u32,
+        wire: 1829u32,
         call: 1620u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
@@ -74932,7 +75028,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1828u32,
+        wire: 1830u32,
         call: 1621u32,
         name: "cusparseCbsr2csr",
         form: None,
@@ -74985,7 +75081,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1829u32,
+        wire: 1831u32,
         call: 1622u32,
         name: "cusparseCbsric02",
         form: None,
@@ -75040,7 +75136,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1830u32,
+        wire: 1832u32,
         call: 1623u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
@@ -75096,7 +75192,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1831u32,
+        wire: 1833u32,
         call: 1624u32,
         name: "cusparseCbsrilu02",
         form: None,
@@ -75151,7 +75247,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1832u32,
+        wire: 1834u32,
         call: 1625u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
@@ -75206,7 +75302,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1833u32,
+        wire: 1835u32,
         call: 1626u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
@@ -75262,7 +75358,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1834u32,
+        wire: 1836u32,
         call: 1627u32,
         name: "cusparseCbsrmm",
         form: None,
@@ -75344,7 +75440,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1835u32,
+        wire: 1837u32,
         call: 1628u32,
         name: "cusparseCbsrmv",
         form: None,
@@ -75410,7 +75506,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1836u32,
+        wire: 1838u32,
         call: 1629u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
@@ -75477,7 +75573,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1837u32,
+        wire: 1839u32,
         call: 1630u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
@@ -75545,7 +75641,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1838u32,
+        wire: 1840u32,
         call: 1631u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
@@ -75627,7 +75723,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1839u32,
+        wire: 1841u32,
         call: 1632u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
@@ -75686,7 +75782,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1840u32,
+        wire: 1842u32,
         call: 1633u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
@@ -75746,7 +75842,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1841u32,
+        wire: 1843u32,
         call: 1634u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
@@ -75812,7 +75908,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 1842u32,
+        wire: 1844u32,
         call: 1635u32,
         name: "cusparseCbsrxmv",
         form: None,
@@ -75884,7 +75980,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 1843u32,
+        wire: 1845u32,
         call: 1636u32,
         name: "cusparseCcsr2bsr",
         form: None,
@@ -75937,7 +76033,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 1844u32,
+        wire: 1846u32,
         call: 1637u32,
         name: "cusparseCcsr2csru",
         form: None,
@@ -75984,7 +76080,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 1845u32,
+        wire: 1847u32,
         call: 1638u32,
         name: "cusparseCcsr2gebsr",
         form: None,
@@ -76042,7 +76138,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1846u32,
+        wire: 1848u32,
         call: 1639u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
@@ -76098,7 +76194,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 1847u32,
+        wire: 1849u32,
         call: 1640u32,
         name: "cusparseCcsrgeam2",
         form: None,
@@ -76169,7 +76265,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1848u32,
+        wire: 1850u32,
         call: 1641u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
@@ -76245,7 +76341,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 1849u32,
+        wire: 1851u32,
         call: 1642u32,
         name: "cusparseCcsrgemm2",
         form: None,
@@ -76335,7 +76431,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1850u32,
+        wire: 1852u32,
         call: 1643u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
@@ -76420,7 +76516,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 1851u32,
+        wire: 1853u32,
         call: 1644u32,
         name: "cusparseCcsric02_analysis",
         form: None,
@@ -76467,7 +76563,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1852u32,
+        wire: 1854u32,
         call: 1645u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
@@ -76515,7 +76611,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1853u32,
+        wire: 1855u32,
         call: 1646u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
@@ -76562,7 +76658,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1854u32,
+        wire: 1856u32,
         call: 1647u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
@@ -76610,7 +76706,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1855u32,
+        wire: 1857u32,
         call: 1648u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
@@ -76683,7 +76779,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1856u32,
+        wire: 1858u32,
         call: 1649u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
@@ -76756,7 +76852,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1857u32,
+        wire: 1859u32,
         call: 1650u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
@@ -76807,7 +76903,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1858u32,
+        wire: 1860u32,
         call: 1651u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
@@ -76859,7 +76955,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1859u32,
+        wire: 1861u32,
         call: 1652u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
@@ -76917,7 +77013,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 1860u32,
+        wire: 1862u32,
         call: 1653u32,
         name: "cusparseCcsru2csr",
         form: None,
@@ -76964,7 +77060,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1861u32,
+        wire: 1863u32,
         call: 1654u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
@@ -77012,7 +77108,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 1862u32,
+        wire: 1864u32,
         call: 1655u32,
         name: "cusparseCgebsr2csr",
         form: None,
@@ -77069,7 +77165,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1863u32,
+        wire: 1865u32,
         call: 1656u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
@@ -77121,7 +77217,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1864u32,
+        wire: 1866u32,
         call: 1657u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
@@ -77191,7 +77287,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1865u32,
+        wire: 1867u32,
         call: 1658u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
@@ -77259,7 +77355,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 1866u32,
+        wire: 1868u32,
         call: 1659u32,
         name: "cusparseCgtsv2",
         form: None,
@@ -77314,7 +77410,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 1867u32,
+        wire: 1869u32,
         call: 1660u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
@@ -77369,7 +77465,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 1868u32,
+        wire: 1870u32,
         call: 1661u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
@@ -77393,7 +77489,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 1869u32,
+        wire: 1871u32,
         call: 1662u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
@@ -77417,7 +77513,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 1870u32,
+        wire: 1872u32,
         call: 1663u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
@@ -77441,7 +77537,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 1871u32,
+        wire: 1873u32,
         call: 1664u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
@@ -77465,7 +77561,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 1872u32,
+        wire: 1874u32,
         call: 1665u32,
         name: "cusparseConstrainedGeMM",
         form: None,
@@ -77523,7 +77619,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 1873u32,
+        wire: 1875u32,
         call: 1666u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
@@ -77586,7 +77682,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 1874u32,
+        wire: 1876u32,
         call: 1667u32,
         name: "cusparseCooSetPointers",
         form: None,
@@ -77612,7 +77708,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1875u32,
+        wire: 1877u32,
         call: 1668u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
@@ -77643,7 +77739,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1876u32,
+        wire: 1878u32,
         call: 1669u32,
         name: "cusparseCopyMatDescr",
         form: None,
@@ -77670,7 +77766,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 1877u32,
+        wire: 1879u32,
         call: 1670u32,
         name: "cusparseCreate",
         form: Some("call"),
@@ -77693,7 +77789,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 1878u32,
+        wire: 1880u32,
         call: 1671u32,
         name: "cusparseCreateBsr",
         form: None,
@@ -77759,7 +77855,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1879u32,
+        wire: 1881u32,
         call: 1672u32,
         name: "cusparseCreateBsric02Info",
         form: None,
@@ -77782,7 +77878,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1880u32,
+        wire: 1882u32,
         call: 1673u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
@@ -77805,7 +77901,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1881u32,
+        wire: 1883u32,
         call: 1674u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
@@ -77828,7 +77924,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1882u32,
+        wire: 1884u32,
         call: 1675u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
@@ -77851,7 +77947,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1883u32,
+        wire: 1885u32,
         call: 1676u32,
         name: "cusparseCreateColorInfo",
         form: None,
@@ -77874,7 +77970,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 1884u32,
+        wire: 1886u32,
         call: 1677u32,
         name: "cusparseCreateConstBsr",
         form: None,
@@ -77940,7 +78036,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 1885u32,
+        wire: 1887u32,
         call: 1678u32,
         name: "cusparseCreateConstCoo",
         form: None,
@@ -77990,7 +78086,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 1886u32,
+        wire: 1888u32,
         call: 1679u32,
         name: "cusparseCreateConstCsr",
         form: None,
@@ -78044,7 +78140,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 1887u32,
+        wire: 1889u32,
         call: 1680u32,
         name: "cusparseCreateConstDnMat",
         form: None,
@@ -78088,7 +78184,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 1888u32,
+        wire: 1890u32,
         call: 1681u32,
         name: "cusparseCreateConstDnVec",
         form: None,
@@ -78120,7 +78216,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 1889u32,
+        wire: 1891u32,
         call: 1682u32,
         name: "cusparseCreateCoo",
         form: None,
@@ -78170,7 +78266,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 1890u32,
+        wire: 1892u32,
         call: 1683u32,
         name: "cusparseCreateCooAoS",
         form: None,
@@ -78219,7 +78315,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 1891u32,
+        wire: 1893u32,
         call: 1684u32,
         name: "cusparseCreateCsr",
         form: None,
@@ -78273,7 +78369,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1892u32,
+        wire: 1894u32,
         call: 1685u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
@@ -78296,7 +78392,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1893u32,
+        wire: 1895u32,
         call: 1686u32,
         name: "cusparseCreateCsric02Info",
         form: None,
@@ -78319,7 +78415,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1894u32,
+        wire: 1896u32,
         call: 1687u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
@@ -78342,7 +78438,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1895u32,
+        wire: 1897u32,
         call: 1688u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
@@ -78365,7 +78461,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1896u32,
+        wire: 1898u32,
         call: 1689u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
@@ -78388,7 +78484,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1897u32,
+        wire: 1899u32,
         call: 1690u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
@@ -78411,7 +78507,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 1898u32,
+        wire: 1900u32,
         call: 1691u32,
         name: "cusparseCreateDnMat",
         form: None,
@@ -78455,7 +78551,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 1899u32,
+        wire: 1901u32,
         call: 1692u32,
         name: "cusparseCreateDnVec",
         form: None,
@@ -78487,7 +78583,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 1900u32,
+        wire: 1902u32,
         call: 1693u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
@@ -78515,7 +78611,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1901u32,
+        wire: 1903u32,
         call: 1694u32,
         name: "cusparseCreateMatDescr",
         form: None,
@@ -78538,7 +78634,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1902u32,
+        wire: 1904u32,
         call: 1695u32,
         name: "cusparseCreatePruneInfo",
         form: None,
@@ -78561,7 +78657,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 1903u32,
+        wire: 1905u32,
         call: 1696u32,
         name: "cusparseCsrSetPointers",
         form: None,
@@ -78587,7 +78683,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1904u32,
+        wire: 1906u32,
         call: 1697u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
@@ -78622,7 +78718,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 1905u32,
+        wire: 1907u32,
         call: 1698u32,
         name: "cusparseDbsr2csr",
         form: None,
@@ -78675,7 +78771,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 1906u32,
+        wire: 1908u32,
         call: 1699u32,
         name: "cusparseDbsric02",
         form: None,
@@ -78730,7 +78826,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1907u32,
+        wire: 1909u32,
         call: 1700u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
@@ -78786,7 +78882,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 1908u32,
+        wire: 1910u32,
         call: 1701u32,
         name: "cusparseDbsrilu02",
         form: None,
@@ -78841,7 +78937,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1909u32,
+        wire: 1911u32,
         call: 1702u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
@@ -78896,7 +78992,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1910u32,
+        wire: 1912u32,
         call: 1703u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
@@ -78952,7 +79048,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 1911u32,
+        wire: 1913u32,
         call: 1704u32,
         name: "cusparseDbsrmm",
         form: None,
@@ -79034,7 +79130,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 1912u32,
+        wire: 1914u32,
         call: 1705u32,
         name: "cusparseDbsrmv",
         form: None,
@@ -79100,7 +79196,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1913u32,
+        wire: 1915u32,
         call: 1706u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
@@ -79167,7 +79263,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1914u32,
+        wire: 1916u32,
         call: 1707u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
@@ -79235,7 +79331,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1915u32,
+        wire: 1917u32,
         call: 1708u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
@@ -79317,7 +79413,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1916u32,
+        wire: 1918u32,
         call: 1709u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
@@ -79376,7 +79472,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1917u32,
+        wire: 1919u32,
         call: 1710u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
@@ -79436,7 +79532,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1918u32,
+        wire: 1920u32,
         call: 1711u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
@@ -79502,7 +79598,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 1919u32,
+        wire: 1921u32,
         call: 1712u32,
         name: "cusparseDbsrxmv",
         form: None,
@@ -79574,7 +79670,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 1920u32,
+        wire: 1922u32,
         call: 1713u32,
         name: "cusparseDcsr2bsr",
         form: None,
@@ -79627,7 +79723,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 1921u32,
+        wire: 1923u32,
         call: 1714u32,
         name: "cusparseDcsr2csru",
         form: None,
@@ -79674,7 +79770,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 1922u32,
+        wire: 1924u32,
         call: 1715u32,
         name: "cusparseDcsr2gebsr",
         form: None,
@@ -79732,7 +79828,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1923u32,
+        wire: 1925u32,
         call: 1716u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
@@ -79788,7 +79884,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 1924u32,
+        wire: 1926u32,
         call: 1717u32,
         name: "cusparseDcsrgeam2",
         form: None,
@@ -79859,7 +79955,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1925u32,
+        wire: 1927u32,
         call: 1718u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
@@ -79935,7 +80031,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 1926u32,
+        wire: 1928u32,
         call: 1719u32,
         name: "cusparseDcsrgemm2",
         form: None,
@@ -80025,7 +80121,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1927u32,
+        wire: 1929u32,
         call: 1720u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
@@ -80110,7 +80206,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 1928u32,
+        wire: 1930u32,
         call: 1721u32,
         name: "cusparseDcsric02_analysis",
         form: None,
@@ -80157,7 +80253,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1929u32,
+        wire: 1931u32,
         call: 1722u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
@@ -80205,7 +80301,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1930u32,
+        wire: 1932u32,
         call: 1723u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
@@ -80252,7 +80348,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1931u32,
+        wire: 1933u32,
         call: 1724u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
@@ -80300,7 +80396,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1932u32,
+        wire: 1934u32,
         call: 1725u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
@@ -80373,7 +80469,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1933u32,
+        wire: 1935u32,
         call: 1726u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
@@ -80446,7 +80542,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1934u32,
+        wire: 1936u32,
         call: 1727u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
@@ -80497,7 +80593,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1935u32,
+        wire: 1937u32,
         call: 1728u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
@@ -80549,7 +80645,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1936u32,
+        wire: 1938u32,
         call: 1729u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
@@ -80607,7 +80703,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 1937u32,
+        wire: 1939u32,
         call: 1730u32,
         name: "cusparseDcsru2csr",
         form: None,
@@ -80654,7 +80750,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1938u32,
+        wire: 1940u32,
         call: 1731u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
@@ -80702,7 +80798,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 1939u32,
+        wire: 1941u32,
         call: 1732u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
@@ -80738,7 +80834,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 1940u32,
+        wire: 1942u32,
         call: 1733u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
@@ -80779,7 +80875,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 1941u32,
+        wire: 1943u32,
         call: 1734u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
@@ -80815,7 +80911,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1942u32,
+        wire: 1944u32,
         call: 1735u32,
         name: "cusparseDestroy",
         form: None,
@@ -80838,7 +80934,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1943u32,
+        wire: 1945u32,
         call: 1736u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
@@ -80861,7 +80957,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1944u32,
+        wire: 1946u32,
         call: 1737u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
@@ -80884,7 +80980,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1945u32,
+        wire: 1947u32,
         call: 1738u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
@@ -80907,7 +81003,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1946u32,
+        wire: 1948u32,
         call: 1739u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
@@ -80930,7 +81026,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1947u32,
+        wire: 1949u32,
         call: 1740u32,
         name: "cusparseDestroyColorInfo",
         form: None,
@@ -80953,7 +81049,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1948u32,
+        wire: 1950u32,
         call: 1741u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
@@ -80976,7 +81072,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1949u32,
+        wire: 1951u32,
         call: 1742u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
@@ -80999,7 +81095,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1950u32,
+        wire: 1952u32,
         call: 1743u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
@@ -81022,7 +81118,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1951u32,
+        wire: 1953u32,
         call: 1744u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
@@ -81045,7 +81141,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1952u32,
+        wire: 1954u32,
         call: 1745u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
@@ -81068,7 +81164,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1953u32,
+        wire: 1955u32,
         call: 1746u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
@@ -81091,7 +81187,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1954u32,
+        wire: 1956u32,
         call: 1747u32,
         name: "cusparseDestroyDnMat",
         form: None,
@@ -81114,7 +81210,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1955u32,
+        wire: 1957u32,
         call: 1748u32,
         name: "cusparseDestroyDnVec",
         form: None,
@@ -81137,7 +81233,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1956u32,
+        wire: 1958u32,
         call: 1749u32,
         name: "cusparseDestroyMatDescr",
         form: None,
@@ -81160,7 +81256,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1957u32,
+        wire: 1959u32,
         call: 1750u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
@@ -81183,7 +81279,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1958u32,
+        wire: 1960u32,
         call: 1751u32,
         name: "cusparseDestroySpMat",
         form: None,
@@ -81206,7 +81302,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1959u32,
+        wire: 1961u32,
         call: 1752u32,
         name: "cusparseDestroySpVec",
         form: None,
@@ -81229,7 +81325,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 1960u32,
+        wire: 1962u32,
         call: 1753u32,
         name: "cusparseDgebsr2csr",
         form: None,
@@ -81286,7 +81382,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1961u32,
+        wire: 1963u32,
         call: 1754u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
@@ -81338,7 +81434,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1962u32,
+        wire: 1964u32,
         call: 1755u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
@@ -81408,7 +81504,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1963u32,
+        wire: 1965u32,
         call: 1756u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
@@ -81476,7 +81572,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 1964u32,
+        wire: 1966u32,
         call: 1757u32,
         name: "cusparseDnMatGetValues",
         form: None,
@@ -81500,7 +81596,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1965u32,
+        wire: 1967u32,
         call: 1758u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
@@ -81531,7 +81627,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 1966u32,
+        wire: 1968u32,
         call: 1759u32,
         name: "cusparseDnMatSetValues",
         form: None,
@@ -81555,7 +81651,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 1967u32,
+        wire: 1969u32,
         call: 1760u32,
         name: "cusparseDnVecGetValues",
         form: None,
@@ -81579,7 +81675,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 1968u32,
+        wire: 1970u32,
         call: 1761u32,
         name: "cusparseDnVecSetValues",
         form: None,
@@ -81603,7 +81699,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 1969u32,
+        wire: 1971u32,
         call: 1762u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
@@ -81661,7 +81757,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1970u32,
+        wire: 1972u32,
         call: 1763u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
@@ -81724,7 +81820,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 1971u32,
+        wire: 1973u32,
         call: 1764u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
@@ -81785,7 +81881,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1972u32,
+        wire: 1974u32,
         call: 1765u32,
         name: "cusparseGather",
         form: None,
@@ -81816,7 +81912,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1973u32,
+        wire: 1975u32,
         call: 1766u32,
         name: "cusparseGetMatDiagType",
         form: None,
@@ -81842,7 +81938,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1974u32,
+        wire: 1976u32,
         call: 1767u32,
         name: "cusparseGetMatFillMode",
         form: None,
@@ -81868,7 +81964,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1975u32,
+        wire: 1977u32,
         call: 1768u32,
         name: "cusparseGetMatIndexBase",
         form: None,
@@ -81894,7 +81990,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1976u32,
+        wire: 1978u32,
         call: 1769u32,
         name: "cusparseGetMatType",
         form: None,
@@ -81920,7 +82016,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1977u32,
+        wire: 1979u32,
         call: 1770u32,
         name: "cusparseGetStream",
         form: None,
@@ -81947,7 +82043,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1978u32,
+        wire: 1980u32,
         call: 1771u32,
         name: "cusparseLoggerForceDisable",
         form: None,
@@ -81965,7 +82061,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1979u32,
+        wire: 1981u32,
         call: 1772u32,
         name: "cusparseLoggerSetLevel",
         form: None,
@@ -81988,7 +82084,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1980u32,
+        wire: 1982u32,
         call: 1773u32,
         name: "cusparseLoggerSetMask",
         form: None,
@@ -82011,7 +82107,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 1981u32,
+        wire: 1983u32,
         call: 1774u32,
         name: "cusparseSDDMM",
         form: None,
@@ -82073,7 +82169,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 1982u32,
+        wire: 1984u32,
         call: 1775u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
@@ -82140,7 +82236,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 1983u32,
+        wire: 1985u32,
         call: 1776u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
@@ -82202,7 +82298,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 1984u32,
+        wire: 1986u32,
         call: 1777u32,
         name: "cusparseSbsr2csr",
         form: None,
@@ -82255,7 +82351,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 1985u32,
+        wire: 1987u32,
         call: 1778u32,
         name: "cusparseSbsric02",
         form: None,
@@ -82310,7 +82406,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1986u32,
+        wire: 1988u32,
         call: 1779u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
@@ -82366,7 +82462,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 1987u32,
+        wire: 1989u32,
         call: 1780u32,
         name: "cusparseSbsrilu02",
         form: None,
@@ -82421,7 +82517,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1988u32,
+        wire: 1990u32,
         call: 1781u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
@@ -82476,7 +82572,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1989u32,
+        wire: 1991u32,
         call: 1782u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
@@ -82532,7 +82628,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 1990u32,
+        wire: 1992u32,
         call: 1783u32,
         name: "cusparseSbsrmm",
         form: None,
@@ -82614,7 +82710,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 1991u32,
+        wire: 1993u32,
         call: 1784u32,
         name: "cusparseSbsrmv",
         form: None,
@@ -82680,7 +82776,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1992u32,
+        wire: 1994u32,
         call: 1785u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
@@ -82747,7 +82843,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1993u32,
+        wire: 1995u32,
         call: 1786u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
@@ -82815,7 +82911,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1994u32,
+        wire: 1996u32,
         call: 1787u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
@@ -82897,7 +82993,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1995u32,
+        wire: 1997u32,
         call: 1788u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
@@ -82956,7 +83052,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1996u32,
+        wire: 1998u32,
         call: 1789u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
@@ -83016,7 +83112,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1997u32,
+        wire: 1999u32,
         call: 1790u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
@@ -83082,7 +83178,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 1998u32,
+        wire: 2000u32,
         call: 1791u32,
         name: "cusparseSbsrxmv",
         form: None,
@@ -83154,7 +83250,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1999u32,
+        wire: 2001u32,
         call: 1792u32,
         name: "cusparseScatter",
         form: None,
@@ -83185,7 +83281,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2000u32,
+        wire: 2002u32,
         call: 1793u32,
         name: "cusparseScsr2bsr",
         form: None,
@@ -83238,7 +83334,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2001u32,
+        wire: 2003u32,
         call: 1794u32,
         name: "cusparseScsr2csru",
         form: None,
@@ -83285,7 +83381,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2002u32,
+        wire: 2004u32,
         call: 1795u32,
         name: "cusparseScsr2gebsr",
         form: None,
@@ -83343,7 +83439,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2003u32,
+        wire: 2005u32,
         call: 1796u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
@@ -83399,7 +83495,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2004u32,
+        wire: 2006u32,
         call: 1797u32,
         name: "cusparseScsrgeam2",
         form: None,
@@ -83470,7 +83566,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2005u32,
+        wire: 2007u32,
         call: 1798u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
@@ -83546,7 +83642,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2006u32,
+        wire: 2008u32,
         call: 1799u32,
         name: "cusparseScsrgemm2",
         form: None,
@@ -83636,7 +83732,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2007u32,
+        wire: 2009u32,
         call: 1800u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
@@ -83721,7 +83817,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2008u32,
+        wire: 2010u32,
         call: 1801u32,
         name: "cusparseScsric02_analysis",
         form: None,
@@ -83768,7 +83864,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2009u32,
+        wire: 2011u32,
         call: 1802u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
@@ -83816,7 +83912,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2010u32,
+        wire: 2012u32,
         call: 1803u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
@@ -83863,7 +83959,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2011u32,
+        wire: 2013u32,
         call: 1804u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
@@ -83911,7 +84007,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2012u32,
+        wire: 2014u32,
         call: 1805u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
@@ -83984,7 +84080,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2013u32,
+        wire: 2015u32,
         call: 1806u32,
         name: "cusparseScsrsm2_solve",
         form: None,
@@ -84057,7 +84153,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2014u32,
+        wire: 2016u32,
         call: 1807u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
@@ -84108,7 +84204,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2015u32,
+        wire: 2017u32,
         call: 1808u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
@@ -84160,7 +84256,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2016u32,
+        wire: 2018u32,
         call: 1809u32,
         name: "cusparseScsrsv2_solve",
         form: None,
@@ -84218,7 +84314,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2017u32,
+        wire: 2019u32,
         call: 1810u32,
         name: "cusparseScsru2csr",
         form: None,
@@ -84265,7 +84361,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2018u32,
+        wire: 2020u32,
         call: 1811u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
@@ -84313,7 +84409,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2019u32,
+        wire: 2021u32,
         call: 1812u32,
         name: "cusparseSetColorAlgs",
         form: None,
@@ -84340,7 +84436,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2020u32,
+        wire: 2022u32,
         call: 1813u32,
         name: "cusparseSetMatDiagType",
         form: None,
@@ -84367,7 +84463,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2021u32,
+        wire: 2023u32,
         call: 1814u32,
         name: "cusparseSetMatFillMode",
         form: None,
@@ -84394,7 +84490,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2022u32,
+        wire: 2024u32,
         call: 1815u32,
         name: "cusparseSetMatIndexBase",
         form: None,
@@ -84421,7 +84517,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2023u32,
+        wire: 2025u32,
         call: 1816u32,
         name: "cusparseSetMatType",
         form: None,
@@ -84448,7 +84544,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2024u32,
+        wire: 2026u32,
         call: 1817u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
@@ -84475,7 +84571,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2025u32,
+        wire: 2027u32,
         call: 1818u32,
         name: "cusparseSetStream",
         form: None,
@@ -84502,7 +84598,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2026u32,
+        wire: 2028u32,
         call: 1819u32,
         name: "cusparseSgebsr2csr",
         form: None,
@@ -84559,7 +84655,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2027u32,
+        wire: 2029u32,
         call: 1820u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
@@ -84611,7 +84707,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2028u32,
+        wire: 2030u32,
         call: 1821u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
@@ -84681,7 +84777,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2029u32,
+        wire: 2031u32,
         call: 1822u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
@@ -84749,7 +84845,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2030u32,
+        wire: 2032u32,
         call: 1823u32,
         name: "cusparseSpGEMM_compute",
         form: None,
@@ -84821,7 +84917,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2031u32,
+        wire: 2033u32,
         call: 1824u32,
         name: "cusparseSpGEMM_copy",
         form: None,
@@ -84886,7 +84982,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2032u32,
+        wire: 2034u32,
         call: 1825u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
@@ -84909,7 +85005,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2033u32,
+        wire: 2035u32,
         call: 1826u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
@@ -84932,7 +85028,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2034u32,
+        wire: 2036u32,
         call: 1827u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
@@ -85004,7 +85100,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2035u32,
+        wire: 2037u32,
         call: 1828u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
@@ -85069,7 +85165,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2036u32,
+        wire: 2038u32,
         call: 1829u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
@@ -85127,7 +85223,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2037u32,
+        wire: 2039u32,
         call: 1830u32,
         name: "cusparseSpMM",
         form: None,
@@ -85189,7 +85285,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2038u32,
+        wire: 2040u32,
         call: 1831u32,
         name: "cusparseSpMMOp",
         form: None,
@@ -85213,7 +85309,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2039u32,
+        wire: 2041u32,
         call: 1832u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
@@ -85236,7 +85332,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2040u32,
+        wire: 2042u32,
         call: 1833u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
@@ -85303,7 +85399,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2041u32,
+        wire: 2043u32,
         call: 1834u32,
         name: "cusparseSpMM_preprocess",
         form: None,
@@ -85365,7 +85461,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2042u32,
+        wire: 2044u32,
         call: 1835u32,
         name: "cusparseSpMV",
         form: None,
@@ -85423,7 +85519,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2043u32,
+        wire: 2045u32,
         call: 1836u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
@@ -85486,7 +85582,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2044u32,
+        wire: 2046u32,
         call: 1837u32,
         name: "cusparseSpMV_preprocess",
         form: None,
@@ -85544,7 +85640,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2045u32,
+        wire: 2047u32,
         call: 1838u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
@@ -85576,7 +85672,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2046u32,
+        wire: 2048u32,
         call: 1839u32,
         name: "cusparseSpMatGetSize",
         form: None,
@@ -85617,7 +85713,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2047u32,
+        wire: 2049u32,
         call: 1840u32,
         name: "cusparseSpMatGetValues",
         form: None,
@@ -85641,7 +85737,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2048u32,
+        wire: 2050u32,
         call: 1841u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
@@ -85673,7 +85769,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2049u32,
+        wire: 2051u32,
         call: 1842u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
@@ -85700,7 +85796,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2050u32,
+        wire: 2052u32,
         call: 1843u32,
         name: "cusparseSpMatSetValues",
         form: None,
@@ -85724,7 +85820,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2051u32,
+        wire: 2053u32,
         call: 1844u32,
         name: "cusparseSpSM_analysis",
         form: None,
@@ -85785,7 +85881,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2052u32,
+        wire: 2054u32,
         call: 1845u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
@@ -85851,7 +85947,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2053u32,
+        wire: 2055u32,
         call: 1846u32,
         name: "cusparseSpSM_createDescr",
         form: None,
@@ -85874,7 +85970,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2054u32,
+        wire: 2056u32,
         call: 1847u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
@@ -85897,7 +85993,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2055u32,
+        wire: 2057u32,
         call: 1848u32,
         name: "cusparseSpSM_solve",
         form: None,
@@ -85957,7 +86053,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2056u32,
+        wire: 2058u32,
         call: 1849u32,
         name: "cusparseSpSV_analysis",
         form: None,
@@ -86014,7 +86110,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2057u32,
+        wire: 2059u32,
         call: 1850u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
@@ -86076,7 +86172,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2058u32,
+        wire: 2060u32,
         call: 1851u32,
         name: "cusparseSpSV_createDescr",
         form: None,
@@ -86099,7 +86195,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2059u32,
+        wire: 2061u32,
         call: 1852u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
@@ -86122,7 +86218,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2060u32,
+        wire: 2062u32,
         call: 1853u32,
         name: "cusparseSpSV_solve",
         form: None,
@@ -86178,7 +86274,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2061u32,
+        wire: 2063u32,
         call: 1854u32,
         name: "cusparseSpVecGetValues",
         form: None,
@@ -86202,7 +86298,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2062u32,
+        wire: 2064u32,
         call: 1855u32,
         name: "cusparseSpVecSetValues",
         form: None,
@@ -86226,7 +86322,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2063u32,
+        wire: 2065u32,
         call: 1856u32,
         name: "cusparseSparseToDense",
         form: None,
@@ -86262,7 +86358,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2064u32,
+        wire: 2066u32,
         call: 1857u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
@@ -86303,7 +86399,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2065u32,
+        wire: 2067u32,
         call: 1858u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
@@ -86361,7 +86457,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2066u32,
+        wire: 2068u32,
         call: 1859u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
@@ -86424,7 +86520,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2067u32,
+        wire: 2069u32,
         call: 1860u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
@@ -86485,7 +86581,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2068u32,
+        wire: 2070u32,
         call: 1861u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
@@ -86517,7 +86613,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2069u32,
+        wire: 2071u32,
         call: 1862u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
@@ -86549,7 +86645,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2070u32,
+        wire: 2072u32,
         call: 1863u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
@@ -86581,7 +86677,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2071u32,
+        wire: 2073u32,
         call: 1864u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
@@ -86613,7 +86709,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2072u32,
+        wire: 2074u32,
         call: 1865u32,
         name: "cusparseXcoo2csr",
         form: None,
@@ -86650,7 +86746,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2073u32,
+        wire: 2075u32,
         call: 1866u32,
         name: "cusparseXcoosortByColumn",
         form: None,
@@ -86689,7 +86785,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2074u32,
+        wire: 2076u32,
         call: 1867u32,
         name: "cusparseXcoosortByRow",
         form: None,
@@ -86728,7 +86824,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2075u32,
+        wire: 2077u32,
         call: 1868u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
@@ -86771,7 +86867,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2076u32,
+        wire: 2078u32,
         call: 1869u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
@@ -86826,7 +86922,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2077u32,
+        wire: 2079u32,
         call: 1870u32,
         name: "cusparseXcsr2coo",
         form: None,
@@ -86863,7 +86959,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2078u32,
+        wire: 2080u32,
         call: 1871u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
@@ -86923,7 +87019,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2079u32,
+        wire: 2081u32,
         call: 1872u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
@@ -86985,7 +87081,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2080u32,
+        wire: 2082u32,
         call: 1873u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
@@ -87065,7 +87161,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2081u32,
+        wire: 2083u32,
         call: 1874u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
@@ -87097,7 +87193,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2082u32,
+        wire: 2084u32,
         call: 1875u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
@@ -87129,7 +87225,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2083u32,
+        wire: 2085u32,
         call: 1876u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
@@ -87161,7 +87257,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2084u32,
+        wire: 2086u32,
         call: 1877u32,
         name: "cusparseXcsrsort",
         form: None,
@@ -87204,7 +87300,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2085u32,
+        wire: 2087u32,
         call: 1878u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
@@ -87247,7 +87343,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2086u32,
+        wire: 2088u32,
         call: 1879u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
@@ -87279,7 +87375,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2087u32,
+        wire: 2089u32,
         call: 1880u32,
         name: "cusparseXgebsr2csr",
         form: None,
@@ -87334,7 +87430,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2088u32,
+        wire: 2090u32,
         call: 1881u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
@@ -87406,7 +87502,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2089u32,
+        wire: 2091u32,
         call: 1882u32,
         name: "cusparseZbsr2csr",
         form: None,
@@ -87459,7 +87555,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2090u32,
+        wire: 2092u32,
         call: 1883u32,
         name: "cusparseZbsric02",
         form: None,
@@ -87514,7 +87610,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2091u32,
+        wire: 2093u32,
         call: 1884u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
@@ -87570,7 +87666,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2092u32,
+        wire: 2094u32,
         call: 1885u32,
         name: "cusparseZbsrilu02",
         form: None,
@@ -87625,7 +87721,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2093u32,
+        wire: 2095u32,
         call: 1886u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
@@ -87680,7 +87776,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2094u32,
+        wire: 2096u32,
         call: 1887u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
@@ -87736,7 +87832,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2095u32,
+        wire: 2097u32,
         call: 1888u32,
         name: "cusparseZbsrmm",
         form: None,
@@ -87818,7 +87914,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2096u32,
+        wire: 2098u32,
         call: 1889u32,
         name: "cusparseZbsrmv",
         form: None,
@@ -87884,7 +87980,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2097u32,
+        wire: 2099u32,
         call: 1890u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
@@ -87951,7 +88047,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2098u32,
+        wire: 2100u32,
         call: 1891u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
@@ -88019,7 +88115,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2099u32,
+        wire: 2101u32,
         call: 1892u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
@@ -88101,7 +88197,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2100u32,
+        wire: 2102u32,
         call: 1893u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
@@ -88160,7 +88256,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2101u32,
+        wire: 2103u32,
         call: 1894u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
@@ -88220,7 +88316,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2102u32,
+        wire: 2104u32,
         call: 1895u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
@@ -88286,7 +88382,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2103u32,
+        wire: 2105u32,
         call: 1896u32,
         name: "cusparseZbsrxmv",
         form: None,
@@ -88358,7 +88454,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2104u32,
+        wire: 2106u32,
         call: 1897u32,
         name: "cusparseZcsr2bsr",
         form: None,
@@ -88411,7 +88507,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2105u32,
+        wire: 2107u32,
         call: 1898u32,
         name: "cusparseZcsr2csru",
         form: None,
@@ -88458,7 +88554,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2106u32,
+        wire: 2108u32,
         call: 1899u32,
         name: "cusparseZcsr2gebsr",
         form: None,
@@ -88516,7 +88612,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2107u32,
+        wire: 2109u32,
         call: 1900u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
@@ -88572,7 +88668,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2108u32,
+        wire: 2110u32,
         call: 1901u32,
         name: "cusparseZcsrgeam2",
         form: None,
@@ -88643,7 +88739,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2109u32,
+        wire: 2111u32,
         call: 1902u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
@@ -88719,7 +88815,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2110u32,
+        wire: 2112u32,
         call: 1903u32,
         name: "cusparseZcsrgemm2",
         form: None,
@@ -88809,7 +88905,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2111u32,
+        wire: 2113u32,
         call: 1904u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
@@ -88894,7 +88990,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2112u32,
+        wire: 2114u32,
         call: 1905u32,
         name: "cusparseZcsric02_analysis",
         form: None,
@@ -88941,7 +89037,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2113u32,
+        wire: 2115u32,
         call: 1906u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
@@ -88989,7 +89085,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2114u32,
+        wire: 2116u32,
         call: 1907u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
@@ -89036,7 +89132,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2115u32,
+        wire: 2117u32,
         call: 1908u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
@@ -89084,7 +89180,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2116u32,
+        wire: 2118u32,
         call: 1909u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
@@ -89157,7 +89253,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2117u32,
+        wire: 2119u32,
         call: 1910u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
@@ -89230,7 +89326,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2118u32,
+        wire: 2120u32,
         call: 1911u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
@@ -89281,7 +89377,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2119u32,
+        wire: 2121u32,
         call: 1912u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
@@ -89333,7 +89429,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2120u32,
+        wire: 2122u32,
         call: 1913u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
@@ -89391,7 +89487,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2121u32,
+        wire: 2123u32,
         call: 1914u32,
         name: "cusparseZcsru2csr",
         form: None,
@@ -89438,7 +89534,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2122u32,
+        wire: 2124u32,
         call: 1915u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
@@ -89486,7 +89582,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2123u32,
+        wire: 2125u32,
         call: 1916u32,
         name: "cusparseZgebsr2csr",
         form: None,
@@ -89543,7 +89639,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2124u32,
+        wire: 2126u32,
         call: 1917u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
@@ -89595,7 +89691,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2125u32,
+        wire: 2127u32,
         call: 1918u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
@@ -89665,7 +89761,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2126u32,
+        wire: 2128u32,
         call: 1919u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
@@ -89733,7 +89829,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2127u32,
+        wire: 2129u32,
         call: 1920u32,
         name: "cusparseZgtsv2",
         form: None,
@@ -89788,7 +89884,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2128u32,
+        wire: 2130u32,
         call: 1921u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
@@ -89846,7 +89942,7 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2456u32,
+        wire: 2458u32,
         call: 2247u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89871,7 +89967,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2457u32,
+        wire: 2459u32,
         call: 2247u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89896,7 +89992,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2458u32,
+        wire: 2460u32,
         call: 2247u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89921,7 +90017,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2459u32,
+        wire: 2461u32,
         call: 2248u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89946,7 +90042,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2460u32,
+        wire: 2462u32,
         call: 2248u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89971,7 +90067,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2461u32,
+        wire: 2463u32,
         call: 2248u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89996,7 +90092,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2462u32,
+        wire: 2464u32,
         call: 2249u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
@@ -90021,7 +90117,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2463u32,
+        wire: 2465u32,
         call: 2250u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -90046,7 +90142,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2464u32,
+        wire: 2466u32,
         call: 2250u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -90071,7 +90167,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2465u32,
+        wire: 2467u32,
         call: 2250u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -101097,7 +101193,7 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2434u32,
+        wire: 2436u32,
         call: 2227u32,
         name: "ncclCommAbort",
         form: None,
@@ -101120,7 +101216,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2435u32,
+        wire: 2437u32,
         call: 2228u32,
         name: "ncclCommDestroy",
         form: None,
@@ -101143,7 +101239,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2436u32,
+        wire: 2438u32,
         call: 2229u32,
         name: "ncclCommFinalize",
         form: None,
@@ -101166,7 +101262,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2437u32,
+        wire: 2439u32,
         call: 2230u32,
         name: "ncclCommInitRank",
         form: None,
@@ -101198,7 +101294,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2438u32,
+        wire: 2440u32,
         call: 2231u32,
         name: "ncclCommRevoke",
         form: None,
@@ -101225,7 +101321,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2439u32,
+        wire: 2441u32,
         call: 2232u32,
         name: "ncclCommWindowDeregister",
         form: None,
@@ -101252,7 +101348,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2440u32,
+        wire: 2442u32,
         call: 2232u32,
         name: "ncclCommWindowDeregister",
         form: None,
@@ -101279,7 +101375,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2441u32,
+        wire: 2443u32,
         call: 2233u32,
         name: "ncclGroupEnd",
         form: None,
@@ -101297,7 +101393,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2442u32,
+        wire: 2444u32,
         call: 2234u32,
         name: "ncclGroupStart",
         form: None,
@@ -101315,7 +101411,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2443u32,
+        wire: 2445u32,
         call: 2235u32,
         name: "ncclRedOpDestroy",
         form: None,
@@ -101342,7 +101438,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2444u32,
+        wire: 2446u32,
         call: 2236u32,
         name: "ncclResetDebugInit",
         form: None,
@@ -101360,7 +101456,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2445u32,
+        wire: 2447u32,
         call: 2237u32,
         name: "pncclCommAbort",
         form: None,
@@ -101383,7 +101479,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2446u32,
+        wire: 2448u32,
         call: 2238u32,
         name: "pncclCommDestroy",
         form: None,
@@ -101406,7 +101502,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2447u32,
+        wire: 2449u32,
         call: 2239u32,
         name: "pncclCommFinalize",
         form: None,
@@ -101429,7 +101525,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2448u32,
+        wire: 2450u32,
         call: 2240u32,
         name: "pncclCommInitRank",
         form: None,
@@ -101461,7 +101557,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2449u32,
+        wire: 2451u32,
         call: 2241u32,
         name: "pncclCommRevoke",
         form: None,
@@ -101488,7 +101584,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2450u32,
+        wire: 2452u32,
         call: 2242u32,
         name: "pncclCommWindowDeregister",
         form: None,
@@ -101515,7 +101611,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2451u32,
+        wire: 2453u32,
         call: 2242u32,
         name: "pncclCommWindowDeregister",
         form: None,
@@ -101542,7 +101638,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2452u32,
+        wire: 2454u32,
         call: 2243u32,
         name: "pncclGroupEnd",
         form: None,
@@ -101560,7 +101656,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2453u32,
+        wire: 2455u32,
         call: 2244u32,
         name: "pncclGroupStart",
         form: None,
@@ -101578,7 +101674,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2454u32,
+        wire: 2456u32,
         call: 2245u32,
         name: "pncclRedOpDestroy",
         form: None,
@@ -101605,7 +101701,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2455u32,
+        wire: 2457u32,
         call: 2246u32,
         name: "pncclResetDebugInit",
         form: None,
@@ -101626,7 +101722,7 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2403u32,
+        wire: 2405u32,
         call: 2196u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
@@ -101649,7 +101745,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2404u32,
+        wire: 2406u32,
         call: 2197u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
@@ -101672,7 +101768,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2405u32,
+        wire: 2407u32,
         call: 2198u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
@@ -101695,7 +101791,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2406u32,
+        wire: 2408u32,
         call: 2199u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
@@ -101718,7 +101814,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2407u32,
+        wire: 2409u32,
         call: 2200u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
@@ -101741,7 +101837,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2408u32,
+        wire: 2410u32,
         call: 2201u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
@@ -101764,7 +101860,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2409u32,
+        wire: 2411u32,
         call: 2202u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
@@ -101787,7 +101883,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2410u32,
+        wire: 2412u32,
         call: 2203u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
@@ -101810,7 +101906,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2411u32,
+        wire: 2413u32,
         call: 2204u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
@@ -101833,7 +101929,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2412u32,
+        wire: 2414u32,
         call: 2205u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
@@ -101856,7 +101952,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2413u32,
+        wire: 2415u32,
         call: 2206u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
@@ -101885,7 +101981,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2414u32,
+        wire: 2416u32,
         call: 2207u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
@@ -101914,7 +102010,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2415u32,
+        wire: 2417u32,
         call: 2208u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
@@ -101943,7 +102039,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2416u32,
+        wire: 2418u32,
         call: 2209u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
@@ -101972,7 +102068,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2417u32,
+        wire: 2419u32,
         call: 2210u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
@@ -102001,7 +102097,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2418u32,
+        wire: 2420u32,
         call: 2211u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
@@ -102030,7 +102126,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2419u32,
+        wire: 2421u32,
         call: 2212u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
@@ -102059,7 +102155,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2420u32,
+        wire: 2422u32,
         call: 2213u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
@@ -102088,7 +102184,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2421u32,
+        wire: 2423u32,
         call: 2214u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
@@ -102117,7 +102213,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2422u32,
+        wire: 2424u32,
         call: 2215u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
@@ -102146,7 +102242,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2423u32,
+        wire: 2425u32,
         call: 2216u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
@@ -102175,7 +102271,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2424u32,
+        wire: 2426u32,
         call: 2217u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
@@ -102204,7 +102300,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2425u32,
+        wire: 2427u32,
         call: 2218u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
@@ -102233,7 +102329,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2426u32,
+        wire: 2428u32,
         call: 2219u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
@@ -102262,7 +102358,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2427u32,
+        wire: 2429u32,
         call: 2220u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
@@ -102291,7 +102387,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2428u32,
+        wire: 2430u32,
         call: 2221u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
@@ -102320,7 +102416,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2429u32,
+        wire: 2431u32,
         call: 2222u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
@@ -102349,7 +102445,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2430u32,
+        wire: 2432u32,
         call: 2223u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
@@ -102378,7 +102474,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2431u32,
+        wire: 2433u32,
         call: 2224u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
@@ -102407,7 +102503,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2432u32,
+        wire: 2434u32,
         call: 2225u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
@@ -102436,7 +102532,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2433u32,
+        wire: 2435u32,
         call: 2226u32,
         name: "nvJitLinkVersion",
         form: None,
@@ -102470,7 +102566,7 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1602u32,
+        wire: 1604u32,
         call: 1395u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
@@ -102493,7 +102589,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1603u32,
+        wire: 1605u32,
         call: 1396u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
@@ -102522,7 +102618,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1604u32,
+        wire: 1606u32,
         call: 1397u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
@@ -102549,7 +102645,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1605u32,
+        wire: 1607u32,
         call: 1398u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
@@ -102572,7 +102668,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1606u32,
+        wire: 1608u32,
         call: 1399u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
@@ -102595,7 +102691,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1607u32,
+        wire: 1609u32,
         call: 1400u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
@@ -102622,7 +102718,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1608u32,
+        wire: 1610u32,
         call: 1401u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
@@ -102653,7 +102749,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1609u32,
+        wire: 1611u32,
         call: 1402u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
@@ -102690,7 +102786,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1610u32,
+        wire: 1612u32,
         call: 1403u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
@@ -102725,7 +102821,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1611u32,
+        wire: 1613u32,
         call: 1404u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
@@ -102758,7 +102854,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1612u32,
+        wire: 1614u32,
         call: 1405u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
@@ -102787,7 +102883,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1613u32,
+        wire: 1615u32,
         call: 1406u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
@@ -102816,7 +102912,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1614u32,
+        wire: 1616u32,
         call: 1407u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
@@ -102845,7 +102941,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1615u32,
+        wire: 1617u32,
         call: 1408u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
@@ -102878,7 +102974,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1616u32,
+        wire: 1618u32,
         call: 1409u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
@@ -102907,7 +103003,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1617u32,
+        wire: 1619u32,
         call: 1410u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
@@ -102942,7 +103038,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1618u32,
+        wire: 1620u32,
         call: 1411u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
@@ -102971,7 +103067,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1619u32,
+        wire: 1621u32,
         call: 1412u32,
         name: "nvmlDeviceGetBrand",
         form: None,
@@ -103000,7 +103096,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1620u32,
+        wire: 1622u32,
         call: 1413u32,
         name: "nvmlDeviceGetBusType",
         form: None,
@@ -103029,7 +103125,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1621u32,
+        wire: 1623u32,
         call: 1414u32,
         name: "nvmlDeviceGetClock",
         form: None,
@@ -103066,7 +103162,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1622u32,
+        wire: 1624u32,
         call: 1415u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
@@ -103099,7 +103195,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1623u32,
+        wire: 1625u32,
         call: 1416u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
@@ -103128,7 +103224,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1624u32,
+        wire: 1626u32,
         call: 1417u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
@@ -103157,7 +103253,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1625u32,
+        wire: 1627u32,
         call: 1418u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
@@ -103192,7 +103288,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1626u32,
+        wire: 1628u32,
         call: 1419u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
@@ -103221,7 +103317,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1627u32,
+        wire: 1629u32,
         call: 1420u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
@@ -103250,7 +103346,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1628u32,
+        wire: 1630u32,
         call: 1421u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
@@ -103279,7 +103375,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1629u32,
+        wire: 1631u32,
         call: 1422u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
@@ -103308,7 +103404,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1630u32,
+        wire: 1632u32,
         call: 1423u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
@@ -103343,7 +103439,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1631u32,
+        wire: 1633u32,
         call: 1424u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
@@ -103376,7 +103472,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1632u32,
+        wire: 1634u32,
         call: 1425u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
@@ -103405,7 +103501,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1633u32,
+        wire: 1635u32,
         call: 1426u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
@@ -103432,7 +103528,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1634u32,
+        wire: 1636u32,
         call: 1427u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
@@ -103461,7 +103557,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1635u32,
+        wire: 1637u32,
         call: 1428u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
@@ -103490,7 +103586,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1636u32,
+        wire: 1638u32,
         call: 1429u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
@@ -103525,7 +103621,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1637u32,
+        wire: 1639u32,
         call: 1430u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
@@ -103560,7 +103656,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1638u32,
+        wire: 1640u32,
         call: 1431u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
@@ -103595,7 +103691,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1639u32,
+        wire: 1641u32,
         call: 1432u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
@@ -103628,7 +103724,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1640u32,
+        wire: 1642u32,
         call: 1433u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
@@ -103663,7 +103759,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1641u32,
+        wire: 1643u32,
         call: 1434u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
@@ -103692,7 +103788,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1642u32,
+        wire: 1644u32,
         call: 1435u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
@@ -103725,7 +103821,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1643u32,
+        wire: 1645u32,
         call: 1436u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
@@ -103754,7 +103850,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1644u32,
+        wire: 1646u32,
         call: 1437u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
@@ -103787,7 +103883,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1645u32,
+        wire: 1647u32,
         call: 1438u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
@@ -103822,7 +103918,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1646u32,
+        wire: 1648u32,
         call: 1439u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
@@ -103851,7 +103947,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1647u32,
+        wire: 1649u32,
         call: 1440u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
@@ -103882,7 +103978,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1648u32,
+        wire: 1650u32,
         call: 1441u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
@@ -103911,7 +104007,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1649u32,
+        wire: 1651u32,
         call: 1442u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
@@ -103944,7 +104040,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1650u32,
+        wire: 1652u32,
         call: 1443u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
@@ -103981,7 +104077,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1651u32,
+        wire: 1653u32,
         call: 1444u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
@@ -104010,7 +104106,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1652u32,
+        wire: 1654u32,
         call: 1445u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
@@ -104045,7 +104141,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1653u32,
+        wire: 1655u32,
         call: 1446u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
@@ -104080,7 +104176,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1654u32,
+        wire: 1656u32,
         call: 1447u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
@@ -104107,7 +104203,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1655u32,
+        wire: 1657u32,
         call: 1448u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
@@ -104134,7 +104230,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1656u32,
+        wire: 1658u32,
         call: 1449u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
@@ -104158,7 +104254,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1657u32,
+        wire: 1659u32,
         call: 1450u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
@@ -104182,7 +104278,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1658u32,
+        wire: 1660u32,
         call: 1451u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
@@ -104206,7 +104302,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1659u32,
+        wire: 1661u32,
         call: 1452u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
@@ -104230,7 +104326,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1660u32,
+        wire: 1662u32,
         call: 1453u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
@@ -104259,7 +104355,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1661u32,
+        wire: 1663u32,
         call: 1454u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
@@ -104288,7 +104384,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1662u32,
+        wire: 1664u32,
         call: 1455u32,
         name: "nvmlDeviceGetIndex",
         form: None,
@@ -104317,7 +104413,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1663u32,
+        wire: 1665u32,
         call: 1456u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
@@ -104346,7 +104442,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1664u32,
+        wire: 1666u32,
         call: 1457u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
@@ -104375,7 +104471,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1665u32,
+        wire: 1667u32,
         call: 1458u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
@@ -104410,7 +104506,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1666u32,
+        wire: 1668u32,
         call: 1459u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
@@ -104445,7 +104541,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1667u32,
+        wire: 1669u32,
         call: 1460u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
@@ -104478,7 +104574,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1668u32,
+        wire: 1670u32,
         call: 1461u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
@@ -104511,7 +104607,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1669u32,
+        wire: 1671u32,
         call: 1462u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
@@ -104540,7 +104636,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1670u32,
+        wire: 1672u32,
         call: 1463u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
@@ -104569,7 +104665,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1671u32,
+        wire: 1673u32,
         call: 1464u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
@@ -104598,7 +104694,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1672u32,
+        wire: 1674u32,
         call: 1465u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
@@ -104633,7 +104729,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1673u32,
+        wire: 1675u32,
         call: 1466u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
@@ -104662,7 +104758,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1674u32,
+        wire: 1676u32,
         call: 1467u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
@@ -104691,7 +104787,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1675u32,
+        wire: 1677u32,
         call: 1468u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
@@ -104722,7 +104818,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1676u32,
+        wire: 1678u32,
         call: 1469u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
@@ -104757,7 +104853,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1677u32,
+        wire: 1679u32,
         call: 1470u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
@@ -104800,7 +104896,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1678u32,
+        wire: 1680u32,
         call: 1471u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
@@ -104835,7 +104931,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1679u32,
+        wire: 1681u32,
         call: 1472u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
@@ -104864,7 +104960,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1680u32,
+        wire: 1682u32,
         call: 1473u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
@@ -104893,7 +104989,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1681u32,
+        wire: 1683u32,
         call: 1474u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
@@ -104922,7 +105018,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1682u32,
+        wire: 1684u32,
         call: 1475u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
@@ -104951,7 +105047,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1683u32,
+        wire: 1685u32,
         call: 1476u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
@@ -104980,7 +105076,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1684u32,
+        wire: 1686u32,
         call: 1477u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
@@ -105009,7 +105105,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1685u32,
+        wire: 1687u32,
         call: 1478u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
@@ -105046,7 +105142,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1686u32,
+        wire: 1688u32,
         call: 1479u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
@@ -105079,7 +105175,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1687u32,
+        wire: 1689u32,
         call: 1480u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
@@ -105112,7 +105208,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1688u32,
+        wire: 1690u32,
         call: 1481u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
@@ -105145,7 +105241,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1689u32,
+        wire: 1691u32,
         call: 1482u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
@@ -105180,7 +105276,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1690u32,
+        wire: 1692u32,
         call: 1483u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
@@ -105217,7 +105313,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1691u32,
+        wire: 1693u32,
         call: 1484u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
@@ -105246,7 +105342,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1692u32,
+        wire: 1694u32,
         call: 1485u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
@@ -105275,7 +105371,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1693u32,
+        wire: 1695u32,
         call: 1486u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
@@ -105304,7 +105400,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1694u32,
+        wire: 1696u32,
         call: 1487u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
@@ -105333,7 +105429,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1695u32,
+        wire: 1697u32,
         call: 1488u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
@@ -105362,7 +105458,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1696u32,
+        wire: 1698u32,
         call: 1489u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
@@ -105391,7 +105487,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1697u32,
+        wire: 1699u32,
         call: 1490u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
@@ -105420,7 +105516,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1698u32,
+        wire: 1700u32,
         call: 1491u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
@@ -105455,7 +105551,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1699u32,
+        wire: 1701u32,
         call: 1492u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
@@ -105484,7 +105580,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1700u32,
+        wire: 1702u32,
         call: 1493u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
@@ -105513,7 +105609,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1701u32,
+        wire: 1703u32,
         call: 1494u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
@@ -105542,7 +105638,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1702u32,
+        wire: 1704u32,
         call: 1495u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
@@ -105571,7 +105667,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1703u32,
+        wire: 1705u32,
         call: 1496u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
@@ -105600,7 +105696,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1704u32,
+        wire: 1706u32,
         call: 1497u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
@@ -105647,7 +105743,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1705u32,
+        wire: 1707u32,
         call: 1498u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
@@ -105676,7 +105772,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1706u32,
+        wire: 1708u32,
         call: 1499u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
@@ -105705,7 +105801,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1707u32,
+        wire: 1709u32,
         call: 1500u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
@@ -105734,7 +105830,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1708u32,
+        wire: 1710u32,
         call: 1501u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
@@ -105763,7 +105859,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1709u32,
+        wire: 1711u32,
         call: 1502u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
@@ -105792,7 +105888,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1710u32,
+        wire: 1712u32,
         call: 1503u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
@@ -105825,7 +105921,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1711u32,
+        wire: 1713u32,
         call: 1504u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
@@ -105858,7 +105954,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1712u32,
+        wire: 1714u32,
         call: 1505u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
@@ -105891,7 +105987,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1713u32,
+        wire: 1715u32,
         call: 1506u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
@@ -105924,7 +106020,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1714u32,
+        wire: 1716u32,
         call: 1507u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
@@ -105961,7 +106057,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1715u32,
+        wire: 1717u32,
         call: 1508u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
@@ -105990,7 +106086,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1716u32,
+        wire: 1718u32,
         call: 1509u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
@@ -106023,7 +106119,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1717u32,
+        wire: 1719u32,
         call: 1510u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
@@ -106052,7 +106148,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1718u32,
+        wire: 1720u32,
         call: 1511u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
@@ -106081,7 +106177,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1719u32,
+        wire: 1721u32,
         call: 1512u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
@@ -106114,7 +106210,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1720u32,
+        wire: 1722u32,
         call: 1513u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
@@ -106145,7 +106241,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1721u32,
+        wire: 1723u32,
         call: 1514u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
@@ -106168,7 +106264,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1722u32,
+        wire: 1724u32,
         call: 1515u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
@@ -106191,7 +106287,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1723u32,
+        wire: 1725u32,
         call: 1516u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
@@ -106214,7 +106310,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1724u32,
+        wire: 1726u32,
         call: 1517u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
@@ -106241,7 +106337,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1725u32,
+        wire: 1727u32,
         call: 1518u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
@@ -106272,7 +106368,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1726u32,
+        wire: 1728u32,
         call: 1519u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
@@ -106303,7 +106399,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1727u32,
+        wire: 1729u32,
         call: 1520u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
@@ -106330,7 +106426,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1728u32,
+        wire: 1730u32,
         call: 1521u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
@@ -106361,7 +106457,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1729u32,
+        wire: 1731u32,
         call: 1522u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
@@ -106388,7 +106484,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1730u32,
+        wire: 1732u32,
         call: 1523u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
@@ -106415,7 +106511,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1731u32,
+        wire: 1733u32,
         call: 1524u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
@@ -106442,7 +106538,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1732u32,
+        wire: 1734u32,
         call: 1525u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
@@ -106465,7 +106561,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1733u32,
+        wire: 1735u32,
         call: 1526u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
@@ -106496,7 +106592,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1734u32,
+        wire: 1736u32,
         call: 1527u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
@@ -106523,7 +106619,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1735u32,
+        wire: 1737u32,
         call: 1528u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
@@ -106552,7 +106648,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1736u32,
+        wire: 1738u32,
         call: 1529u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
@@ -106583,7 +106679,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1737u32,
+        wire: 1739u32,
         call: 1530u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
@@ -106610,7 +106706,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1738u32,
+        wire: 1740u32,
         call: 1531u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
@@ -106641,7 +106737,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1739u32,
+        wire: 1741u32,
         call: 1532u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
@@ -106672,7 +106768,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1740u32,
+        wire: 1742u32,
         call: 1533u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
@@ -106699,7 +106795,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1741u32,
+        wire: 1743u32,
         call: 1534u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
@@ -106730,7 +106826,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1742u32,
+        wire: 1744u32,
         call: 1535u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
@@ -106757,7 +106853,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1743u32,
+        wire: 1745u32,
         call: 1536u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
@@ -106784,7 +106880,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1744u32,
+        wire: 1746u32,
         call: 1537u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
@@ -106815,7 +106911,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1745u32,
+        wire: 1747u32,
         call: 1538u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
@@ -106848,7 +106944,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1746u32,
+        wire: 1748u32,
         call: 1539u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
@@ -106875,7 +106971,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1747u32,
+        wire: 1749u32,
         call: 1540u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
@@ -106902,7 +106998,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1748u32,
+        wire: 1750u32,
         call: 1541u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
@@ -106929,7 +107025,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1749u32,
+        wire: 1751u32,
         call: 1542u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
@@ -106962,7 +107058,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1750u32,
+        wire: 1752u32,
         call: 1543u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
@@ -106993,7 +107089,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1751u32,
+        wire: 1753u32,
         call: 1544u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
@@ -107022,7 +107118,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1752u32,
+        wire: 1754u32,
         call: 1545u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
@@ -107049,7 +107145,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1753u32,
+        wire: 1755u32,
         call: 1546u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
@@ -107072,7 +107168,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1754u32,
+        wire: 1756u32,
         call: 1547u32,
         name: "nvmlEventSetCreate",
         form: None,
@@ -107095,7 +107191,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1755u32,
+        wire: 1757u32,
         call: 1548u32,
         name: "nvmlEventSetFree",
         form: None,
@@ -107118,7 +107214,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1756u32,
+        wire: 1758u32,
         call: 1549u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
@@ -107143,7 +107239,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1757u32,
+        wire: 1759u32,
         call: 1550u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
@@ -107172,7 +107268,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1758u32,
+        wire: 1760u32,
         call: 1551u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
@@ -107203,7 +107299,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1759u32,
+        wire: 1761u32,
         call: 1552u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
@@ -107232,7 +107328,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1760u32,
+        wire: 1762u32,
         call: 1553u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
@@ -107255,7 +107351,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1761u32,
+        wire: 1763u32,
         call: 1554u32,
         name: "nvmlGpmSampleFree",
         form: None,
@@ -107278,7 +107374,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1762u32,
+        wire: 1764u32,
         call: 1555u32,
         name: "nvmlGpmSampleGet",
         form: None,
@@ -107305,7 +107401,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1763u32,
+        wire: 1765u32,
         call: 1556u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
@@ -107332,7 +107428,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1764u32,
+        wire: 1766u32,
         call: 1557u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
@@ -107363,7 +107459,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1765u32,
+        wire: 1767u32,
         call: 1558u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
@@ -107400,7 +107496,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1766u32,
+        wire: 1768u32,
         call: 1559u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
@@ -107423,7 +107519,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1767u32,
+        wire: 1769u32,
         call: 1560u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
@@ -107454,7 +107550,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1768u32,
+        wire: 1770u32,
         call: 1561u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
@@ -107487,7 +107583,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1769u32,
+        wire: 1771u32,
         call: 1562u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
@@ -107524,7 +107620,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1770u32,
+        wire: 1772u32,
         call: 1563u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
@@ -107553,7 +107649,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1771u32,
+        wire: 1773u32,
         call: 1564u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
@@ -107578,7 +107674,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1772u32,
+        wire: 1774u32,
         call: 1565u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
@@ -107603,7 +107699,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1773u32,
+        wire: 1775u32,
         call: 1566u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
@@ -107628,7 +107724,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1774u32,
+        wire: 1776u32,
         call: 1567u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
@@ -107653,7 +107749,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1775u32,
+        wire: 1777u32,
         call: 1568u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
@@ -107676,7 +107772,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1776u32,
+        wire: 1778u32,
         call: 1569u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
@@ -107699,7 +107795,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1777u32,
+        wire: 1779u32,
         call: 1570u32,
         name: "nvmlUnitGetCount",
         form: None,
@@ -107724,7 +107820,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1778u32,
+        wire: 1780u32,
         call: 1571u32,
         name: "nvmlUnitGetDevices",
         form: None,
@@ -107757,7 +107853,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1779u32,
+        wire: 1781u32,
         call: 1572u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
@@ -107784,7 +107880,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1780u32,
+        wire: 1782u32,
         call: 1573u32,
         name: "nvmlUnitGetTemperature",
         form: None,
@@ -107817,7 +107913,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1781u32,
+        wire: 1783u32,
         call: 1574u32,
         name: "nvmlUnitSetLedState",
         form: None,
@@ -107844,7 +107940,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1782u32,
+        wire: 1784u32,
         call: 1575u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
@@ -107867,7 +107963,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1783u32,
+        wire: 1785u32,
         call: 1576u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
@@ -107896,7 +107992,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1784u32,
+        wire: 1786u32,
         call: 1577u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
@@ -107925,7 +108021,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1785u32,
+        wire: 1787u32,
         call: 1578u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
@@ -107954,7 +108050,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1786u32,
+        wire: 1788u32,
         call: 1579u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
@@ -107983,7 +108079,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1787u32,
+        wire: 1789u32,
         call: 1580u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
@@ -108012,7 +108108,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1788u32,
+        wire: 1790u32,
         call: 1581u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
@@ -108041,7 +108137,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1789u32,
+        wire: 1791u32,
         call: 1582u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
@@ -108070,7 +108166,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1790u32,
+        wire: 1792u32,
         call: 1583u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
@@ -108099,7 +108195,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1791u32,
+        wire: 1793u32,
         call: 1584u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
@@ -108126,7 +108222,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1792u32,
+        wire: 1794u32,
         call: 1585u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
@@ -108159,7 +108255,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1793u32,
+        wire: 1795u32,
         call: 1586u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
@@ -108194,7 +108290,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1794u32,
+        wire: 1796u32,
         call: 1587u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
@@ -108223,7 +108319,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1795u32,
+        wire: 1797u32,
         call: 1588u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
@@ -108252,7 +108348,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1796u32,
+        wire: 1798u32,
         call: 1589u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
@@ -108281,7 +108377,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1797u32,
+        wire: 1799u32,
         call: 1590u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
@@ -108310,7 +108406,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1798u32,
+        wire: 1800u32,
         call: 1591u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
@@ -108339,7 +108435,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1799u32,
+        wire: 1801u32,
         call: 1592u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
@@ -108372,7 +108468,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1800u32,
+        wire: 1802u32,
         call: 1593u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
@@ -108401,7 +108497,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1801u32,
+        wire: 1803u32,
         call: 1594u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
@@ -108430,7 +108526,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1802u32,
+        wire: 1804u32,
         call: 1595u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
@@ -108473,7 +108569,7 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2398u32,
+        wire: 2400u32,
         call: 2191u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
@@ -108498,7 +108594,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2399u32,
+        wire: 2401u32,
         call: 2192u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
@@ -108523,7 +108619,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2400u32,
+        wire: 2402u32,
         call: 2193u32,
         name: "nvrtcGetSupportedArchs",
         form: Some("call"),
@@ -108548,7 +108644,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2401u32,
+        wire: 2403u32,
         call: 2194u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
@@ -108571,7 +108667,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2402u32,
+        wire: 2404u32,
         call: 2195u32,
         name: "nvrtcVersion",
         form: None,

@@ -1,8 +1,9 @@
 //! Hand-written cuDNN functions. A variant pack's data pointers (the tensors of one graph
 //! execution) are device addresses, except for pass-by-value tensors: there the pointer is
 //! the address of a host scalar the library reads (torch's SDPA passes `&scale`). Such a
-//! pointer means nothing on the server, so the client places the scalar's bytes there once
-//! (`Service::HostValue`, cached by content) and sends the server's address instead.
+//! pointer means nothing on the server, so the client sends the scalar's bytes in its place
+//! (the `hostvalues` wire form), and the worker keeps them beside the pack: no round trip,
+//! and nothing kept past the pack's life.
 //!
 //! Backend descriptors are named by the client: torch's cuDNN frontend creates some ten
 //! per graph it builds (tensors, operations, the graph, heuristics, engine configurations,
@@ -21,26 +22,23 @@ use std::sync::{Mutex, OnceLock};
 
 use chidori_cuda::calls::cudnn as calls;
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::{Service, ServiceReply};
+use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
 
-/// (CUDNN_STATUS_BAD_PARAM, CUDNN_STATUS_EXECUTION_FAILED) of cuDNN 8 and of cuDNN 9.
-const CODES_V8: (u32, u32) = (3, 8);
-const CODES_V9: (u32, u32) = (2000, 5000);
+/// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9 (in a tuple for the macros).
+const CODES_V8: (u32,) = (3,);
+const CODES_V9: (u32,) = (2000,);
 /// CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS and CUDNN_TYPE_VOID_PTR (same in cuDNN 8 and 9).
 const VARIANT_PACK_DATA_POINTERS: u32 = 1001;
 const TYPE_VOID_PTR: u32 = 6;
-/// Bytes read behind a host pointer: the widest by-value scalar (double, int64).
-const SCALAR_BYTES: usize = 8;
 
-/// Server addresses of host values already placed, by content.
-static PLACED: Mutex<Option<HashMap<Vec<u8>, u64>>> = Mutex::new(None);
-
-/// Read up to [`SCALAR_BYTES`] at `addr` without faulting: never past the end of its page
-/// (a naturally aligned scalar never crosses one), and only if the page is readable in
-/// this process. None for unreadable memory (a device address the client reserved).
+/// Read up to [`HOST_VALUE_MAX`] bytes at `addr` without faulting: never past the end of
+/// its page (a naturally aligned scalar never crosses one), and only if the page is
+/// readable in this process. None for unreadable memory (a device address the client
+/// reserved). The bytes past the scalar are whatever follows it; the library reads only
+/// what the tensor's type needs.
 fn read_host_scalar(addr: u64) -> Option<Vec<u8>> {
     let to_page_end = 4096 - (addr % 4096) as usize;
-    let n = SCALAR_BYTES.min(to_page_end);
+    let n = HOST_VALUE_MAX.min(to_page_end);
     let mut buf = vec![0u8; n];
     let local = libc::iovec { iov_base: buf.as_mut_ptr() as *mut c_void, iov_len: n };
     let remote = libc::iovec { iov_base: addr as *mut c_void, iov_len: n };
@@ -50,48 +48,33 @@ fn read_host_scalar(addr: u64) -> Option<Vec<u8>> {
     (got == n as isize).then_some(buf)
 }
 
-/// The server's address for the host value `bytes`, placing it on first use.
-fn place(bytes: Vec<u8>) -> Result<u64, String> {
-    let mut placed = PLACED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(a) = placed.get_or_insert_with(HashMap::new).get(&bytes) {
-        return Ok(*a);
-    }
-    let conn = crate::conn::get().map_err(|e| e.to_string())?;
-    match conn.service(&Service::HostValue, &[&bytes]).map_err(|e| e.to_string())? {
-        ServiceReply::HostValue { address } => {
-            placed.get_or_insert_with(HashMap::new).insert(bytes, address);
-            Ok(address)
-        }
-        ServiceReply::Error { message, .. } => Err(message),
-        other => Err(format!("unexpected reply {other:?}")),
-    }
-}
-
-/// Rewrite host scalar pointers among a variant pack's data pointers. Device addresses
-/// (tracked ranges) and NULL pass untouched.
-fn rewrite(pointers: &mut [u64]) -> Result<usize, String> {
-    let mut n = 0;
-    for p in pointers.iter_mut() {
-        if *p == 0 || crate::state::is_device(*p) {
+/// The `hostvalues` records of a variant pack's data pointers, or None when every pointer
+/// is NULL or a device address (the plain form carries them).
+fn host_value_records(pointers: &[u64]) -> Option<Vec<u8>> {
+    let mut records = vec![0u8; pointers.len() * HOST_VALUE_RECORD];
+    let mut any = false;
+    for (&p, r) in pointers.iter().zip(records.chunks_exact_mut(HOST_VALUE_RECORD)) {
+        r[..8].copy_from_slice(&p.to_le_bytes());
+        if p == 0 || crate::state::is_device(p) {
             continue;
         }
-        let Some(bytes) = read_host_scalar(*p) else { continue };
-        *p = place(bytes)?;
-        n += 1;
+        let Some(bytes) = read_host_scalar(p) else { continue };
+        r[8..16].copy_from_slice(&HOST_VALUE_FLAG.to_le_bytes());
+        r[16..16 + bytes.len()].copy_from_slice(&bytes);
+        any = true;
     }
-    Ok(n)
+    any.then_some(records)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn set_attribute(
-    desc: &'static CallDesc,
-    descriptors: &'static CallDesc,
+    (desc, descriptors, hostvalues): (&'static CallDesc, &'static CallDesc, &'static CallDesc),
     descriptor: *mut c_void,
     name: u32,
     ty: u32,
     count: i64,
     elements: *mut c_void,
-    (bad_param, failed): (u32, u32),
+    bad_param: u32,
 ) -> u32 {
     crate::guard::ffi("cudnnBackendSetAttribute", bad_param, || {
         let forward = |elements: u64| {
@@ -113,21 +96,16 @@ fn set_attribute(
         }
         let Ok(len) = usize::try_from(count) else { return bad_param };
         // SAFETY: cudnnBackendSetAttribute's contract: `count` pointers at `elements`.
-        let mut pointers = unsafe { std::slice::from_raw_parts(elements as *const u64, len) }.to_vec();
-        match rewrite(&mut pointers) {
-            Ok(_) => forward(pointers.as_mut_ptr() as u64),
-            Err(e) => {
-                crate::log::once("cudnn-host-value", || {
-                    tracing::error!("cudnnBackendSetAttribute: placing a host scalar on the server failed: {e}")
-                });
-                failed
-            }
-        }
+        let pointers = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
+        let Some(records) = host_value_records(pointers) else { return forward(elements as u64) };
+        let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, records.as_ptr() as u64];
+        // SAFETY: `count` records of HOST_VALUE_RECORD bytes, ours.
+        unsafe { crate::runtime::call(hostvalues, &args) as u32 }
     })
 }
 
 macro_rules! set_attribute_variant {
-    ($name:ident, $desc:ident, $descriptors:ident, $codes:expr) => {
+    ($name:ident, $desc:ident, $descriptors:ident, $hostvalues:ident, $codes:expr) => {
         pub unsafe fn $name(
             descriptor: *mut c_void,
             attributeName: u32,
@@ -135,8 +113,9 @@ macro_rules! set_attribute_variant {
             elementCount: i64,
             arrayOfElements: *mut c_void,
         ) -> u32 {
-            let (forms, n, t) = ((&calls::$desc, &calls::$descriptors), attributeName, attributeType);
-            set_attribute(forms.0, forms.1, descriptor, n, t, elementCount, arrayOfElements, $codes)
+            let forms = (&calls::$desc, &calls::$descriptors, &calls::$hostvalues);
+            let (n, t) = (attributeName, attributeType);
+            set_attribute(forms, descriptor, n, t, elementCount, arrayOfElements, $codes.0)
         }
     };
 }
@@ -145,12 +124,14 @@ set_attribute_variant!(
     cudnnBackendSetAttribute__cu118,
     cudnnBackendSetAttribute__cu118__call,
     cudnnBackendSetAttribute__cu118__descriptors,
+    cudnnBackendSetAttribute__cu118__hostvalues,
     CODES_V8
 );
 set_attribute_variant!(
     cudnnBackendSetAttribute__cu126,
     cudnnBackendSetAttribute__cu126__call,
     cudnnBackendSetAttribute__cu126__descriptors,
+    cudnnBackendSetAttribute__cu126__hostvalues,
     CODES_V9
 );
 
@@ -505,5 +486,19 @@ mod tests {
         assert_eq!(read_host_scalar(end).map(|b| b.len()), Some(4));
         // An address in no mapping.
         assert_eq!(read_host_scalar(8), None);
+    }
+
+    #[test]
+    fn host_scalars_travel_as_records_and_other_pointers_as_they_are() {
+        let scale = 0.125f32;
+        let host = &scale as *const f32 as u64;
+        let records = host_value_records(&[0, host, 8]).expect("one pointer is a host scalar");
+        let r: Vec<&[u8]> = records.chunks_exact(HOST_VALUE_RECORD).collect();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0], &[0u8; HOST_VALUE_RECORD][..], "NULL stays NULL");
+        assert_eq!(&r[1][8..16], &HOST_VALUE_FLAG.to_le_bytes());
+        assert_eq!(&r[1][16..20], &scale.to_le_bytes());
+        assert_eq!(&r[2][..16], &[8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "unreadable: passed as it is");
+        assert_eq!(host_value_records(&[0, 8]), None, "no host scalar: the plain form");
     }
 }
