@@ -183,7 +183,8 @@ if want torch; then
   if [[ ${SUITE:-1} == 1 ]]; then
     timeout ${SUITE_TIMEOUT:-200} python3 gpu/torch-suite/compare.py --chidori "$CHIDORI" --server $SERVER \
       --json "$LOGS/torch-suite.json" --timeout ${TORCH_RUN_TIMEOUT:-150} ${SUITE_WAN:+--wan-server 127.0.0.1:$WAN_PORT} \
-      ${SUITE_WAN_ONLY:+--wan-only} > "$LOGS/torch-suite.txt" 2>&1
+      ${SUITE_WAN_ONLY:+--wan-only} ${SUITE_ONLY:+--only $SUITE_ONLY} ${TORCH_SUITE_TOTAL:+--total $TORCH_SUITE_TOTAL} \
+      > "$LOGS/torch-suite.txt" 2>&1
     rc=$?
     tail -40 "$LOGS/torch-suite.txt"
     row "torch suite" "$( ((rc == 0)) && echo "all match" || echo "FAILURES rc=$rc (torch-suite.txt)")"

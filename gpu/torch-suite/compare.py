@@ -2,7 +2,7 @@
 """Run run_cases.py natively and through Chidori, compare case by case, print a table last.
 
     python3 compare.py --chidori PATH --server HOST:PORT [--wan-server HOST:PORT]
-                       [--json OUT] [--only a,b] [--timeout S]
+                       [--json OUT] [--only a,b] [--timeout S] [--total S]
 
 Floats are compared relative to the larger of the two (inside a list: to the largest
 magnitude in the list) with the case's tolerance: exact 0, fp32 1e-5, loose 1e-3; everything
@@ -17,6 +17,7 @@ import os
 import ast
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE = {"exact": 0.0, "fp32": 1e-5, "loose": 1e-3}
@@ -47,15 +48,23 @@ def run_once(prefix, names, timeout):
     return cmd, rc, records, stderr.decode(errors="replace").splitlines()[-30:]
 
 
-def run(label, prefix, only, timeout):
+def run(label, prefix, only, timeout, deadline=None):
     """Run the cases under prefix; records by case name, plus how the process ended. A case
     that kills its process (or runs past the timeout) is recorded as failed with the end of
-    stderr, and the cases after it run in a new process."""
+    stderr, and the cases after it run in a new process, until `deadline` (a monotonic
+    time): cases left then are recorded as not run."""
     pending = only.split(",") if only else case_names()
     print(f"== {label}: {' '.join(prefix)} run_cases.py ({len(pending)} cases)", file=sys.stderr, flush=True)
     records, rcs, tail, cmd = {}, [], [], []
     while pending:
-        cmd, rc, got, tail = run_once(prefix, pending, timeout)
+        left = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+        if left <= 1:
+            for name in pending:
+                records[name] = {"case": name, "tol": "exact", "ok": False, "result": None, "info": {},
+                                 "error": "not run: the suite's time budget (--total) was spent", "seconds": None}
+            rcs.append("time budget spent")
+            break
+        cmd, rc, got, tail = run_once(prefix, pending, left)
         records.update(got)
         rcs.append(rc)
         missing = [n for n in pending if n not in got]
@@ -139,12 +148,14 @@ def main():
     parser.add_argument("--json", help="write runs and comparisons to this file")
     parser.add_argument("--only", help="comma-separated case names (default: all)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for each whole run")
+    parser.add_argument("--total", type=float, help="seconds for everything: later cases are not run")
     args = parser.parse_args()
 
     targets = [] if args.wan_only and args.wan_server else [("remote", args.server)]
     targets += [("wan", args.wan_server)] if args.wan_server else []
-    native = run("native", [], args.only, args.timeout)
-    others = [run(label, [args.chidori, "run", "-s", server, "--"], args.only, args.timeout)
+    deadline = time.monotonic() + args.total if args.total else None
+    native = run("native", [], args.only, args.timeout, deadline)
+    others = [run(label, [args.chidori, "run", "-s", server, "--"], args.only, args.timeout, deadline)
               for label, server in targets]
     runs = [native] + others
 
