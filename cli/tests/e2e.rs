@@ -475,6 +475,66 @@ fn cudnn_graphs_wait_only_where_a_status_steers() {
     assert_eq!(row("cudnnBackendDestroyDescriptor"), ["100", "0"], "{stderr}");
 }
 
+/// cuBLAS's host<->GPU helpers copy strided host arrays: only the elements the arguments
+/// name are read or written (the host side never travels as a GPU address).
+const CUBLAS_HELPERS: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+int cublasSetMatrix(int rows, int cols, int elemSize, const void *A, int lda, void *B, int ldb);
+int cublasGetMatrix(int rows, int cols, int elemSize, const void *A, int lda, void *B, int ldb);
+int cublasSetVector(int n, int elemSize, const void *x, int incx, void *y, int incy);
+int cublasGetVector(int n, int elemSize, const void *x, int incx, void *y, int incy);
+int cublasSetMatrixAsync(int rows, int cols, int elemSize, const void *A, int lda, void *B, int ldb, cudaStream_t s);
+int cublasGetVectorAsync(int n, int elemSize, const void *x, int incx, void *y, int incy, cudaStream_t s);
+int main(void) {
+  float *d = 0;
+  if (cudaMalloc((void **)&d, 64 * sizeof(float))) return 2;
+  float a[8] = {1, 2, 3, -1, 4, 5, 6, -1}; /* 3x2, column-major, lda 4 */
+  float back[10], v[6] = {10, -1, 20, -1, 30, -1}, w[3] = {0}, z[6] = {0};
+  for (int i = 0; i < 10; i++) back[i] = 99;
+  int s1 = cublasSetMatrix(3, 2, sizeof(float), a, 4, d, 3);
+  int s2 = cublasGetMatrix(3, 2, sizeof(float), d, 3, back, 5);
+  int s3 = cublasSetVector(3, sizeof(float), v, 2, d + 16, 1);
+  int s4 = cublasGetVector(3, sizeof(float), d + 16, 1, w, 1);
+  int s5 = cublasSetMatrixAsync(3, 2, sizeof(float), a, 4, d + 32, 3, 0);
+  int s6 = cublasGetVectorAsync(6, sizeof(float), d + 32, 1, z, 1, 0);
+  int sync = cudaDeviceSynchronize();
+  int bad = cublasSetVector(3, 0, v, 2, d, 1), short_ld = cublasSetMatrix(3, 2, 4, a, 2, d, 3);
+  printf("%d %d %d %d %d %d %d %d %d |", s1, s2, s3, s4, s5, s6, sync, bad, short_ld);
+  for (int i = 0; i < 10; i++) printf(" %g", back[i]);
+  printf(" | %g %g %g | %g %g\n", w[0], w[1], w[2], z[0], z[5]);
+  return 0;
+}
+"#;
+
+#[test]
+fn cublas_helpers_copy_only_the_named_elements() {
+    let server = server();
+    let dir = chidori_tests::scratch("cublas-helpers");
+    let src = dir.join("cublas-helpers.c");
+    std::fs::write(&src, CUBLAS_HELPERS).unwrap();
+    let exe = dir.join("cublas-helpers");
+    let include = chidori_tests::runtime_headers("13.0");
+    let stub = chidori_tests::root().join("headers/stub");
+    chidori_tests::cc(
+        &src,
+        &exe,
+        &[
+            &format!("-I{}", include.display()),
+            &format!("-I{}", stub.display()),
+            &format!("-L{}", chidori_tests::shim_dir().display()),
+            "-l:libcudart.so.13",
+            "-l:libcublas.so.13",
+        ],
+    );
+    let out = run_cmd(&server.address, &exe).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; {stdout}\n{stderr}", out.status);
+    // CUBLAS_STATUS_INVALID_VALUE (7) for a zero element size and a leading dimension below
+    // the rows; the padding of the host arrays is neither read nor written.
+    assert_eq!(stdout.trim(), "0 0 0 0 0 0 0 7 7 | 1 2 3 99 99 4 5 6 99 99 | 10 20 30 | 1 6", "{stderr}");
+}
+
 /// cudnnBackendGetAttribute writes what the library wrote and nothing more: an array
 /// shorter than the requested count (the library has fewer elements) ends at a read-only
 /// page, and a Get of descriptors may pass a read-only array (it is only read).

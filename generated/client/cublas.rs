@@ -8531,7 +8531,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMathMode(
 ) -> u32 {
     unsafe { crate::custom::cublas::cublasGetMathMode(handle, mode) }
 }
-///`cublasGetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix(
     rows: i32,
@@ -8543,21 +8543,35 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix(
     ldb: i32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasGetMatrix,
-            &[
-                (rows) as i64 as u64,
-                (cols) as i64 as u64,
-                (elemSize) as i64 as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (B) as usize as u64,
-                (ldb) as i64 as u64,
-            ],
-        ) as u32
+        crate::custom::cublas::cublasGetMatrix(rows, cols, elemSize, A, lda, B, ldb)
     }
 }
-///`cublasGetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGetMatrixAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrixAsync(
+    rows: i32,
+    cols: i32,
+    elemSize: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cublas::cublasGetMatrixAsync(
+            rows,
+            cols,
+            elemSize,
+            A,
+            lda,
+            B,
+            ldb,
+            stream,
+        )
+    }
+}
+///`cublasGetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrixAsync_64(
     rows: i64,
@@ -8570,22 +8584,19 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrixAsync_64(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasGetMatrixAsync_64,
-            &[
-                (rows) as i64 as u64,
-                (cols) as i64 as u64,
-                (elemSize) as i64 as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (B) as usize as u64,
-                (ldb) as i64 as u64,
-                (stream) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cublas::cublasGetMatrixAsync_64(
+            rows,
+            cols,
+            elemSize,
+            A,
+            lda,
+            B,
+            ldb,
+            stream,
+        )
     }
 }
-///`cublasGetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix_64(
     rows: i64,
@@ -8597,18 +8608,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetMatrix_64(
     ldb: i64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasGetMatrix_64,
-            &[
-                (rows) as i64 as u64,
-                (cols) as i64 as u64,
-                (elemSize) as i64 as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (B) as usize as u64,
-                (ldb) as i64 as u64,
-            ],
-        ) as u32
+        crate::custom::cublas::cublasGetMatrix_64(rows, cols, elemSize, A, lda, B, ldb)
     }
 }
 ///`cublasGetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -8653,7 +8653,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetStream_v2(
         ) as u32
     }
 }
-///`cublasGetVector` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGetVector` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetVector(
     n: i32,
@@ -8663,21 +8663,55 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVector(
     y: *mut c_void,
     incy: i32,
 ) -> u32 {
+    unsafe { crate::custom::cublas::cublasGetVector(n, elemSize, x, incx, y, incy) }
+}
+///`cublasGetVectorAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetVectorAsync(
+    n: i32,
+    elemSize: i32,
+    devicePtr: *mut c_void,
+    incx: i32,
+    hostPtr: *mut c_void,
+    incy: i32,
+    stream: *mut c_void,
+) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasGetVector,
-            &[
-                (n) as i64 as u64,
-                (elemSize) as i64 as u64,
-                (x) as usize as u64,
-                (incx) as i64 as u64,
-                (y) as usize as u64,
-                (incy) as i64 as u64,
-            ],
-        ) as u32
+        crate::custom::cublas::cublasGetVectorAsync(
+            n,
+            elemSize,
+            devicePtr,
+            incx,
+            hostPtr,
+            incy,
+            stream,
+        )
     }
 }
-///`cublasGetVector_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasGetVectorAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasGetVectorAsync_64(
+    n: i64,
+    elemSize: i64,
+    devicePtr: *mut c_void,
+    incx: i64,
+    hostPtr: *mut c_void,
+    incy: i64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cublas::cublasGetVectorAsync_64(
+            n,
+            elemSize,
+            devicePtr,
+            incx,
+            hostPtr,
+            incy,
+            stream,
+        )
+    }
+}
+///`cublasGetVector_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasGetVector_64(
     n: i64,
@@ -8687,19 +8721,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasGetVector_64(
     y: *mut c_void,
     incy: i64,
 ) -> u32 {
-    unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasGetVector_64,
-            &[
-                (n) as i64 as u64,
-                (elemSize) as i64 as u64,
-                (x) as usize as u64,
-                (incx) as i64 as u64,
-                (y) as usize as u64,
-                (incy) as i64 as u64,
-            ],
-        ) as u32
-    }
+    unsafe { crate::custom::cublas::cublasGetVector_64(n, elemSize, x, incx, y, incy) }
 }
 ///`cublasIamaxEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -9962,7 +9984,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMathMode(
 ) -> u32 {
     unsafe { crate::custom::cublas::cublasSetMathMode(handle, mode) }
 }
-///`cublasSetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetMatrix` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix(
     rows: i32,
@@ -9974,21 +9996,35 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix(
     ldb: i32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasSetMatrix,
-            &[
-                (rows) as i64 as u64,
-                (cols) as i64 as u64,
-                (elemSize) as i64 as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (B) as usize as u64,
-                (ldb) as i64 as u64,
-            ],
-        ) as u32
+        crate::custom::cublas::cublasSetMatrix(rows, cols, elemSize, A, lda, B, ldb)
     }
 }
-///`cublasSetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetMatrixAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrixAsync(
+    rows: i32,
+    cols: i32,
+    elemSize: i32,
+    A: *mut c_void,
+    lda: i32,
+    B: *mut c_void,
+    ldb: i32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cublas::cublasSetMatrixAsync(
+            rows,
+            cols,
+            elemSize,
+            A,
+            lda,
+            B,
+            ldb,
+            stream,
+        )
+    }
+}
+///`cublasSetMatrixAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrixAsync_64(
     rows: i64,
@@ -10001,22 +10037,19 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrixAsync_64(
     stream: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasSetMatrixAsync_64,
-            &[
-                (rows) as i64 as u64,
-                (cols) as i64 as u64,
-                (elemSize) as i64 as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (B) as usize as u64,
-                (ldb) as i64 as u64,
-                (stream) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cublas::cublasSetMatrixAsync_64(
+            rows,
+            cols,
+            elemSize,
+            A,
+            lda,
+            B,
+            ldb,
+            stream,
+        )
     }
 }
-///`cublasSetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+///`cublasSetMatrix_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix_64(
     rows: i64,
@@ -10028,18 +10061,7 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetMatrix_64(
     ldb: i64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cublas::cublasSetMatrix_64,
-            &[
-                (rows) as i64 as u64,
-                (cols) as i64 as u64,
-                (elemSize) as i64 as u64,
-                (A) as usize as u64,
-                (lda) as i64 as u64,
-                (B) as usize as u64,
-                (ldb) as i64 as u64,
-            ],
-        ) as u32
+        crate::custom::cublas::cublasSetMatrix_64(rows, cols, elemSize, A, lda, B, ldb)
     }
 }
 ///`cublasSetPointerMode_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -10074,6 +10096,80 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSetStream_v2(
             &chidori_cuda::calls::cublas::cublasSetStream_v2,
             &[(handle) as usize as u64, (streamId) as usize as u64],
         ) as u32
+    }
+}
+///`cublasSetVector` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetVector(
+    n: i32,
+    elemSize: i32,
+    x: *mut c_void,
+    incx: i32,
+    devicePtr: *mut c_void,
+    incy: i32,
+) -> u32 {
+    unsafe {
+        crate::custom::cublas::cublasSetVector(n, elemSize, x, incx, devicePtr, incy)
+    }
+}
+///`cublasSetVectorAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetVectorAsync(
+    n: i32,
+    elemSize: i32,
+    hostPtr: *mut c_void,
+    incx: i32,
+    devicePtr: *mut c_void,
+    incy: i32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cublas::cublasSetVectorAsync(
+            n,
+            elemSize,
+            hostPtr,
+            incx,
+            devicePtr,
+            incy,
+            stream,
+        )
+    }
+}
+///`cublasSetVectorAsync_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetVectorAsync_64(
+    n: i64,
+    elemSize: i64,
+    hostPtr: *mut c_void,
+    incx: i64,
+    devicePtr: *mut c_void,
+    incy: i64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::custom::cublas::cublasSetVectorAsync_64(
+            n,
+            elemSize,
+            hostPtr,
+            incx,
+            devicePtr,
+            incy,
+            stream,
+        )
+    }
+}
+///`cublasSetVector_64` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSetVector_64(
+    n: i64,
+    elemSize: i64,
+    x: *mut c_void,
+    incx: i64,
+    devicePtr: *mut c_void,
+    incy: i64,
+) -> u32 {
+    unsafe {
+        crate::custom::cublas::cublasSetVector_64(n, elemSize, x, incx, devicePtr, incy)
     }
 }
 ///`cublasSetWorkspace_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).

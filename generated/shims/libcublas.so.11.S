@@ -1158,10 +1158,7 @@ cublasGetMatrix:
     .globl cublasGetMatrixAsync
     .type cublasGetMatrixAsync, @function
 cublasGetMatrixAsync:
-    leaq .Lname38(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMatrixAsync@PLT
     .size cublasGetMatrixAsync, .-cublasGetMatrixAsync
     .globl cublasGetPointerMode_v2
     .type cublasGetPointerMode_v2, @function
@@ -1171,7 +1168,7 @@ cublasGetPointerMode_v2:
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1179,7 +1176,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1207,15 +1204,12 @@ cublasGetVector:
     .globl cublasGetVectorAsync
     .type cublasGetVectorAsync, @function
 cublasGetVectorAsync:
-    leaq .Lname41(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVectorAsync@PLT
     .size cublasGetVectorAsync, .-cublasGetVectorAsync
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1223,7 +1217,7 @@ cublasGetVersion:
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1231,7 +1225,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1239,7 +1233,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1247,7 +1241,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1255,7 +1249,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1263,7 +1257,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1271,7 +1265,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1279,7 +1273,7 @@ cublasHgemmBatched:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1382,7 +1376,7 @@ cublasIzamin_v2:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1390,7 +1384,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1403,7 +1397,7 @@ cublasRotEx:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1411,7 +1405,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1419,7 +1413,7 @@ cublasRotmEx:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1447,7 +1441,7 @@ cublasSaxpy_v2:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1510,7 +1504,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1518,7 +1512,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1531,7 +1525,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1549,10 +1543,7 @@ cublasSetMatrix:
     .globl cublasSetMatrixAsync
     .type cublasSetMatrixAsync, @function
 cublasSetMatrixAsync:
-    leaq .Lname60(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetMatrixAsync@PLT
     .size cublasSetMatrixAsync, .-cublasSetMatrixAsync
     .globl cublasSetPointerMode_v2
     .type cublasSetPointerMode_v2, @function
@@ -1572,18 +1563,12 @@ cublasSetStream_v2:
     .globl cublasSetVector
     .type cublasSetVector, @function
 cublasSetVector:
-    leaq .Lname61(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVector@PLT
     .size cublasSetVector, .-cublasSetVector
     .globl cublasSetVectorAsync
     .type cublasSetVectorAsync, @function
 cublasSetVectorAsync:
-    leaq .Lname62(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVectorAsync@PLT
     .size cublasSetVectorAsync, .-cublasSetVectorAsync
     .globl cublasSetWorkspace_v2
     .type cublasSetWorkspace_v2, @function
@@ -1643,7 +1628,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1696,7 +1681,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1724,7 +1709,7 @@ cublasSrot_v2:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1737,7 +1722,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1745,7 +1730,7 @@ cublasSrotm:
     .globl cublasSrotm_v2
     .type cublasSrotm_v2, @function
 cublasSrotm_v2:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1753,7 +1738,7 @@ cublasSrotm_v2:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1761,7 +1746,7 @@ cublasSrotmg:
     .globl cublasSrotmg_v2
     .type cublasSrotmg_v2, @function
 cublasSrotmg_v2:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1789,7 +1774,7 @@ cublasSscal_v2:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1797,7 +1782,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1805,7 +1790,7 @@ cublasSspmv_v2:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1813,7 +1798,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1821,7 +1806,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1829,7 +1814,7 @@ cublasSspr2_v2:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1932,7 +1917,7 @@ cublasStbsv_v2:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1940,7 +1925,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1948,7 +1933,7 @@ cublasStpmv_v2:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1956,7 +1941,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1964,7 +1949,7 @@ cublasStpsv_v2:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2017,7 +2002,7 @@ cublasStrsv_v2:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2030,7 +2015,7 @@ cublasSwapEx:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2038,7 +2023,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2046,7 +2031,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2054,7 +2039,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2142,7 +2127,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2155,7 +2140,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2193,7 +2178,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2201,7 +2186,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2214,7 +2199,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2232,7 +2217,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2250,7 +2235,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2358,7 +2343,7 @@ cublasZaxpy_v2:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2381,7 +2366,7 @@ cublasZdgmm:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2394,7 +2379,7 @@ cublasZdotc_v2:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2477,7 +2462,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2620,7 +2605,7 @@ cublasZhpmv_v2:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2628,7 +2613,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2636,7 +2621,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2644,7 +2629,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2652,7 +2637,7 @@ cublasZhpr_v2:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2670,7 +2655,7 @@ cublasZrot_v2:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2843,7 +2828,7 @@ cublasZtrsv_v2:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2926,135 +2911,125 @@ cublasZtrttp:
 .Lname37:
     .asciz "cublasGetLoggerCallback"
 .Lname38:
-    .asciz "cublasGetMatrixAsync"
-.Lname39:
     .asciz "cublasGetProperty"
-.Lname40:
+.Lname39:
     .asciz "cublasGetSmCountTarget"
-.Lname41:
-    .asciz "cublasGetVectorAsync"
-.Lname42:
+.Lname40:
     .asciz "cublasGetVersion"
-.Lname43:
+.Lname41:
     .asciz "cublasGetVersion_v2"
-.Lname44:
+.Lname42:
     .asciz "cublasHSHgemvBatched"
-.Lname45:
+.Lname43:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname46:
+.Lname44:
     .asciz "cublasHSSgemvBatched"
-.Lname47:
+.Lname45:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname48:
+.Lname46:
     .asciz "cublasHgemm"
-.Lname49:
+.Lname47:
     .asciz "cublasHgemmBatched"
-.Lname50:
+.Lname48:
     .asciz "cublasHgemmStridedBatched"
-.Lname51:
+.Lname49:
     .asciz "cublasLoggerConfigure"
-.Lname52:
+.Lname50:
     .asciz "cublasNrm2Ex"
-.Lname53:
+.Lname51:
     .asciz "cublasRotgEx"
-.Lname54:
+.Lname52:
     .asciz "cublasRotmEx"
-.Lname55:
+.Lname53:
     .asciz "cublasRotmgEx"
-.Lname56:
+.Lname54:
     .asciz "cublasSbdmm"
-.Lname57:
+.Lname55:
     .asciz "cublasSetBackdoor"
-.Lname58:
+.Lname56:
     .asciz "cublasSetBackdoorEx"
-.Lname59:
+.Lname57:
     .asciz "cublasSetLoggerCallback"
-.Lname60:
-    .asciz "cublasSetMatrixAsync"
-.Lname61:
-    .asciz "cublasSetVector"
-.Lname62:
-    .asciz "cublasSetVectorAsync"
-.Lname63:
+.Lname58:
     .asciz "cublasSgemvBatched"
-.Lname64:
+.Lname59:
     .asciz "cublasSmatinvBatched"
-.Lname65:
+.Lname60:
     .asciz "cublasSrotg"
-.Lname66:
+.Lname61:
     .asciz "cublasSrotm"
-.Lname67:
+.Lname62:
     .asciz "cublasSrotm_v2"
-.Lname68:
+.Lname63:
     .asciz "cublasSrotmg"
-.Lname69:
+.Lname64:
     .asciz "cublasSrotmg_v2"
-.Lname70:
+.Lname65:
     .asciz "cublasSspmv"
-.Lname71:
+.Lname66:
     .asciz "cublasSspmv_v2"
-.Lname72:
+.Lname67:
     .asciz "cublasSspr"
-.Lname73:
+.Lname68:
     .asciz "cublasSspr2"
-.Lname74:
+.Lname69:
     .asciz "cublasSspr2_v2"
-.Lname75:
+.Lname70:
     .asciz "cublasSspr_v2"
-.Lname76:
+.Lname71:
     .asciz "cublasStpmv"
-.Lname77:
+.Lname72:
     .asciz "cublasStpmv_v2"
-.Lname78:
+.Lname73:
     .asciz "cublasStpsv"
-.Lname79:
+.Lname74:
     .asciz "cublasStpsv_v2"
-.Lname80:
+.Lname75:
     .asciz "cublasStpttr"
-.Lname81:
+.Lname76:
     .asciz "cublasStrttp"
-.Lname82:
+.Lname77:
     .asciz "cublasTSSgemvBatched"
-.Lname83:
+.Lname78:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname84:
+.Lname79:
     .asciz "cublasTSTgemvBatched"
-.Lname85:
+.Lname80:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname86:
+.Lname81:
     .asciz "cublasXtDeviceSelect"
-.Lname87:
+.Lname82:
     .asciz "cublasXtDspmm"
-.Lname88:
+.Lname83:
     .asciz "cublasXtGetBlockDim"
-.Lname89:
+.Lname84:
     .asciz "cublasXtGetNumBoards"
-.Lname90:
+.Lname85:
     .asciz "cublasXtMaxBoards"
-.Lname91:
+.Lname86:
     .asciz "cublasXtSetCpuRoutine"
-.Lname92:
+.Lname87:
     .asciz "cublasXtSspmm"
-.Lname93:
+.Lname88:
     .asciz "cublasZbdmm"
-.Lname94:
+.Lname89:
     .asciz "cublasZdotc"
-.Lname95:
+.Lname90:
     .asciz "cublasZdotu"
-.Lname96:
+.Lname91:
     .asciz "cublasZgemvBatched"
-.Lname97:
+.Lname92:
     .asciz "cublasZhpr"
-.Lname98:
+.Lname93:
     .asciz "cublasZhpr2"
-.Lname99:
+.Lname94:
     .asciz "cublasZhpr2_v2"
-.Lname100:
+.Lname95:
     .asciz "cublasZhpr_v2"
-.Lname101:
+.Lname96:
     .asciz "cublasZmatinvBatched"
-.Lname102:
+.Lname97:
     .asciz "cublasZrotg"
-.Lname103:
+.Lname98:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

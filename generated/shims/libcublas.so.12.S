@@ -1754,10 +1754,7 @@ cublasGetMatrix:
     .globl cublasGetMatrixAsync
     .type cublasGetMatrixAsync, @function
 cublasGetMatrixAsync:
-    leaq .Lname55(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMatrixAsync@PLT
     .size cublasGetMatrixAsync, .-cublasGetMatrixAsync
     .globl cublasGetMatrixAsync_64
     .type cublasGetMatrixAsync_64, @function
@@ -1777,7 +1774,7 @@ cublasGetPointerMode_v2:
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1785,7 +1782,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1813,18 +1810,12 @@ cublasGetVector:
     .globl cublasGetVectorAsync
     .type cublasGetVectorAsync, @function
 cublasGetVectorAsync:
-    leaq .Lname58(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVectorAsync@PLT
     .size cublasGetVectorAsync, .-cublasGetVectorAsync
     .globl cublasGetVectorAsync_64
     .type cublasGetVectorAsync_64, @function
 cublasGetVectorAsync_64:
-    leaq .Lname59(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVectorAsync_64@PLT
     .size cublasGetVectorAsync_64, .-cublasGetVectorAsync_64
     .globl cublasGetVector_64
     .type cublasGetVector_64, @function
@@ -1834,7 +1825,7 @@ cublasGetVector_64:
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1842,7 +1833,7 @@ cublasGetVersion:
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1850,7 +1841,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1858,7 +1849,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1866,7 +1857,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1874,7 +1865,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1882,7 +1873,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1890,7 +1881,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1898,7 +1889,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1906,7 +1897,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1914,7 +1905,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1922,7 +1913,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1930,7 +1921,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1938,7 +1929,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1946,7 +1937,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1954,7 +1945,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2107,7 +2098,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2115,7 +2106,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2123,7 +2114,7 @@ cublasNrm2Ex:
     .globl cublasNrm2Ex_64
     .type cublasNrm2Ex_64, @function
 cublasNrm2Ex_64:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2141,7 +2132,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2149,7 +2140,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2157,7 +2148,7 @@ cublasRotmEx:
     .globl cublasRotmEx_64
     .type cublasRotmEx_64, @function
 cublasRotmEx_64:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2165,7 +2156,7 @@ cublasRotmEx_64:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2203,7 +2194,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2296,7 +2287,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2304,7 +2295,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2317,7 +2308,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2335,10 +2326,7 @@ cublasSetMatrix:
     .globl cublasSetMatrixAsync
     .type cublasSetMatrixAsync, @function
 cublasSetMatrixAsync:
-    leaq .Lname87(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetMatrixAsync@PLT
     .size cublasSetMatrixAsync, .-cublasSetMatrixAsync
     .globl cublasSetMatrixAsync_64
     .type cublasSetMatrixAsync_64, @function
@@ -2368,34 +2356,22 @@ cublasSetStream_v2:
     .globl cublasSetVector
     .type cublasSetVector, @function
 cublasSetVector:
-    leaq .Lname88(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVector@PLT
     .size cublasSetVector, .-cublasSetVector
     .globl cublasSetVectorAsync
     .type cublasSetVectorAsync, @function
 cublasSetVectorAsync:
-    leaq .Lname89(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVectorAsync@PLT
     .size cublasSetVectorAsync, .-cublasSetVectorAsync
     .globl cublasSetVectorAsync_64
     .type cublasSetVectorAsync_64, @function
 cublasSetVectorAsync_64:
-    leaq .Lname90(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVectorAsync_64@PLT
     .size cublasSetVectorAsync_64, .-cublasSetVectorAsync_64
     .globl cublasSetVector_64
     .type cublasSetVector_64, @function
 cublasSetVector_64:
-    leaq .Lname91(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVector_64@PLT
     .size cublasSetVector_64, .-cublasSetVector_64
     .globl cublasSetWorkspace_v2
     .type cublasSetWorkspace_v2, @function
@@ -2460,7 +2436,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2468,7 +2444,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2501,7 +2477,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2509,7 +2485,7 @@ cublasSgemvBatched:
     .globl cublasSgemvBatched_64
     .type cublasSgemvBatched_64, @function
 cublasSgemvBatched_64:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2577,7 +2553,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2615,7 +2591,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2628,7 +2604,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2636,7 +2612,7 @@ cublasSrotm:
     .globl cublasSrotm_v2
     .type cublasSrotm_v2, @function
 cublasSrotm_v2:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2644,7 +2620,7 @@ cublasSrotm_v2:
     .globl cublasSrotm_v2_64
     .type cublasSrotm_v2_64, @function
 cublasSrotm_v2_64:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2652,7 +2628,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2660,7 +2636,7 @@ cublasSrotmg:
     .globl cublasSrotmg_v2
     .type cublasSrotmg_v2, @function
 cublasSrotmg_v2:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2698,7 +2674,7 @@ cublasSscal_v2_64:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2706,7 +2682,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2714,7 +2690,7 @@ cublasSspmv_v2:
     .globl cublasSspmv_v2_64
     .type cublasSspmv_v2_64, @function
 cublasSspmv_v2_64:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2722,7 +2698,7 @@ cublasSspmv_v2_64:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2730,7 +2706,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2738,7 +2714,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2746,7 +2722,7 @@ cublasSspr2_v2:
     .globl cublasSspr2_v2_64
     .type cublasSspr2_v2_64, @function
 cublasSspr2_v2_64:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2754,7 +2730,7 @@ cublasSspr2_v2_64:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2762,7 +2738,7 @@ cublasSspr_v2:
     .globl cublasSspr_v2_64
     .type cublasSspr_v2_64, @function
 cublasSspr_v2_64:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2915,7 +2891,7 @@ cublasStbsv_v2_64:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2923,7 +2899,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2931,7 +2907,7 @@ cublasStpmv_v2:
     .globl cublasStpmv_v2_64
     .type cublasStpmv_v2_64, @function
 cublasStpmv_v2_64:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2939,7 +2915,7 @@ cublasStpmv_v2_64:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2947,7 +2923,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2955,7 +2931,7 @@ cublasStpsv_v2:
     .globl cublasStpsv_v2_64
     .type cublasStpsv_v2_64, @function
 cublasStpsv_v2_64:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2963,7 +2939,7 @@ cublasStpsv_v2_64:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3041,7 +3017,7 @@ cublasStrsv_v2_64:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3059,7 +3035,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3067,7 +3043,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3075,7 +3051,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3083,7 +3059,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3091,7 +3067,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3099,7 +3075,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3107,7 +3083,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3115,7 +3091,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3203,7 +3179,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3216,7 +3192,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3254,7 +3230,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3262,7 +3238,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3275,7 +3251,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3293,7 +3269,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3311,7 +3287,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3424,7 +3400,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3457,7 +3433,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3475,7 +3451,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3603,7 +3579,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3611,7 +3587,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3819,7 +3795,7 @@ cublasZhpmv_v2_64:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3827,7 +3803,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3835,7 +3811,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3843,7 +3819,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr2_v2_64
     .type cublasZhpr2_v2_64, @function
 cublasZhpr2_v2_64:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3851,7 +3827,7 @@ cublasZhpr2_v2_64:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3859,7 +3835,7 @@ cublasZhpr_v2:
     .globl cublasZhpr_v2_64
     .type cublasZhpr_v2_64, @function
 cublasZhpr_v2_64:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3867,7 +3843,7 @@ cublasZhpr_v2_64:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3890,7 +3866,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4153,7 +4129,7 @@ cublasZtrsv_v2_64:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4270,191 +4246,175 @@ cublasZtrttp:
 .Lname54:
     .asciz "cublasGetLoggerCallback"
 .Lname55:
-    .asciz "cublasGetMatrixAsync"
-.Lname56:
     .asciz "cublasGetProperty"
-.Lname57:
+.Lname56:
     .asciz "cublasGetSmCountTarget"
-.Lname58:
-    .asciz "cublasGetVectorAsync"
-.Lname59:
-    .asciz "cublasGetVectorAsync_64"
-.Lname60:
+.Lname57:
     .asciz "cublasGetVersion"
-.Lname61:
+.Lname58:
     .asciz "cublasGetVersion_v2"
-.Lname62:
+.Lname59:
     .asciz "cublasHSHgemvBatched"
-.Lname63:
+.Lname60:
     .asciz "cublasHSHgemvBatched_64"
-.Lname64:
+.Lname61:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname65:
+.Lname62:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname66:
+.Lname63:
     .asciz "cublasHSSgemvBatched"
-.Lname67:
+.Lname64:
     .asciz "cublasHSSgemvBatched_64"
-.Lname68:
+.Lname65:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname69:
+.Lname66:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname70:
+.Lname67:
     .asciz "cublasHgemm"
-.Lname71:
+.Lname68:
     .asciz "cublasHgemmBatched"
-.Lname72:
+.Lname69:
     .asciz "cublasHgemmBatched_64"
-.Lname73:
+.Lname70:
     .asciz "cublasHgemmStridedBatched"
-.Lname74:
+.Lname71:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname75:
+.Lname72:
     .asciz "cublasHgemm_64"
-.Lname76:
+.Lname73:
     .asciz "cublasLoggerConfigure"
-.Lname77:
+.Lname74:
     .asciz "cublasNrm2Ex"
-.Lname78:
+.Lname75:
     .asciz "cublasNrm2Ex_64"
-.Lname79:
+.Lname76:
     .asciz "cublasRotgEx"
-.Lname80:
+.Lname77:
     .asciz "cublasRotmEx"
-.Lname81:
+.Lname78:
     .asciz "cublasRotmEx_64"
-.Lname82:
+.Lname79:
     .asciz "cublasRotmgEx"
-.Lname83:
+.Lname80:
     .asciz "cublasSbdmm"
-.Lname84:
+.Lname81:
     .asciz "cublasSetBackdoor"
-.Lname85:
+.Lname82:
     .asciz "cublasSetBackdoorEx"
-.Lname86:
+.Lname83:
     .asciz "cublasSetLoggerCallback"
-.Lname87:
-    .asciz "cublasSetMatrixAsync"
-.Lname88:
-    .asciz "cublasSetVector"
-.Lname89:
-    .asciz "cublasSetVectorAsync"
-.Lname90:
-    .asciz "cublasSetVectorAsync_64"
-.Lname91:
-    .asciz "cublasSetVector_64"
-.Lname92:
+.Lname84:
     .asciz "cublasSgemmGroupedBatched"
-.Lname93:
+.Lname85:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname94:
+.Lname86:
     .asciz "cublasSgemvBatched"
-.Lname95:
+.Lname87:
     .asciz "cublasSgemvBatched_64"
-.Lname96:
+.Lname88:
     .asciz "cublasSmatinvBatched"
-.Lname97:
+.Lname89:
     .asciz "cublasSrotg"
-.Lname98:
+.Lname90:
     .asciz "cublasSrotm"
-.Lname99:
+.Lname91:
     .asciz "cublasSrotm_v2"
-.Lname100:
+.Lname92:
     .asciz "cublasSrotm_v2_64"
-.Lname101:
+.Lname93:
     .asciz "cublasSrotmg"
-.Lname102:
+.Lname94:
     .asciz "cublasSrotmg_v2"
-.Lname103:
+.Lname95:
     .asciz "cublasSspmv"
-.Lname104:
+.Lname96:
     .asciz "cublasSspmv_v2"
-.Lname105:
+.Lname97:
     .asciz "cublasSspmv_v2_64"
-.Lname106:
+.Lname98:
     .asciz "cublasSspr"
-.Lname107:
+.Lname99:
     .asciz "cublasSspr2"
-.Lname108:
+.Lname100:
     .asciz "cublasSspr2_v2"
-.Lname109:
+.Lname101:
     .asciz "cublasSspr2_v2_64"
-.Lname110:
+.Lname102:
     .asciz "cublasSspr_v2"
-.Lname111:
+.Lname103:
     .asciz "cublasSspr_v2_64"
-.Lname112:
+.Lname104:
     .asciz "cublasStpmv"
-.Lname113:
+.Lname105:
     .asciz "cublasStpmv_v2"
-.Lname114:
+.Lname106:
     .asciz "cublasStpmv_v2_64"
-.Lname115:
+.Lname107:
     .asciz "cublasStpsv"
-.Lname116:
+.Lname108:
     .asciz "cublasStpsv_v2"
-.Lname117:
+.Lname109:
     .asciz "cublasStpsv_v2_64"
-.Lname118:
+.Lname110:
     .asciz "cublasStpttr"
-.Lname119:
+.Lname111:
     .asciz "cublasStrttp"
-.Lname120:
+.Lname112:
     .asciz "cublasTSSgemvBatched"
-.Lname121:
+.Lname113:
     .asciz "cublasTSSgemvBatched_64"
-.Lname122:
+.Lname114:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname123:
+.Lname115:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname124:
+.Lname116:
     .asciz "cublasTSTgemvBatched"
-.Lname125:
+.Lname117:
     .asciz "cublasTSTgemvBatched_64"
-.Lname126:
+.Lname118:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname127:
+.Lname119:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname128:
+.Lname120:
     .asciz "cublasXtDeviceSelect"
-.Lname129:
+.Lname121:
     .asciz "cublasXtDspmm"
-.Lname130:
+.Lname122:
     .asciz "cublasXtGetBlockDim"
-.Lname131:
+.Lname123:
     .asciz "cublasXtGetNumBoards"
-.Lname132:
+.Lname124:
     .asciz "cublasXtMaxBoards"
-.Lname133:
+.Lname125:
     .asciz "cublasXtSetCpuRoutine"
-.Lname134:
+.Lname126:
     .asciz "cublasXtSspmm"
-.Lname135:
+.Lname127:
     .asciz "cublasZbdmm"
-.Lname136:
+.Lname128:
     .asciz "cublasZdotc"
-.Lname137:
+.Lname129:
     .asciz "cublasZdotu"
-.Lname138:
+.Lname130:
     .asciz "cublasZgemvBatched"
-.Lname139:
+.Lname131:
     .asciz "cublasZgemvBatched_64"
-.Lname140:
+.Lname132:
     .asciz "cublasZhpr"
-.Lname141:
+.Lname133:
     .asciz "cublasZhpr2"
-.Lname142:
+.Lname134:
     .asciz "cublasZhpr2_v2"
-.Lname143:
+.Lname135:
     .asciz "cublasZhpr2_v2_64"
-.Lname144:
+.Lname136:
     .asciz "cublasZhpr_v2"
-.Lname145:
+.Lname137:
     .asciz "cublasZhpr_v2_64"
-.Lname146:
+.Lname138:
     .asciz "cublasZmatinvBatched"
-.Lname147:
+.Lname139:
     .asciz "cublasZrotg"
-.Lname148:
+.Lname140:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

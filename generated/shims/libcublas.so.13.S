@@ -1810,10 +1810,7 @@ cublasGetMatrix:
     .globl cublasGetMatrixAsync
     .type cublasGetMatrixAsync, @function
 cublasGetMatrixAsync:
-    leaq .Lname62(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetMatrixAsync@PLT
     .size cublasGetMatrixAsync, .-cublasGetMatrixAsync
     .globl cublasGetMatrixAsync_64
     .type cublasGetMatrixAsync_64, @function
@@ -1833,7 +1830,7 @@ cublasGetPointerMode_v2:
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1841,7 +1838,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1869,18 +1866,12 @@ cublasGetVector:
     .globl cublasGetVectorAsync
     .type cublasGetVectorAsync, @function
 cublasGetVectorAsync:
-    leaq .Lname65(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVectorAsync@PLT
     .size cublasGetVectorAsync, .-cublasGetVectorAsync
     .globl cublasGetVectorAsync_64
     .type cublasGetVectorAsync_64, @function
 cublasGetVectorAsync_64:
-    leaq .Lname66(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasGetVectorAsync_64@PLT
     .size cublasGetVectorAsync_64, .-cublasGetVectorAsync_64
     .globl cublasGetVector_64
     .type cublasGetVector_64, @function
@@ -1890,7 +1881,7 @@ cublasGetVector_64:
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1898,7 +1889,7 @@ cublasGetVersion:
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1906,7 +1897,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1914,7 +1905,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1922,7 +1913,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1930,7 +1921,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1938,7 +1929,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1946,7 +1937,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1954,7 +1945,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1962,7 +1953,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1970,7 +1961,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1978,7 +1969,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1986,7 +1977,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1994,7 +1985,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2002,7 +1993,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2010,7 +2001,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2163,7 +2154,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2171,7 +2162,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2179,7 +2170,7 @@ cublasNrm2Ex:
     .globl cublasNrm2Ex_64
     .type cublasNrm2Ex_64, @function
 cublasNrm2Ex_64:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2197,7 +2188,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2205,7 +2196,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2213,7 +2204,7 @@ cublasRotmEx:
     .globl cublasRotmEx_64
     .type cublasRotmEx_64, @function
 cublasRotmEx_64:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2221,7 +2212,7 @@ cublasRotmEx_64:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2259,7 +2250,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2352,7 +2343,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2360,7 +2351,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2378,7 +2369,7 @@ cublasSetEmulationStrategy:
     .globl cublasSetEnvironmentMode
     .type cublasSetEnvironmentMode, @function
 cublasSetEnvironmentMode:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2386,7 +2377,7 @@ cublasSetEnvironmentMode:
     .globl cublasSetFixedPointEmulationMantissaBitCountPointer
     .type cublasSetFixedPointEmulationMantissaBitCountPointer, @function
 cublasSetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2414,7 +2405,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2432,10 +2423,7 @@ cublasSetMatrix:
     .globl cublasSetMatrixAsync
     .type cublasSetMatrixAsync, @function
 cublasSetMatrixAsync:
-    leaq .Lname96(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetMatrixAsync@PLT
     .size cublasSetMatrixAsync, .-cublasSetMatrixAsync
     .globl cublasSetMatrixAsync_64
     .type cublasSetMatrixAsync_64, @function
@@ -2465,34 +2453,22 @@ cublasSetStream_v2:
     .globl cublasSetVector
     .type cublasSetVector, @function
 cublasSetVector:
-    leaq .Lname97(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVector@PLT
     .size cublasSetVector, .-cublasSetVector
     .globl cublasSetVectorAsync
     .type cublasSetVectorAsync, @function
 cublasSetVectorAsync:
-    leaq .Lname98(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVectorAsync@PLT
     .size cublasSetVectorAsync, .-cublasSetVectorAsync
     .globl cublasSetVectorAsync_64
     .type cublasSetVectorAsync_64, @function
 cublasSetVectorAsync_64:
-    leaq .Lname99(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVectorAsync_64@PLT
     .size cublasSetVectorAsync_64, .-cublasSetVectorAsync_64
     .globl cublasSetVector_64
     .type cublasSetVector_64, @function
 cublasSetVector_64:
-    leaq .Lname100(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasSetVector_64@PLT
     .size cublasSetVector_64, .-cublasSetVector_64
     .globl cublasSetWorkspace_v2
     .type cublasSetWorkspace_v2, @function
@@ -2557,7 +2533,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2565,7 +2541,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2598,7 +2574,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2606,7 +2582,7 @@ cublasSgemvBatched:
     .globl cublasSgemvBatched_64
     .type cublasSgemvBatched_64, @function
 cublasSgemvBatched_64:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2674,7 +2650,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2712,7 +2688,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2725,7 +2701,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2733,7 +2709,7 @@ cublasSrotm:
     .globl cublasSrotm_v2
     .type cublasSrotm_v2, @function
 cublasSrotm_v2:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2741,7 +2717,7 @@ cublasSrotm_v2:
     .globl cublasSrotm_v2_64
     .type cublasSrotm_v2_64, @function
 cublasSrotm_v2_64:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2749,7 +2725,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2757,7 +2733,7 @@ cublasSrotmg:
     .globl cublasSrotmg_v2
     .type cublasSrotmg_v2, @function
 cublasSrotmg_v2:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2795,7 +2771,7 @@ cublasSscal_v2_64:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2803,7 +2779,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2811,7 +2787,7 @@ cublasSspmv_v2:
     .globl cublasSspmv_v2_64
     .type cublasSspmv_v2_64, @function
 cublasSspmv_v2_64:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2819,7 +2795,7 @@ cublasSspmv_v2_64:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2827,7 +2803,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2835,7 +2811,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2843,7 +2819,7 @@ cublasSspr2_v2:
     .globl cublasSspr2_v2_64
     .type cublasSspr2_v2_64, @function
 cublasSspr2_v2_64:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2851,7 +2827,7 @@ cublasSspr2_v2_64:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2859,7 +2835,7 @@ cublasSspr_v2:
     .globl cublasSspr_v2_64
     .type cublasSspr_v2_64, @function
 cublasSspr_v2_64:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3012,7 +2988,7 @@ cublasStbsv_v2_64:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3020,7 +2996,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3028,7 +3004,7 @@ cublasStpmv_v2:
     .globl cublasStpmv_v2_64
     .type cublasStpmv_v2_64, @function
 cublasStpmv_v2_64:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3036,7 +3012,7 @@ cublasStpmv_v2_64:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3044,7 +3020,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3052,7 +3028,7 @@ cublasStpsv_v2:
     .globl cublasStpsv_v2_64
     .type cublasStpsv_v2_64, @function
 cublasStpsv_v2_64:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3060,7 +3036,7 @@ cublasStpsv_v2_64:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3138,7 +3114,7 @@ cublasStrsv_v2_64:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3156,7 +3132,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3164,7 +3140,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3172,7 +3148,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3180,7 +3156,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3188,7 +3164,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3196,7 +3172,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3204,7 +3180,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3212,7 +3188,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3300,7 +3276,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3313,7 +3289,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3351,7 +3327,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3359,7 +3335,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3372,7 +3348,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3390,7 +3366,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3408,7 +3384,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3521,7 +3497,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3554,7 +3530,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3572,7 +3548,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3700,7 +3676,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3708,7 +3684,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3916,7 +3892,7 @@ cublasZhpmv_v2_64:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3924,7 +3900,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3932,7 +3908,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3940,7 +3916,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr2_v2_64
     .type cublasZhpr2_v2_64, @function
 cublasZhpr2_v2_64:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3948,7 +3924,7 @@ cublasZhpr2_v2_64:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3956,7 +3932,7 @@ cublasZhpr_v2:
     .globl cublasZhpr_v2_64
     .type cublasZhpr_v2_64, @function
 cublasZhpr_v2_64:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3964,7 +3940,7 @@ cublasZhpr_v2_64:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3987,7 +3963,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4250,7 +4226,7 @@ cublasZtrsv_v2_64:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4381,195 +4357,179 @@ cublasZtrttp:
 .Lname61:
     .asciz "cublasGetLoggerCallback"
 .Lname62:
-    .asciz "cublasGetMatrixAsync"
-.Lname63:
     .asciz "cublasGetProperty"
-.Lname64:
+.Lname63:
     .asciz "cublasGetSmCountTarget"
-.Lname65:
-    .asciz "cublasGetVectorAsync"
-.Lname66:
-    .asciz "cublasGetVectorAsync_64"
-.Lname67:
+.Lname64:
     .asciz "cublasGetVersion"
-.Lname68:
+.Lname65:
     .asciz "cublasGetVersion_v2"
-.Lname69:
+.Lname66:
     .asciz "cublasHSHgemvBatched"
-.Lname70:
+.Lname67:
     .asciz "cublasHSHgemvBatched_64"
-.Lname71:
+.Lname68:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname72:
+.Lname69:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname73:
+.Lname70:
     .asciz "cublasHSSgemvBatched"
-.Lname74:
+.Lname71:
     .asciz "cublasHSSgemvBatched_64"
-.Lname75:
+.Lname72:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname76:
+.Lname73:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname77:
+.Lname74:
     .asciz "cublasHgemm"
-.Lname78:
+.Lname75:
     .asciz "cublasHgemmBatched"
-.Lname79:
+.Lname76:
     .asciz "cublasHgemmBatched_64"
-.Lname80:
+.Lname77:
     .asciz "cublasHgemmStridedBatched"
-.Lname81:
+.Lname78:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname82:
+.Lname79:
     .asciz "cublasHgemm_64"
-.Lname83:
+.Lname80:
     .asciz "cublasLoggerConfigure"
-.Lname84:
+.Lname81:
     .asciz "cublasNrm2Ex"
-.Lname85:
+.Lname82:
     .asciz "cublasNrm2Ex_64"
-.Lname86:
+.Lname83:
     .asciz "cublasRotgEx"
-.Lname87:
+.Lname84:
     .asciz "cublasRotmEx"
-.Lname88:
+.Lname85:
     .asciz "cublasRotmEx_64"
-.Lname89:
+.Lname86:
     .asciz "cublasRotmgEx"
-.Lname90:
+.Lname87:
     .asciz "cublasSbdmm"
-.Lname91:
+.Lname88:
     .asciz "cublasSetBackdoor"
-.Lname92:
+.Lname89:
     .asciz "cublasSetBackdoorEx"
-.Lname93:
+.Lname90:
     .asciz "cublasSetEnvironmentMode"
-.Lname94:
+.Lname91:
     .asciz "cublasSetFixedPointEmulationMantissaBitCountPointer"
-.Lname95:
+.Lname92:
     .asciz "cublasSetLoggerCallback"
-.Lname96:
-    .asciz "cublasSetMatrixAsync"
-.Lname97:
-    .asciz "cublasSetVector"
-.Lname98:
-    .asciz "cublasSetVectorAsync"
-.Lname99:
-    .asciz "cublasSetVectorAsync_64"
-.Lname100:
-    .asciz "cublasSetVector_64"
-.Lname101:
+.Lname93:
     .asciz "cublasSgemmGroupedBatched"
-.Lname102:
+.Lname94:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname103:
+.Lname95:
     .asciz "cublasSgemvBatched"
-.Lname104:
+.Lname96:
     .asciz "cublasSgemvBatched_64"
-.Lname105:
+.Lname97:
     .asciz "cublasSmatinvBatched"
-.Lname106:
+.Lname98:
     .asciz "cublasSrotg"
-.Lname107:
+.Lname99:
     .asciz "cublasSrotm"
-.Lname108:
+.Lname100:
     .asciz "cublasSrotm_v2"
-.Lname109:
+.Lname101:
     .asciz "cublasSrotm_v2_64"
-.Lname110:
+.Lname102:
     .asciz "cublasSrotmg"
-.Lname111:
+.Lname103:
     .asciz "cublasSrotmg_v2"
-.Lname112:
+.Lname104:
     .asciz "cublasSspmv"
-.Lname113:
+.Lname105:
     .asciz "cublasSspmv_v2"
-.Lname114:
+.Lname106:
     .asciz "cublasSspmv_v2_64"
-.Lname115:
+.Lname107:
     .asciz "cublasSspr"
-.Lname116:
+.Lname108:
     .asciz "cublasSspr2"
-.Lname117:
+.Lname109:
     .asciz "cublasSspr2_v2"
-.Lname118:
+.Lname110:
     .asciz "cublasSspr2_v2_64"
-.Lname119:
+.Lname111:
     .asciz "cublasSspr_v2"
-.Lname120:
+.Lname112:
     .asciz "cublasSspr_v2_64"
-.Lname121:
+.Lname113:
     .asciz "cublasStpmv"
-.Lname122:
+.Lname114:
     .asciz "cublasStpmv_v2"
-.Lname123:
+.Lname115:
     .asciz "cublasStpmv_v2_64"
-.Lname124:
+.Lname116:
     .asciz "cublasStpsv"
-.Lname125:
+.Lname117:
     .asciz "cublasStpsv_v2"
-.Lname126:
+.Lname118:
     .asciz "cublasStpsv_v2_64"
-.Lname127:
+.Lname119:
     .asciz "cublasStpttr"
-.Lname128:
+.Lname120:
     .asciz "cublasStrttp"
-.Lname129:
+.Lname121:
     .asciz "cublasTSSgemvBatched"
-.Lname130:
+.Lname122:
     .asciz "cublasTSSgemvBatched_64"
-.Lname131:
+.Lname123:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname132:
+.Lname124:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname133:
+.Lname125:
     .asciz "cublasTSTgemvBatched"
-.Lname134:
+.Lname126:
     .asciz "cublasTSTgemvBatched_64"
-.Lname135:
+.Lname127:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname136:
+.Lname128:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname137:
+.Lname129:
     .asciz "cublasXtDeviceSelect"
-.Lname138:
+.Lname130:
     .asciz "cublasXtDspmm"
-.Lname139:
+.Lname131:
     .asciz "cublasXtGetBlockDim"
-.Lname140:
+.Lname132:
     .asciz "cublasXtGetNumBoards"
-.Lname141:
+.Lname133:
     .asciz "cublasXtMaxBoards"
-.Lname142:
+.Lname134:
     .asciz "cublasXtSetCpuRoutine"
-.Lname143:
+.Lname135:
     .asciz "cublasXtSspmm"
-.Lname144:
+.Lname136:
     .asciz "cublasZbdmm"
-.Lname145:
+.Lname137:
     .asciz "cublasZdotc"
-.Lname146:
+.Lname138:
     .asciz "cublasZdotu"
-.Lname147:
+.Lname139:
     .asciz "cublasZgemvBatched"
-.Lname148:
+.Lname140:
     .asciz "cublasZgemvBatched_64"
-.Lname149:
+.Lname141:
     .asciz "cublasZhpr"
-.Lname150:
+.Lname142:
     .asciz "cublasZhpr2"
-.Lname151:
+.Lname143:
     .asciz "cublasZhpr2_v2"
-.Lname152:
+.Lname144:
     .asciz "cublasZhpr2_v2_64"
-.Lname153:
+.Lname145:
     .asciz "cublasZhpr_v2"
-.Lname154:
+.Lname146:
     .asciz "cublasZhpr_v2_64"
-.Lname155:
+.Lname147:
     .asciz "cublasZmatinvBatched"
-.Lname156:
+.Lname148:
     .asciz "cublasZrotg"
-.Lname157:
+.Lname149:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

@@ -260,6 +260,22 @@ impl Backend for Emulated {
                         self.copy(a[0], device(0), a[1], device(1), a[2])
                     }
                 }
+                // Row by row; the wire form says which side is the GPU's.
+                ("cudart", "cudaMemcpy2D" | "cudaMemcpy2DAsync") => {
+                    let (dst, dpitch, src, spitch, width, height) = (a[0], a[1], a[2], a[3], a[4], a[5]);
+                    let mut status = if width > dpitch || width > spitch { INVALID_VALUE } else { SUCCESS };
+                    for r in 0..height {
+                        let at = |base: u64, pitch: u64| r.checked_mul(pitch).and_then(|o| base.checked_add(o));
+                        let (Some(d), Some(s)) = (at(dst, dpitch), at(src, spitch)) else {
+                            status = INVALID_VALUE;
+                            break;
+                        };
+                        if status == SUCCESS {
+                            status = self.copy(d, device(0), s, device(2), width);
+                        }
+                    }
+                    status
+                }
                 ("driver", "cuMemcpyHtoD_v2" | "cuMemcpyHtoDAsync_v2") => self.copy(a[0], true, a[1], false, a[2]),
                 ("driver", "cuMemcpyDtoH_v2" | "cuMemcpyDtoHAsync_v2") => self.copy(a[0], false, a[1], true, a[2]),
                 ("driver", "cuMemcpyDtoD_v2" | "cuMemcpyDtoDAsync_v2" | "cuMemcpy" | "cuMemcpyAsync") => {

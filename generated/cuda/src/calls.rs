@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 10717261678462723518u64;
+pub const SCHEMA_HASH: u64 = 2020140531312625123u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2251usize] = [
+pub static FUNCTIONS: [&str; 2243usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -268,13 +268,8 @@ pub static FUNCTIONS: [&str; 2251usize] = [
     "cublasGetCudartVersion",
     "cublasGetError",
     "cublasGetMathMode",
-    "cublasGetMatrix",
-    "cublasGetMatrixAsync_64",
-    "cublasGetMatrix_64",
     "cublasGetPointerMode_v2",
     "cublasGetStream_v2",
-    "cublasGetVector",
-    "cublasGetVector_64",
     "cublasIamaxEx",
     "cublasIamaxEx_64",
     "cublasIaminEx",
@@ -336,9 +331,6 @@ pub static FUNCTIONS: [&str; 2251usize] = [
     "cublasSetFixedPointEmulationMaxMantissaBitCount",
     "cublasSetKernelStream",
     "cublasSetMathMode",
-    "cublasSetMatrix",
-    "cublasSetMatrixAsync_64",
-    "cublasSetMatrix_64",
     "cublasSetPointerMode_v2",
     "cublasSetSmCountTarget",
     "cublasSetStream_v2",
@@ -2260,15 +2252,7 @@ pub static FUNCTIONS: [&str; 2251usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2251usize] = [
-    "cublas",
-    "cublas",
-    "cublas",
-    "cublas",
-    "cublas",
-    "cublas",
-    "cublas",
-    "cublas",
+pub static LIBRARY_OF: [&str; 2243usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -5355,13 +5339,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublas::cublasGetCudartVersion,
     &cublas::cublasGetError,
     &cublas::cublasGetMathMode__call,
-    &cublas::cublasGetMatrix,
-    &cublas::cublasGetMatrixAsync_64,
-    &cublas::cublasGetMatrix_64,
     &cublas::cublasGetPointerMode_v2,
     &cublas::cublasGetStream_v2,
-    &cublas::cublasGetVector,
-    &cublas::cublasGetVector_64,
     &cublas::cublasIamaxEx,
     &cublas::cublasIamaxEx_64,
     &cublas::cublasIaminEx,
@@ -5423,9 +5402,6 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublas::cublasSetFixedPointEmulationMaxMantissaBitCount,
     &cublas::cublasSetKernelStream,
     &cublas::cublasSetMathMode__call,
-    &cublas::cublasSetMatrix,
-    &cublas::cublasSetMatrixAsync_64,
-    &cublas::cublasSetMatrix_64,
     &cublas::cublasSetPointerMode_v2__call,
     &cublas::cublasSetSmCountTarget,
     &cublas::cublasSetStream_v2,
@@ -21025,136 +21001,9 @@ pub mod cublas {
         },
         only_waits: false,
     };
-    pub static cublasGetMatrix: CallDesc = CallDesc {
+    pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
         wire: 840u32,
         call: 819u32,
-        name: "cublasGetMatrix",
-        form: None,
-        library: "cublas",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 15i64,
-            unavailable: 1i64,
-            invalid_handle: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cublasGetMatrixAsync_64: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 820u32,
-        name: "cublasGetMatrixAsync_64",
-        form: None,
-        library: "cublas",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Handle {
-                kind: 22u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 15i64,
-            unavailable: 1i64,
-            invalid_handle: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cublasGetMatrix_64: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 821u32,
-        name: "cublasGetMatrix_64",
-        form: None,
-        library: "cublas",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 15i64,
-            unavailable: 1i64,
-            invalid_handle: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 822u32,
         name: "cublasGetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -21182,8 +21031,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 823u32,
+        wire: 841u32,
+        call: 820u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -21208,83 +21057,9 @@ pub mod cublas {
         },
         only_waits: false,
     };
-    pub static cublasGetVector: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 824u32,
-        name: "cublasGetVector",
-        form: None,
-        library: "cublas",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 15i64,
-            unavailable: 1i64,
-            invalid_handle: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cublasGetVector_64: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 825u32,
-        name: "cublasGetVector_64",
-        form: None,
-        library: "cublas",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 15i64,
-            unavailable: 1i64,
-            invalid_handle: 1i64,
-        },
-        only_waits: false,
-    };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 826u32,
+        wire: 842u32,
+        call: 821u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -21324,8 +21099,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 827u32,
+        wire: 843u32,
+        call: 822u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -21365,8 +21140,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 828u32,
+        wire: 844u32,
+        call: 823u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -21406,8 +21181,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 829u32,
+        wire: 845u32,
+        call: 824u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -21447,8 +21222,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 830u32,
+        wire: 846u32,
+        call: 825u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -21478,8 +21253,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 831u32,
+        wire: 847u32,
+        call: 826u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -21515,8 +21290,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 832u32,
+        wire: 848u32,
+        call: 827u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -21552,8 +21327,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 833u32,
+        wire: 849u32,
+        call: 828u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -21583,8 +21358,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 834u32,
+        wire: 850u32,
+        call: 829u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -21620,8 +21395,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 835u32,
+        wire: 851u32,
+        call: 830u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -21657,8 +21432,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 836u32,
+        wire: 852u32,
+        call: 831u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -21688,8 +21463,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 837u32,
+        wire: 853u32,
+        call: 832u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -21725,8 +21500,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 838u32,
+        wire: 854u32,
+        call: 833u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -21762,8 +21537,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 839u32,
+        wire: 855u32,
+        call: 834u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -21793,8 +21568,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 840u32,
+        wire: 856u32,
+        call: 835u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -21830,8 +21605,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 841u32,
+        wire: 857u32,
+        call: 836u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -21867,8 +21642,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 842u32,
+        wire: 858u32,
+        call: 837u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -21885,8 +21660,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 843u32,
+        wire: 859u32,
+        call: 838u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -21916,8 +21691,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 844u32,
+        wire: 860u32,
+        call: 839u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -21953,8 +21728,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 845u32,
+        wire: 861u32,
+        call: 840u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -21990,8 +21765,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 846u32,
+        wire: 862u32,
+        call: 841u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -22021,8 +21796,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 847u32,
+        wire: 863u32,
+        call: 842u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -22058,8 +21833,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 848u32,
+        wire: 864u32,
+        call: 843u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -22095,8 +21870,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 849u32,
+        wire: 865u32,
+        call: 844u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -22126,8 +21901,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 850u32,
+        wire: 866u32,
+        call: 845u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -22163,8 +21938,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 851u32,
+        wire: 867u32,
+        call: 846u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -22200,8 +21975,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 852u32,
+        wire: 868u32,
+        call: 847u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -22231,8 +22006,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 853u32,
+        wire: 869u32,
+        call: 848u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -22268,8 +22043,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 854u32,
+        wire: 870u32,
+        call: 849u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -22305,8 +22080,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 855u32,
+        wire: 871u32,
+        call: 850u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -22368,8 +22143,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 856u32,
+        wire: 872u32,
+        call: 851u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -22431,8 +22206,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 857u32,
+        wire: 873u32,
+        call: 852u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -22462,8 +22237,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 858u32,
+        wire: 874u32,
+        call: 853u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -22499,8 +22274,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 859u32,
+        wire: 875u32,
+        call: 854u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -22536,8 +22311,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 860u32,
+        wire: 876u32,
+        call: 855u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -22573,8 +22348,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 861u32,
+        wire: 877u32,
+        call: 856u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -22615,8 +22390,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 862u32,
+        wire: 878u32,
+        call: 857u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -22657,8 +22432,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 863u32,
+        wire: 879u32,
+        call: 858u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -22706,8 +22481,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 864u32,
+        wire: 880u32,
+        call: 859u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -22755,8 +22530,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 865u32,
+        wire: 881u32,
+        call: 860u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -22786,8 +22561,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 866u32,
+        wire: 882u32,
+        call: 861u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -22823,8 +22598,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 867u32,
+        wire: 883u32,
+        call: 862u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -22860,8 +22635,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 868u32,
+        wire: 884u32,
+        call: 863u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -22891,8 +22666,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 869u32,
+        wire: 885u32,
+        call: 864u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -22928,8 +22703,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 870u32,
+        wire: 886u32,
+        call: 865u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -22965,8 +22740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 871u32,
+        wire: 887u32,
+        call: 866u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -22998,8 +22773,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 872u32,
+        wire: 888u32,
+        call: 867u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -23035,8 +22810,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 873u32,
+        wire: 889u32,
+        call: 868u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -23072,8 +22847,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 874u32,
+        wire: 890u32,
+        call: 869u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -23122,8 +22897,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 875u32,
+        wire: 891u32,
+        call: 870u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -23172,8 +22947,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 876u32,
+        wire: 892u32,
+        call: 871u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -23208,8 +22983,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 877u32,
+        wire: 893u32,
+        call: 872u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -23250,8 +23025,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 878u32,
+        wire: 894u32,
+        call: 873u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -23292,8 +23067,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 879u32,
+        wire: 895u32,
+        call: 874u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -23319,8 +23094,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 880u32,
+        wire: 896u32,
+        call: 875u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -23346,8 +23121,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 881u32,
+        wire: 897u32,
+        call: 876u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -23373,8 +23148,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 882u32,
+        wire: 898u32,
+        call: 877u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -23400,8 +23175,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 883u32,
+        wire: 899u32,
+        call: 878u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -23427,8 +23202,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 884u32,
+        wire: 900u32,
+        call: 879u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -23454,8 +23229,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 885u32,
+        wire: 901u32,
+        call: 880u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -23477,8 +23252,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 886u32,
+        wire: 902u32,
+        call: 881u32,
         name: "cublasSetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -23503,136 +23278,9 @@ pub mod cublas {
         },
         only_waits: false,
     };
-    pub static cublasSetMatrix: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 887u32,
-        name: "cublasSetMatrix",
-        form: None,
-        library: "cublas",
-        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 4u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 15i64,
-            unavailable: 1i64,
-            invalid_handle: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cublasSetMatrixAsync_64: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 888u32,
-        name: "cublasSetMatrixAsync_64",
-        form: None,
-        library: "cublas",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Handle {
-                kind: 22u16,
-                destroy: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 15i64,
-            unavailable: 1i64,
-            invalid_handle: 1i64,
-        },
-        only_waits: false,
-    };
-    pub static cublasSetMatrix_64: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 889u32,
-        name: "cublasSetMatrix_64",
-        form: None,
-        library: "cublas",
-        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
-        class: Class::Async,
-        params: &[
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-            Wire::Device,
-            Wire::Val {
-                bytes: 8u8,
-                float: false,
-            },
-        ],
-        ret: Ret::Status,
-        codes: Codes {
-            success: 0i64,
-            not_supported: 15i64,
-            unavailable: 1i64,
-            invalid_handle: 1i64,
-        },
-        only_waits: false,
-    };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 890u32,
+        wire: 903u32,
+        call: 882u32,
         name: "cublasSetPointerMode_v2",
         form: Some("call"),
         library: "cublas",
@@ -23658,8 +23306,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 891u32,
+        wire: 904u32,
+        call: 883u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -23685,8 +23333,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 892u32,
+        wire: 905u32,
+        call: 884u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -23712,8 +23360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 893u32,
+        wire: 906u32,
+        call: 885u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -23740,8 +23388,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 894u32,
+        wire: 907u32,
+        call: 886u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -23802,8 +23450,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 895u32,
+        wire: 908u32,
+        call: 887u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -23870,8 +23518,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 896u32,
+        wire: 909u32,
+        call: 888u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -23938,8 +23586,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 897u32,
+        wire: 910u32,
+        call: 889u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -24002,8 +23650,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 898u32,
+        wire: 911u32,
+        call: 890u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -24066,8 +23714,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 899u32,
+        wire: 912u32,
+        call: 891u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -24126,8 +23774,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 900u32,
+        wire: 913u32,
+        call: 892u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -24188,8 +23836,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 901u32,
+        wire: 914u32,
+        call: 893u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -24260,8 +23908,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 902u32,
+        wire: 915u32,
+        call: 894u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -24332,8 +23980,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 903u32,
+        wire: 916u32,
+        call: 895u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -24412,8 +24060,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 904u32,
+        wire: 917u32,
+        call: 896u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -24492,8 +24140,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 905u32,
+        wire: 918u32,
+        call: 897u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -24576,8 +24224,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 906u32,
+        wire: 919u32,
+        call: 898u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -24660,8 +24308,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 907u32,
+        wire: 920u32,
+        call: 899u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -24728,8 +24376,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 908u32,
+        wire: 921u32,
+        call: 900u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -24796,8 +24444,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 909u32,
+        wire: 922u32,
+        call: 901u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -24850,8 +24498,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 910u32,
+        wire: 923u32,
+        call: 902u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -24926,8 +24574,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 911u32,
+        wire: 924u32,
+        call: 903u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -25002,8 +24650,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 912u32,
+        wire: 925u32,
+        call: 904u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -25062,8 +24710,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 913u32,
+        wire: 926u32,
+        call: 905u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -25122,8 +24770,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 914u32,
+        wire: 927u32,
+        call: 906u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -25169,8 +24817,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 915u32,
+        wire: 928u32,
+        call: 907u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -25215,8 +24863,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 916u32,
+        wire: 929u32,
+        call: 908u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -25266,8 +24914,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 917u32,
+        wire: 930u32,
+        call: 909u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -25317,8 +24965,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 918u32,
+        wire: 931u32,
+        call: 910u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -25355,8 +25003,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 919u32,
+        wire: 932u32,
+        call: 911u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -25403,8 +25051,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 920u32,
+        wire: 933u32,
+        call: 912u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -25459,8 +25107,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 921u32,
+        wire: 934u32,
+        call: 913u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -25477,8 +25125,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 922u32,
+        wire: 935u32,
+        call: 914u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -25508,8 +25156,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 923u32,
+        wire: 936u32,
+        call: 915u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -25545,8 +25193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 924u32,
+        wire: 937u32,
+        call: 916u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -25582,8 +25230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 925u32,
+        wire: 938u32,
+        call: 917u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -25623,8 +25271,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 926u32,
+        wire: 939u32,
+        call: 918u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -25670,8 +25318,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 927u32,
+        wire: 940u32,
+        call: 919u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -25717,8 +25365,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 928u32,
+        wire: 941u32,
+        call: 920u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -25760,8 +25408,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 929u32,
+        wire: 942u32,
+        call: 921u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -25814,8 +25462,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 930u32,
+        wire: 943u32,
+        call: 922u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -25874,8 +25522,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 931u32,
+        wire: 944u32,
+        call: 923u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -25934,8 +25582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 932u32,
+        wire: 945u32,
+        call: 924u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -25966,8 +25614,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 933u32,
+        wire: 946u32,
+        call: 925u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -26003,8 +25651,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 934u32,
+        wire: 947u32,
+        call: 926u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -26040,8 +25688,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 935u32,
+        wire: 948u32,
+        call: 927u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -26073,8 +25721,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 936u32,
+        wire: 949u32,
+        call: 928u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -26110,8 +25758,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 937u32,
+        wire: 950u32,
+        call: 929u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -26147,8 +25795,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 938u32,
+        wire: 951u32,
+        call: 930u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -26205,8 +25853,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 939u32,
+        wire: 952u32,
+        call: 931u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -26269,8 +25917,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 940u32,
+        wire: 953u32,
+        call: 932u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -26333,8 +25981,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 941u32,
+        wire: 954u32,
+        call: 933u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -26383,8 +26031,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 942u32,
+        wire: 955u32,
+        call: 934u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -26439,8 +26087,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 943u32,
+        wire: 956u32,
+        call: 935u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -26495,8 +26143,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 944u32,
+        wire: 957u32,
+        call: 936u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -26536,8 +26184,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 945u32,
+        wire: 958u32,
+        call: 937u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -26582,8 +26230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 946u32,
+        wire: 959u32,
+        call: 938u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -26633,8 +26281,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 947u32,
+        wire: 960u32,
+        call: 939u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -26684,8 +26332,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 948u32,
+        wire: 961u32,
+        call: 940u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -26742,8 +26390,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 949u32,
+        wire: 962u32,
+        call: 941u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -26806,8 +26454,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 950u32,
+        wire: 963u32,
+        call: 942u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -26870,8 +26518,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 951u32,
+        wire: 964u32,
+        call: 943u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -26916,8 +26564,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 952u32,
+        wire: 965u32,
+        call: 944u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -26962,8 +26610,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 953u32,
+        wire: 966u32,
+        call: 945u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -27015,8 +26663,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 954u32,
+        wire: 967u32,
+        call: 946u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -27074,8 +26722,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 955u32,
+        wire: 968u32,
+        call: 947u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -27133,8 +26781,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 956u32,
+        wire: 969u32,
+        call: 948u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -27197,8 +26845,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 957u32,
+        wire: 970u32,
+        call: 949u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -27261,8 +26909,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 958u32,
+        wire: 971u32,
+        call: 950u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -27310,8 +26958,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 959u32,
+        wire: 972u32,
+        call: 951u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -27363,8 +27011,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 960u32,
+        wire: 973u32,
+        call: 952u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -27416,8 +27064,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 961u32,
+        wire: 974u32,
+        call: 953u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -27465,8 +27113,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 962u32,
+        wire: 975u32,
+        call: 954u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -27518,8 +27166,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 963u32,
+        wire: 976u32,
+        call: 955u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -27571,8 +27219,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 964u32,
+        wire: 977u32,
+        call: 956u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -27628,8 +27276,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 965u32,
+        wire: 978u32,
+        call: 957u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -27695,8 +27343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 966u32,
+        wire: 979u32,
+        call: 958u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -27762,8 +27410,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 967u32,
+        wire: 980u32,
+        call: 959u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -27807,8 +27455,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 968u32,
+        wire: 981u32,
+        call: 960u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -27856,8 +27504,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 969u32,
+        wire: 982u32,
+        call: 961u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -27905,8 +27553,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 970u32,
+        wire: 983u32,
+        call: 962u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -27962,8 +27610,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 971u32,
+        wire: 984u32,
+        call: 963u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -28028,8 +27676,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 972u32,
+        wire: 985u32,
+        call: 964u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -28094,8 +27742,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 973u32,
+        wire: 986u32,
+        call: 965u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -28156,8 +27804,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 974u32,
+        wire: 987u32,
+        call: 966u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -28218,8 +27866,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 975u32,
+        wire: 988u32,
+        call: 967u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -28263,8 +27911,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 976u32,
+        wire: 989u32,
+        call: 968u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -28312,8 +27960,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 977u32,
+        wire: 990u32,
+        call: 969u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -28361,8 +28009,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 978u32,
+        wire: 991u32,
+        call: 970u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -28406,8 +28054,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 979u32,
+        wire: 992u32,
+        call: 971u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -28451,8 +28099,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 980u32,
+        wire: 993u32,
+        call: 972u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -28533,8 +28181,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 981u32,
+        wire: 994u32,
+        call: 973u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -28557,8 +28205,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 982u32,
+        wire: 995u32,
+        call: 974u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -28625,8 +28273,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 983u32,
+        wire: 996u32,
+        call: 975u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -28689,8 +28337,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 984u32,
+        wire: 997u32,
+        call: 976u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -28753,8 +28401,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 985u32,
+        wire: 998u32,
+        call: 977u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -28812,8 +28460,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 986u32,
+        wire: 999u32,
+        call: 978u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -28876,8 +28524,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 987u32,
+        wire: 1000u32,
+        call: 979u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -28899,8 +28547,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 988u32,
+        wire: 1001u32,
+        call: 980u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -28964,8 +28612,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 989u32,
+        wire: 1002u32,
+        call: 981u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -29028,8 +28676,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 990u32,
+        wire: 1003u32,
+        call: 982u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -29092,8 +28740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 991u32,
+        wire: 1004u32,
+        call: 983u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -29151,8 +28799,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 992u32,
+        wire: 1005u32,
+        call: 984u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -29215,8 +28863,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 993u32,
+        wire: 1006u32,
+        call: 985u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -29282,8 +28930,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 994u32,
+        wire: 1007u32,
+        call: 986u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -29344,8 +28992,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 995u32,
+        wire: 1008u32,
+        call: 987u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -29367,8 +29015,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 996u32,
+        wire: 1009u32,
+        call: 988u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -29435,8 +29083,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 997u32,
+        wire: 1010u32,
+        call: 989u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -29499,8 +29147,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 998u32,
+        wire: 1011u32,
+        call: 990u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -29563,8 +29211,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 999u32,
+        wire: 1012u32,
+        call: 991u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -29622,8 +29270,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 1000u32,
+        wire: 1013u32,
+        call: 992u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -29686,8 +29334,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 1001u32,
+        wire: 1014u32,
+        call: 993u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -29753,8 +29401,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 1002u32,
+        wire: 1015u32,
+        call: 994u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -29815,8 +29463,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 1003u32,
+        wire: 1016u32,
+        call: 995u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -29844,8 +29492,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 1004u32,
+        wire: 1017u32,
+        call: 996u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -29871,8 +29519,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 1005u32,
+        wire: 1018u32,
+        call: 997u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -29906,8 +29554,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 1006u32,
+        wire: 1019u32,
+        call: 998u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -29933,8 +29581,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 1007u32,
+        wire: 1020u32,
+        call: 999u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -30001,8 +29649,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 1008u32,
+        wire: 1021u32,
+        call: 1000u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -30065,8 +29713,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 1009u32,
+        wire: 1022u32,
+        call: 1001u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -30129,8 +29777,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 1010u32,
+        wire: 1023u32,
+        call: 1002u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -30188,8 +29836,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 1011u32,
+        wire: 1024u32,
+        call: 1003u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -30252,8 +29900,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 1012u32,
+        wire: 1025u32,
+        call: 1004u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -30319,8 +29967,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 1013u32,
+        wire: 1026u32,
+        call: 1005u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -30381,8 +30029,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 1014u32,
+        wire: 1027u32,
+        call: 1006u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -30449,8 +30097,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 1015u32,
+        wire: 1028u32,
+        call: 1007u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -30513,8 +30161,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 1016u32,
+        wire: 1029u32,
+        call: 1008u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -30577,8 +30225,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 1017u32,
+        wire: 1030u32,
+        call: 1009u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -30636,8 +30284,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 1018u32,
+        wire: 1031u32,
+        call: 1010u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -30700,8 +30348,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 1019u32,
+        wire: 1032u32,
+        call: 1011u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -30765,8 +30413,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 1020u32,
+        wire: 1033u32,
+        call: 1012u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -30829,8 +30477,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 1021u32,
+        wire: 1034u32,
+        call: 1013u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -30893,8 +30541,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 1022u32,
+        wire: 1035u32,
+        call: 1014u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -30952,8 +30600,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 1023u32,
+        wire: 1036u32,
+        call: 1015u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -31016,8 +30664,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 1024u32,
+        wire: 1037u32,
+        call: 1016u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -31083,8 +30731,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 1025u32,
+        wire: 1038u32,
+        call: 1017u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -31145,8 +30793,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 1026u32,
+        wire: 1039u32,
+        call: 1018u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -31179,8 +30827,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 1027u32,
+        wire: 1040u32,
+        call: 1019u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -31221,8 +30869,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 1028u32,
+        wire: 1041u32,
+        call: 1020u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -31263,8 +30911,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 1029u32,
+        wire: 1042u32,
+        call: 1021u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -31296,8 +30944,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 1030u32,
+        wire: 1043u32,
+        call: 1022u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -31333,8 +30981,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 1031u32,
+        wire: 1044u32,
+        call: 1023u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -31370,8 +31018,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 1032u32,
+        wire: 1045u32,
+        call: 1024u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -31420,8 +31068,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 1033u32,
+        wire: 1046u32,
+        call: 1025u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -31470,8 +31118,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 1034u32,
+        wire: 1047u32,
+        call: 1026u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -31512,8 +31160,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 1035u32,
+        wire: 1048u32,
+        call: 1027u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -31554,8 +31202,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 1036u32,
+        wire: 1049u32,
+        call: 1028u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -31596,8 +31244,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 1037u32,
+        wire: 1050u32,
+        call: 1029u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -31638,8 +31286,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 1038u32,
+        wire: 1051u32,
+        call: 1030u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -31679,8 +31327,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 1039u32,
+        wire: 1052u32,
+        call: 1031u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -31726,8 +31374,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 1040u32,
+        wire: 1053u32,
+        call: 1032u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -31773,8 +31421,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 1041u32,
+        wire: 1054u32,
+        call: 1033u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -31805,8 +31453,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 1042u32,
+        wire: 1055u32,
+        call: 1034u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -31842,8 +31490,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 1043u32,
+        wire: 1056u32,
+        call: 1035u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -31879,8 +31527,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 1044u32,
+        wire: 1057u32,
+        call: 1036u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -31935,8 +31583,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 1045u32,
+        wire: 1058u32,
+        call: 1037u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -32003,8 +31651,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 1046u32,
+        wire: 1059u32,
+        call: 1038u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -32071,8 +31719,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 1047u32,
+        wire: 1060u32,
+        call: 1039u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -32135,8 +31783,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 1048u32,
+        wire: 1061u32,
+        call: 1040u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -32199,8 +31847,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 1049u32,
+        wire: 1062u32,
+        call: 1041u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -32259,8 +31907,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 1050u32,
+        wire: 1063u32,
+        call: 1042u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -32315,8 +31963,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 1051u32,
+        wire: 1064u32,
+        call: 1043u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -32383,8 +32031,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 1052u32,
+        wire: 1065u32,
+        call: 1044u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -32451,8 +32099,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 1053u32,
+        wire: 1066u32,
+        call: 1045u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -32523,8 +32171,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 1054u32,
+        wire: 1067u32,
+        call: 1046u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -32595,8 +32243,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 1055u32,
+        wire: 1068u32,
+        call: 1047u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -32679,8 +32327,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 1056u32,
+        wire: 1069u32,
+        call: 1048u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -32763,8 +32411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 1057u32,
+        wire: 1070u32,
+        call: 1049u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -32831,8 +32479,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 1058u32,
+        wire: 1071u32,
+        call: 1050u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -32899,8 +32547,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 1059u32,
+        wire: 1072u32,
+        call: 1051u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -32947,8 +32595,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 1060u32,
+        wire: 1073u32,
+        call: 1052u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -33023,8 +32671,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 1061u32,
+        wire: 1074u32,
+        call: 1053u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -33099,8 +32747,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 1062u32,
+        wire: 1075u32,
+        call: 1054u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -33159,8 +32807,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 1063u32,
+        wire: 1076u32,
+        call: 1055u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -33219,8 +32867,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 1064u32,
+        wire: 1077u32,
+        call: 1056u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -33266,8 +32914,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 1065u32,
+        wire: 1078u32,
+        call: 1057u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -33309,8 +32957,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 1066u32,
+        wire: 1079u32,
+        call: 1058u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -33360,8 +33008,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 1067u32,
+        wire: 1080u32,
+        call: 1059u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -33411,8 +33059,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 1068u32,
+        wire: 1081u32,
+        call: 1060u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -33454,8 +33102,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 1069u32,
+        wire: 1082u32,
+        call: 1061u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -33505,8 +33153,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 1070u32,
+        wire: 1083u32,
+        call: 1062u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -33556,8 +33204,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 1071u32,
+        wire: 1084u32,
+        call: 1063u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -33594,8 +33242,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 1072u32,
+        wire: 1085u32,
+        call: 1064u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -33642,8 +33290,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 1073u32,
+        wire: 1086u32,
+        call: 1065u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -33698,8 +33346,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 1074u32,
+        wire: 1087u32,
+        call: 1066u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -33746,8 +33394,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 1075u32,
+        wire: 1088u32,
+        call: 1067u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -33806,8 +33454,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 1076u32,
+        wire: 1089u32,
+        call: 1068u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -33866,8 +33514,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 1077u32,
+        wire: 1090u32,
+        call: 1069u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -33918,8 +33566,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 1078u32,
+        wire: 1091u32,
+        call: 1070u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -33982,8 +33630,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 1079u32,
+        wire: 1092u32,
+        call: 1071u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -34046,8 +33694,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 1080u32,
+        wire: 1093u32,
+        call: 1072u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -34090,8 +33738,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 1081u32,
+        wire: 1094u32,
+        call: 1073u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -34146,8 +33794,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 1082u32,
+        wire: 1095u32,
+        call: 1074u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -34202,8 +33850,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 1083u32,
+        wire: 1096u32,
+        call: 1075u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -34243,8 +33891,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 1084u32,
+        wire: 1097u32,
+        call: 1076u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -34286,8 +33934,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 1085u32,
+        wire: 1098u32,
+        call: 1077u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -34337,8 +33985,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 1086u32,
+        wire: 1099u32,
+        call: 1078u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -34388,8 +34036,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 1087u32,
+        wire: 1100u32,
+        call: 1079u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -34443,8 +34091,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 1088u32,
+        wire: 1101u32,
+        call: 1080u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -34507,8 +34155,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 1089u32,
+        wire: 1102u32,
+        call: 1081u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -34571,8 +34219,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 1090u32,
+        wire: 1103u32,
+        call: 1082u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -34617,8 +34265,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 1091u32,
+        wire: 1104u32,
+        call: 1083u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -34663,8 +34311,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 1092u32,
+        wire: 1105u32,
+        call: 1084u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -34716,8 +34364,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 1093u32,
+        wire: 1106u32,
+        call: 1085u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -34775,8 +34423,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 1094u32,
+        wire: 1107u32,
+        call: 1086u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -34834,8 +34482,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 1095u32,
+        wire: 1108u32,
+        call: 1087u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -34898,8 +34546,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 1096u32,
+        wire: 1109u32,
+        call: 1088u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -34962,8 +34610,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 1097u32,
+        wire: 1110u32,
+        call: 1089u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -35007,8 +34655,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 1098u32,
+        wire: 1111u32,
+        call: 1090u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -35064,8 +34712,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 1099u32,
+        wire: 1112u32,
+        call: 1091u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -35121,8 +34769,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 1100u32,
+        wire: 1113u32,
+        call: 1092u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -35159,8 +34807,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 1101u32,
+        wire: 1114u32,
+        call: 1093u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -35206,8 +34854,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 1102u32,
+        wire: 1115u32,
+        call: 1094u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -35253,8 +34901,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 1103u32,
+        wire: 1116u32,
+        call: 1095u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -35296,8 +34944,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1104u32,
+        wire: 1117u32,
+        call: 1096u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -35325,8 +34973,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1105u32,
+        wire: 1118u32,
+        call: 1097u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -35362,8 +35010,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1106u32,
+        wire: 1119u32,
+        call: 1098u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -35399,8 +35047,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1107u32,
+        wire: 1120u32,
+        call: 1099u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -35432,8 +35080,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1108u32,
+        wire: 1121u32,
+        call: 1100u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -35469,8 +35117,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1109u32,
+        wire: 1122u32,
+        call: 1101u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -35506,8 +35154,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1110u32,
+        wire: 1123u32,
+        call: 1102u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -35558,8 +35206,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1111u32,
+        wire: 1124u32,
+        call: 1103u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -35622,8 +35270,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1112u32,
+        wire: 1125u32,
+        call: 1104u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -35686,8 +35334,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1113u32,
+        wire: 1126u32,
+        call: 1105u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -35742,8 +35390,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1114u32,
+        wire: 1127u32,
+        call: 1106u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -35798,8 +35446,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1115u32,
+        wire: 1128u32,
+        call: 1107u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -35849,8 +35497,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1116u32,
+        wire: 1129u32,
+        call: 1108u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -35900,8 +35548,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1117u32,
+        wire: 1130u32,
+        call: 1109u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -35952,8 +35600,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1118u32,
+        wire: 1131u32,
+        call: 1110u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -36016,8 +35664,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1119u32,
+        wire: 1132u32,
+        call: 1111u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -36080,8 +35728,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1120u32,
+        wire: 1133u32,
+        call: 1112u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -36126,8 +35774,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1121u32,
+        wire: 1134u32,
+        call: 1113u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -36172,8 +35820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1122u32,
+        wire: 1135u32,
+        call: 1114u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -36219,8 +35867,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1123u32,
+        wire: 1136u32,
+        call: 1115u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -36278,8 +35926,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1124u32,
+        wire: 1137u32,
+        call: 1116u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -36337,8 +35985,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1125u32,
+        wire: 1138u32,
+        call: 1117u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -36401,8 +36049,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1126u32,
+        wire: 1139u32,
+        call: 1118u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -36465,8 +36113,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1127u32,
+        wire: 1140u32,
+        call: 1119u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -36514,8 +36162,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1128u32,
+        wire: 1141u32,
+        call: 1120u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -36567,8 +36215,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1129u32,
+        wire: 1142u32,
+        call: 1121u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -36620,8 +36268,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1130u32,
+        wire: 1143u32,
+        call: 1122u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -36669,8 +36317,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1131u32,
+        wire: 1144u32,
+        call: 1123u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -36722,8 +36370,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1132u32,
+        wire: 1145u32,
+        call: 1124u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -36775,8 +36423,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1133u32,
+        wire: 1146u32,
+        call: 1125u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -36821,8 +36469,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1134u32,
+        wire: 1147u32,
+        call: 1126u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -36871,8 +36519,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1135u32,
+        wire: 1148u32,
+        call: 1127u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -36921,8 +36569,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1136u32,
+        wire: 1149u32,
+        call: 1128u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -36967,8 +36615,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1137u32,
+        wire: 1150u32,
+        call: 1129u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -37017,8 +36665,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1138u32,
+        wire: 1151u32,
+        call: 1130u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -37067,8 +36715,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1139u32,
+        wire: 1152u32,
+        call: 1131u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -37109,8 +36757,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1140u32,
+        wire: 1153u32,
+        call: 1132u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -37163,8 +36811,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1141u32,
+        wire: 1154u32,
+        call: 1133u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -37230,8 +36878,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1142u32,
+        wire: 1155u32,
+        call: 1134u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -37297,8 +36945,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1143u32,
+        wire: 1156u32,
+        call: 1135u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -37342,8 +36990,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1144u32,
+        wire: 1157u32,
+        call: 1136u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -37391,8 +37039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1145u32,
+        wire: 1158u32,
+        call: 1137u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -37440,8 +37088,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1146u32,
+        wire: 1159u32,
+        call: 1138u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -37494,8 +37142,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1147u32,
+        wire: 1160u32,
+        call: 1139u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -37560,8 +37208,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1148u32,
+        wire: 1161u32,
+        call: 1140u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -37626,8 +37274,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1149u32,
+        wire: 1162u32,
+        call: 1141u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -37688,8 +37336,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1150u32,
+        wire: 1163u32,
+        call: 1142u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -37750,8 +37398,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1151u32,
+        wire: 1164u32,
+        call: 1143u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -37795,8 +37443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1152u32,
+        wire: 1165u32,
+        call: 1144u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -37844,8 +37492,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1153u32,
+        wire: 1166u32,
+        call: 1145u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -37908,8 +37556,8 @@ pub mod cublaslt {
     );
     static LEN_cublasLtMatrixLayoutSetAttribute__call_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1154u32,
+        wire: 1167u32,
+        call: 1146u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -37931,8 +37579,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1155u32,
+        wire: 1168u32,
+        call: 1147u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -37954,8 +37602,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1156u32,
+        wire: 1169u32,
+        call: 1148u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -37980,8 +37628,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1157u32,
+        wire: 1170u32,
+        call: 1149u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -38003,8 +37651,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1158u32,
+        wire: 1171u32,
+        call: 1150u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -38026,8 +37674,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1159u32,
+        wire: 1172u32,
+        call: 1151u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -38053,8 +37701,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1160u32,
+        wire: 1173u32,
+        call: 1152u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -38074,8 +37722,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1161u32,
+        wire: 1174u32,
+        call: 1153u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -38095,8 +37743,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1162u32,
+        wire: 1175u32,
+        call: 1154u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -38118,8 +37766,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1163u32,
+        wire: 1176u32,
+        call: 1155u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -38136,8 +37784,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1164u32,
+        wire: 1177u32,
+        call: 1156u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -38159,8 +37807,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1165u32,
+        wire: 1178u32,
+        call: 1157u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -38182,8 +37830,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1166u32,
+        wire: 1179u32,
+        call: 1158u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -38254,8 +37902,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1166u32,
+        wire: 1180u32,
+        call: 1158u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -38326,8 +37974,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1167u32,
+        wire: 1181u32,
+        call: 1159u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -38389,8 +38037,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1167u32,
+        wire: 1182u32,
+        call: 1159u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -38452,8 +38100,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1167u32,
+        wire: 1183u32,
+        call: 1159u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -38515,8 +38163,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1168u32,
+        wire: 1184u32,
+        call: 1160u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38546,8 +38194,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1168u32,
+        wire: 1185u32,
+        call: 1160u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38577,8 +38225,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1169u32,
+        wire: 1186u32,
+        call: 1161u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38600,8 +38248,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1169u32,
+        wire: 1187u32,
+        call: 1161u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38623,8 +38271,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1170u32,
+        wire: 1188u32,
+        call: 1162u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -38658,8 +38306,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1170u32,
+        wire: 1189u32,
+        call: 1162u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -38693,8 +38341,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1171u32,
+        wire: 1190u32,
+        call: 1163u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38730,8 +38378,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1171u32,
+        wire: 1191u32,
+        call: 1163u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38767,8 +38415,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1172u32,
+        wire: 1192u32,
+        call: 1164u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38790,8 +38438,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1172u32,
+        wire: 1193u32,
+        call: 1164u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38813,8 +38461,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1173u32,
+        wire: 1194u32,
+        call: 1165u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38836,8 +38484,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1173u32,
+        wire: 1195u32,
+        call: 1165u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38859,8 +38507,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1174u32,
+        wire: 1196u32,
+        call: 1166u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -38886,8 +38534,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1174u32,
+        wire: 1197u32,
+        call: 1166u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -38913,8 +38561,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1175u32,
+        wire: 1198u32,
+        call: 1167u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38950,8 +38598,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1175u32,
+        wire: 1199u32,
+        call: 1167u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38987,8 +38635,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1176u32,
+        wire: 1200u32,
+        call: 1168u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39026,8 +38674,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1177u32,
+        wire: 1201u32,
+        call: 1169u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39049,8 +38697,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1178u32,
+        wire: 1202u32,
+        call: 1170u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -39092,8 +38740,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1179u32,
+        wire: 1203u32,
+        call: 1171u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -39129,8 +38777,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1180u32,
+        wire: 1204u32,
+        call: 1172u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -39156,8 +38804,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1181u32,
+        wire: 1205u32,
+        call: 1173u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -39179,8 +38827,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1182u32,
+        wire: 1206u32,
+        call: 1174u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -46119,8 +45767,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_143: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_144: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1183u32,
+        wire: 1207u32,
+        call: 1175u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -46178,8 +45826,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1183u32,
+        wire: 1208u32,
+        call: 1175u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -46237,8 +45885,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1184u32,
+        wire: 1209u32,
+        call: 1176u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -46286,8 +45934,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1184u32,
+        wire: 1210u32,
+        call: 1176u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -46335,8 +45983,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1185u32,
+        wire: 1211u32,
+        call: 1177u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -46353,8 +46001,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1186u32,
+        wire: 1212u32,
+        call: 1178u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -46371,8 +46019,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1187u32,
+        wire: 1213u32,
+        call: 1179u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -46389,8 +46037,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1188u32,
+        wire: 1214u32,
+        call: 1180u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -46416,8 +46064,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1188u32,
+        wire: 1215u32,
+        call: 1180u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -46443,8 +46091,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1188u32,
+        wire: 1216u32,
+        call: 1180u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -46470,8 +46118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1188u32,
+        wire: 1217u32,
+        call: 1180u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -46497,8 +46145,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1189u32,
+        wire: 1218u32,
+        call: 1181u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -46520,8 +46168,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1189u32,
+        wire: 1219u32,
+        call: 1181u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -46543,8 +46191,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1190u32,
+        wire: 1220u32,
+        call: 1182u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -46574,8 +46222,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1190u32,
+        wire: 1221u32,
+        call: 1182u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -46605,8 +46253,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1191u32,
+        wire: 1222u32,
+        call: 1183u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -46628,8 +46276,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1191u32,
+        wire: 1223u32,
+        call: 1183u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -46651,8 +46299,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1191u32,
+        wire: 1224u32,
+        call: 1183u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -46674,8 +46322,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1191u32,
+        wire: 1225u32,
+        call: 1183u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -46697,8 +46345,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1192u32,
+        wire: 1226u32,
+        call: 1184u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -46744,8 +46392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1192u32,
+        wire: 1227u32,
+        call: 1184u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -46789,8 +46437,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1192u32,
+        wire: 1228u32,
+        call: 1184u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -46836,8 +46484,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1192u32,
+        wire: 1229u32,
+        call: 1184u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -46881,8 +46529,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1193u32,
+        wire: 1230u32,
+        call: 1185u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -46904,8 +46552,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1193u32,
+        wire: 1231u32,
+        call: 1185u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -46927,8 +46575,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1194u32,
+        wire: 1232u32,
+        call: 1186u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -46962,8 +46610,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1195u32,
+        wire: 1233u32,
+        call: 1187u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -47003,8 +46651,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1195u32,
+        wire: 1234u32,
+        call: 1187u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -47042,8 +46690,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1195u32,
+        wire: 1235u32,
+        call: 1187u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -47083,8 +46731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1195u32,
+        wire: 1236u32,
+        call: 1187u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -47124,8 +46772,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1195u32,
+        wire: 1237u32,
+        call: 1187u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -47163,8 +46811,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1195u32,
+        wire: 1238u32,
+        call: 1187u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -47204,8 +46852,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1196u32,
+        wire: 1239u32,
+        call: 1188u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -47239,8 +46887,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1197u32,
+        wire: 1240u32,
+        call: 1189u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -47347,8 +46995,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1197u32,
+        wire: 1241u32,
+        call: 1189u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -47455,8 +47103,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1198u32,
+        wire: 1242u32,
+        call: 1190u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -47516,8 +47164,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1198u32,
+        wire: 1243u32,
+        call: 1190u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -47577,8 +47225,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1199u32,
+        wire: 1244u32,
+        call: 1191u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -47644,8 +47292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1199u32,
+        wire: 1245u32,
+        call: 1191u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -47711,8 +47359,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1200u32,
+        wire: 1246u32,
+        call: 1192u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -47801,8 +47449,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1200u32,
+        wire: 1247u32,
+        call: 1192u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -47891,8 +47539,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1201u32,
+        wire: 1248u32,
+        call: 1193u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -47922,8 +47570,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1201u32,
+        wire: 1249u32,
+        call: 1193u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -47953,8 +47601,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1202u32,
+        wire: 1250u32,
+        call: 1194u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -48003,8 +47651,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1202u32,
+        wire: 1251u32,
+        call: 1194u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -48053,8 +47701,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1203u32,
+        wire: 1252u32,
+        call: 1195u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -48071,8 +47719,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1204u32,
+        wire: 1253u32,
+        call: 1196u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -48089,8 +47737,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1205u32,
+        wire: 1254u32,
+        call: 1197u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -48107,8 +47755,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1206u32,
+        wire: 1255u32,
+        call: 1198u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -48170,8 +47818,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1206u32,
+        wire: 1256u32,
+        call: 1198u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -48233,8 +47881,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1207u32,
+        wire: 1257u32,
+        call: 1199u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -48296,8 +47944,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1207u32,
+        wire: 1258u32,
+        call: 1199u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -48359,8 +48007,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1208u32,
+        wire: 1259u32,
+        call: 1200u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -48436,8 +48084,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1208u32,
+        wire: 1260u32,
+        call: 1200u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -48513,8 +48161,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1209u32,
+        wire: 1261u32,
+        call: 1201u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -48576,8 +48224,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1209u32,
+        wire: 1262u32,
+        call: 1201u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -48639,8 +48287,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1210u32,
+        wire: 1263u32,
+        call: 1202u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -48666,8 +48314,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1211u32,
+        wire: 1264u32,
+        call: 1203u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -48689,8 +48337,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1211u32,
+        wire: 1265u32,
+        call: 1203u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -48712,8 +48360,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1212u32,
+        wire: 1266u32,
+        call: 1204u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -48735,8 +48383,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1212u32,
+        wire: 1267u32,
+        call: 1204u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -48758,8 +48406,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1213u32,
+        wire: 1268u32,
+        call: 1205u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -48781,8 +48429,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1214u32,
+        wire: 1269u32,
+        call: 1206u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -48808,8 +48456,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1215u32,
+        wire: 1270u32,
+        call: 1207u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -48831,8 +48479,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1215u32,
+        wire: 1271u32,
+        call: 1207u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -48854,8 +48502,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1216u32,
+        wire: 1272u32,
+        call: 1208u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -48877,8 +48525,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1216u32,
+        wire: 1273u32,
+        call: 1208u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -48900,8 +48548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1217u32,
+        wire: 1274u32,
+        call: 1209u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -48923,8 +48571,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1217u32,
+        wire: 1275u32,
+        call: 1209u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -48946,8 +48594,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1218u32,
+        wire: 1276u32,
+        call: 1210u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -48969,8 +48617,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1218u32,
+        wire: 1277u32,
+        call: 1210u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -48992,8 +48640,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1219u32,
+        wire: 1278u32,
+        call: 1211u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -49015,8 +48663,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1219u32,
+        wire: 1279u32,
+        call: 1211u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -49038,8 +48686,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1220u32,
+        wire: 1280u32,
+        call: 1212u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -49065,8 +48713,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1220u32,
+        wire: 1281u32,
+        call: 1212u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -49092,8 +48740,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1221u32,
+        wire: 1282u32,
+        call: 1213u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -49119,8 +48767,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1221u32,
+        wire: 1283u32,
+        call: 1213u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -49146,8 +48794,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1222u32,
+        wire: 1284u32,
+        call: 1214u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -49173,8 +48821,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1222u32,
+        wire: 1285u32,
+        call: 1214u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -49200,8 +48848,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1223u32,
+        wire: 1286u32,
+        call: 1215u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -49223,8 +48871,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1223u32,
+        wire: 1287u32,
+        call: 1215u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -49246,8 +48894,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1224u32,
+        wire: 1288u32,
+        call: 1216u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49269,8 +48917,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1224u32,
+        wire: 1289u32,
+        call: 1216u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49292,8 +48940,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1225u32,
+        wire: 1290u32,
+        call: 1217u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -49327,8 +48975,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1226u32,
+        wire: 1291u32,
+        call: 1218u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -49350,8 +48998,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1226u32,
+        wire: 1292u32,
+        call: 1218u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -49373,8 +49021,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1227u32,
+        wire: 1293u32,
+        call: 1219u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49396,8 +49044,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1227u32,
+        wire: 1294u32,
+        call: 1219u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49419,8 +49067,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1228u32,
+        wire: 1295u32,
+        call: 1220u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -49442,8 +49090,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1228u32,
+        wire: 1296u32,
+        call: 1220u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -49465,8 +49113,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1229u32,
+        wire: 1297u32,
+        call: 1221u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49488,8 +49136,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1229u32,
+        wire: 1298u32,
+        call: 1221u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49511,8 +49159,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1230u32,
+        wire: 1299u32,
+        call: 1222u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49534,8 +49182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1230u32,
+        wire: 1300u32,
+        call: 1222u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49557,8 +49205,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1231u32,
+        wire: 1301u32,
+        call: 1223u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -49580,8 +49228,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1231u32,
+        wire: 1302u32,
+        call: 1223u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -49603,8 +49251,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1232u32,
+        wire: 1303u32,
+        call: 1224u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49626,8 +49274,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1232u32,
+        wire: 1304u32,
+        call: 1224u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49649,8 +49297,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1233u32,
+        wire: 1305u32,
+        call: 1225u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -49672,8 +49320,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1233u32,
+        wire: 1306u32,
+        call: 1225u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -49695,8 +49343,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1234u32,
+        wire: 1307u32,
+        call: 1226u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49726,8 +49374,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1234u32,
+        wire: 1308u32,
+        call: 1226u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49757,8 +49405,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1235u32,
+        wire: 1309u32,
+        call: 1227u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49796,8 +49444,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1235u32,
+        wire: 1310u32,
+        call: 1227u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49835,8 +49483,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1236u32,
+        wire: 1311u32,
+        call: 1228u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -49858,8 +49506,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1236u32,
+        wire: 1312u32,
+        call: 1228u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -49881,8 +49529,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1237u32,
+        wire: 1313u32,
+        call: 1229u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -49904,8 +49552,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1237u32,
+        wire: 1314u32,
+        call: 1229u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -49927,8 +49575,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1238u32,
+        wire: 1315u32,
+        call: 1230u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -49950,8 +49598,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1239u32,
+        wire: 1316u32,
+        call: 1231u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -49977,8 +49625,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1240u32,
+        wire: 1317u32,
+        call: 1232u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -50000,8 +49648,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1240u32,
+        wire: 1318u32,
+        call: 1232u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -50023,8 +49671,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1241u32,
+        wire: 1319u32,
+        call: 1233u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -50046,8 +49694,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1241u32,
+        wire: 1320u32,
+        call: 1233u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -50069,8 +49717,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1242u32,
+        wire: 1321u32,
+        call: 1234u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -50092,8 +49740,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1242u32,
+        wire: 1322u32,
+        call: 1234u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -50115,8 +49763,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1243u32,
+        wire: 1323u32,
+        call: 1235u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -50138,8 +49786,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1243u32,
+        wire: 1324u32,
+        call: 1235u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -50161,8 +49809,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1244u32,
+        wire: 1325u32,
+        call: 1236u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -50184,8 +49832,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1244u32,
+        wire: 1326u32,
+        call: 1236u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -50207,8 +49855,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1245u32,
+        wire: 1327u32,
+        call: 1237u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -50230,8 +49878,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1245u32,
+        wire: 1328u32,
+        call: 1237u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -50253,8 +49901,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1246u32,
+        wire: 1329u32,
+        call: 1238u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -50276,8 +49924,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1246u32,
+        wire: 1330u32,
+        call: 1238u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -50299,8 +49947,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1247u32,
+        wire: 1331u32,
+        call: 1239u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -50322,8 +49970,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1247u32,
+        wire: 1332u32,
+        call: 1239u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -50345,8 +49993,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1248u32,
+        wire: 1333u32,
+        call: 1240u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -50368,8 +50016,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1248u32,
+        wire: 1334u32,
+        call: 1240u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -50391,8 +50039,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1249u32,
+        wire: 1335u32,
+        call: 1241u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50414,8 +50062,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1249u32,
+        wire: 1336u32,
+        call: 1241u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50437,8 +50085,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1250u32,
+        wire: 1337u32,
+        call: 1242u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -50460,8 +50108,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1251u32,
+        wire: 1338u32,
+        call: 1243u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -50483,8 +50131,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1251u32,
+        wire: 1339u32,
+        call: 1243u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -50506,8 +50154,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1252u32,
+        wire: 1340u32,
+        call: 1244u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50529,8 +50177,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1252u32,
+        wire: 1341u32,
+        call: 1244u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50552,8 +50200,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1253u32,
+        wire: 1342u32,
+        call: 1245u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -50575,8 +50223,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1253u32,
+        wire: 1343u32,
+        call: 1245u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -50598,8 +50246,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1254u32,
+        wire: 1344u32,
+        call: 1246u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50621,8 +50269,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1254u32,
+        wire: 1345u32,
+        call: 1246u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50644,8 +50292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1255u32,
+        wire: 1346u32,
+        call: 1247u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50667,8 +50315,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1255u32,
+        wire: 1347u32,
+        call: 1247u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50690,8 +50338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1256u32,
+        wire: 1348u32,
+        call: 1248u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -50713,8 +50361,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1256u32,
+        wire: 1349u32,
+        call: 1248u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -50736,8 +50384,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1257u32,
+        wire: 1350u32,
+        call: 1249u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50759,8 +50407,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1257u32,
+        wire: 1351u32,
+        call: 1249u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50782,8 +50430,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1258u32,
+        wire: 1352u32,
+        call: 1250u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -50805,8 +50453,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1258u32,
+        wire: 1353u32,
+        call: 1250u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -50828,8 +50476,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1259u32,
+        wire: 1354u32,
+        call: 1251u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -50870,8 +50518,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1259u32,
+        wire: 1355u32,
+        call: 1251u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -50912,8 +50560,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1260u32,
+        wire: 1356u32,
+        call: 1252u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -50954,8 +50602,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1260u32,
+        wire: 1357u32,
+        call: 1252u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -50996,8 +50644,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1261u32,
+        wire: 1358u32,
+        call: 1253u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -51025,8 +50673,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1261u32,
+        wire: 1359u32,
+        call: 1253u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -51054,8 +50702,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1262u32,
+        wire: 1360u32,
+        call: 1254u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -51083,8 +50731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1262u32,
+        wire: 1361u32,
+        call: 1254u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -51112,8 +50760,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1263u32,
+        wire: 1362u32,
+        call: 1255u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51175,8 +50823,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1263u32,
+        wire: 1363u32,
+        call: 1255u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51238,8 +50886,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1264u32,
+        wire: 1364u32,
+        call: 1256u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51301,8 +50949,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1264u32,
+        wire: 1365u32,
+        call: 1256u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51364,8 +51012,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1265u32,
+        wire: 1366u32,
+        call: 1257u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51427,8 +51075,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1265u32,
+        wire: 1367u32,
+        call: 1257u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51490,8 +51138,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1266u32,
+        wire: 1368u32,
+        call: 1258u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -51521,8 +51169,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1266u32,
+        wire: 1369u32,
+        call: 1258u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -51552,8 +51200,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1267u32,
+        wire: 1370u32,
+        call: 1259u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -51593,8 +51241,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1267u32,
+        wire: 1371u32,
+        call: 1259u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -51634,8 +51282,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1268u32,
+        wire: 1372u32,
+        call: 1260u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -51663,8 +51311,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1268u32,
+        wire: 1373u32,
+        call: 1260u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -51692,8 +51340,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1269u32,
+        wire: 1374u32,
+        call: 1261u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -51737,8 +51385,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1270u32,
+        wire: 1375u32,
+        call: 1262u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -51770,8 +51418,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1271u32,
+        wire: 1376u32,
+        call: 1263u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51835,8 +51483,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1271u32,
+        wire: 1377u32,
+        call: 1263u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51900,8 +51548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1272u32,
+        wire: 1378u32,
+        call: 1264u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51957,8 +51605,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1272u32,
+        wire: 1379u32,
+        call: 1264u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52014,8 +51662,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1273u32,
+        wire: 1380u32,
+        call: 1265u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -52059,8 +51707,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1273u32,
+        wire: 1381u32,
+        call: 1265u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -52104,8 +51752,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1274u32,
+        wire: 1382u32,
+        call: 1266u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -52133,8 +51781,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1274u32,
+        wire: 1383u32,
+        call: 1266u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -52162,8 +51810,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1275u32,
+        wire: 1384u32,
+        call: 1267u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -52203,8 +51851,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1275u32,
+        wire: 1385u32,
+        call: 1267u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -52244,8 +51892,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1276u32,
+        wire: 1386u32,
+        call: 1268u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -52289,8 +51937,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1276u32,
+        wire: 1387u32,
+        call: 1268u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -52334,8 +51982,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1277u32,
+        wire: 1388u32,
+        call: 1269u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -52405,8 +52053,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1277u32,
+        wire: 1389u32,
+        call: 1269u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -52476,8 +52124,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1278u32,
+        wire: 1390u32,
+        call: 1270u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -52526,8 +52174,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1278u32,
+        wire: 1391u32,
+        call: 1270u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -52576,8 +52224,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1279u32,
+        wire: 1392u32,
+        call: 1271u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52605,8 +52253,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1279u32,
+        wire: 1393u32,
+        call: 1271u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52634,8 +52282,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1280u32,
+        wire: 1394u32,
+        call: 1272u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52689,8 +52337,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1280u32,
+        wire: 1395u32,
+        call: 1272u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52744,8 +52392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1281u32,
+        wire: 1396u32,
+        call: 1273u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52793,8 +52441,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1281u32,
+        wire: 1397u32,
+        call: 1273u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52842,8 +52490,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1282u32,
+        wire: 1398u32,
+        call: 1274u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52871,8 +52519,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1282u32,
+        wire: 1399u32,
+        call: 1274u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52900,8 +52548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1283u32,
+        wire: 1400u32,
+        call: 1275u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52955,8 +52603,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1283u32,
+        wire: 1401u32,
+        call: 1275u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -53010,8 +52658,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1284u32,
+        wire: 1402u32,
+        call: 1276u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53059,8 +52707,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1284u32,
+        wire: 1403u32,
+        call: 1276u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53108,8 +52756,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1285u32,
+        wire: 1404u32,
+        call: 1277u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -53137,8 +52785,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1285u32,
+        wire: 1405u32,
+        call: 1277u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -53166,8 +52814,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1286u32,
+        wire: 1406u32,
+        call: 1278u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -53221,8 +52869,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1286u32,
+        wire: 1407u32,
+        call: 1278u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -53276,8 +52924,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1287u32,
+        wire: 1408u32,
+        call: 1279u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53325,8 +52973,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1287u32,
+        wire: 1409u32,
+        call: 1279u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53374,8 +53022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1288u32,
+        wire: 1410u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -53403,8 +53051,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1288u32,
+        wire: 1411u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -53432,8 +53080,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1289u32,
+        wire: 1412u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -53461,8 +53109,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1289u32,
+        wire: 1413u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -53490,8 +53138,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1290u32,
+        wire: 1414u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -53531,8 +53179,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1290u32,
+        wire: 1415u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -53572,8 +53220,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1291u32,
+        wire: 1416u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -53601,8 +53249,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1291u32,
+        wire: 1417u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -53630,8 +53278,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1292u32,
+        wire: 1418u32,
+        call: 1284u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -53651,8 +53299,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1292u32,
+        wire: 1419u32,
+        call: 1284u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -53672,8 +53320,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1293u32,
+        wire: 1420u32,
+        call: 1285u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -53712,8 +53360,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1293u32,
+        wire: 1421u32,
+        call: 1285u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -53752,8 +53400,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1294u32,
+        wire: 1422u32,
+        call: 1286u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -53806,8 +53454,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1294u32,
+        wire: 1423u32,
+        call: 1286u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -53860,8 +53508,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1295u32,
+        wire: 1424u32,
+        call: 1287u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -53911,8 +53559,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1295u32,
+        wire: 1425u32,
+        call: 1287u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -53962,8 +53610,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1296u32,
+        wire: 1426u32,
+        call: 1288u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -53991,8 +53639,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1296u32,
+        wire: 1427u32,
+        call: 1288u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -54020,8 +53668,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1297u32,
+        wire: 1428u32,
+        call: 1289u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -54095,8 +53743,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1297u32,
+        wire: 1429u32,
+        call: 1289u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -54170,8 +53818,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1298u32,
+        wire: 1430u32,
+        call: 1290u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -54217,8 +53865,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1298u32,
+        wire: 1431u32,
+        call: 1290u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -54264,8 +53912,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1299u32,
+        wire: 1432u32,
+        call: 1291u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -54293,8 +53941,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1300u32,
+        wire: 1433u32,
+        call: 1292u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -54314,8 +53962,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1300u32,
+        wire: 1434u32,
+        call: 1292u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -54335,8 +53983,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1301u32,
+        wire: 1435u32,
+        call: 1293u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54412,8 +54060,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1301u32,
+        wire: 1436u32,
+        call: 1293u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54489,8 +54137,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1302u32,
+        wire: 1437u32,
+        call: 1294u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54558,8 +54206,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1302u32,
+        wire: 1438u32,
+        call: 1294u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54627,8 +54275,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1303u32,
+        wire: 1439u32,
+        call: 1295u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -54680,8 +54328,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1303u32,
+        wire: 1440u32,
+        call: 1295u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -54733,8 +54381,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1304u32,
+        wire: 1441u32,
+        call: 1296u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54774,8 +54422,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1304u32,
+        wire: 1442u32,
+        call: 1296u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54815,8 +54463,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1305u32,
+        wire: 1443u32,
+        call: 1297u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -54886,8 +54534,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1305u32,
+        wire: 1444u32,
+        call: 1297u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -54957,8 +54605,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1306u32,
+        wire: 1445u32,
+        call: 1298u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -55003,8 +54651,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1306u32,
+        wire: 1446u32,
+        call: 1298u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -55049,8 +54697,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1307u32,
+        wire: 1447u32,
+        call: 1299u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -55112,8 +54760,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1307u32,
+        wire: 1448u32,
+        call: 1299u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -55175,8 +54823,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1308u32,
+        wire: 1449u32,
+        call: 1300u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -55212,8 +54860,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1308u32,
+        wire: 1450u32,
+        call: 1300u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -55249,8 +54897,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1309u32,
+        wire: 1451u32,
+        call: 1301u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -55278,8 +54926,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1309u32,
+        wire: 1452u32,
+        call: 1301u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -55307,8 +54955,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1310u32,
+        wire: 1453u32,
+        call: 1302u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -55340,8 +54988,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1311u32,
+        wire: 1454u32,
+        call: 1303u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -55373,8 +55021,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1312u32,
+        wire: 1455u32,
+        call: 1304u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -55402,8 +55050,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1313u32,
+        wire: 1456u32,
+        call: 1305u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -55435,8 +55083,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1314u32,
+        wire: 1457u32,
+        call: 1306u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -55468,8 +55116,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1315u32,
+        wire: 1458u32,
+        call: 1307u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -55497,8 +55145,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1316u32,
+        wire: 1459u32,
+        call: 1308u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -55526,8 +55174,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1317u32,
+        wire: 1460u32,
+        call: 1309u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -55567,8 +55215,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1318u32,
+        wire: 1461u32,
+        call: 1310u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -55614,8 +55262,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1318u32,
+        wire: 1462u32,
+        call: 1310u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -55661,8 +55309,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1319u32,
+        wire: 1463u32,
+        call: 1311u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
         library: "cudnn",
@@ -55721,8 +55369,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1319u32,
+        wire: 1464u32,
+        call: 1311u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
         library: "cudnn",
@@ -55781,8 +55429,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1320u32,
+        wire: 1465u32,
+        call: 1312u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -55814,8 +55462,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1320u32,
+        wire: 1466u32,
+        call: 1312u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -55847,8 +55495,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1321u32,
+        wire: 1467u32,
+        call: 1313u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55900,8 +55548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1321u32,
+        wire: 1468u32,
+        call: 1313u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55953,8 +55601,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1322u32,
+        wire: 1469u32,
+        call: 1314u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -55994,8 +55642,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1322u32,
+        wire: 1470u32,
+        call: 1314u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -56035,8 +55683,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1323u32,
+        wire: 1471u32,
+        call: 1315u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56076,8 +55724,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1323u32,
+        wire: 1472u32,
+        call: 1315u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56117,8 +55765,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1324u32,
+        wire: 1473u32,
+        call: 1316u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -56144,8 +55792,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1324u32,
+        wire: 1474u32,
+        call: 1316u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -56171,8 +55819,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1325u32,
+        wire: 1475u32,
+        call: 1317u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -56243,8 +55891,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1325u32,
+        wire: 1476u32,
+        call: 1317u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -56315,8 +55963,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1326u32,
+        wire: 1477u32,
+        call: 1318u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -56366,8 +56014,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1326u32,
+        wire: 1478u32,
+        call: 1318u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -56417,8 +56065,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1327u32,
+        wire: 1479u32,
+        call: 1319u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -56446,8 +56094,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1327u32,
+        wire: 1480u32,
+        call: 1319u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -56475,8 +56123,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1328u32,
+        wire: 1481u32,
+        call: 1320u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -56532,8 +56180,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1328u32,
+        wire: 1482u32,
+        call: 1320u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -56589,8 +56237,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1329u32,
+        wire: 1483u32,
+        call: 1321u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -56610,8 +56258,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1329u32,
+        wire: 1484u32,
+        call: 1321u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -56631,8 +56279,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1330u32,
+        wire: 1485u32,
+        call: 1322u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -56649,8 +56297,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1331u32,
+        wire: 1486u32,
+        call: 1323u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -56686,8 +56334,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1331u32,
+        wire: 1487u32,
+        call: 1323u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -56723,8 +56371,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1332u32,
+        wire: 1488u32,
+        call: 1324u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -56786,8 +56434,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1332u32,
+        wire: 1489u32,
+        call: 1324u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -56849,8 +56497,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1333u32,
+        wire: 1490u32,
+        call: 1325u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -56902,8 +56550,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1333u32,
+        wire: 1491u32,
+        call: 1325u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -56955,8 +56603,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1334u32,
+        wire: 1492u32,
+        call: 1326u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -56992,8 +56640,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1334u32,
+        wire: 1493u32,
+        call: 1326u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -57029,8 +56677,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1335u32,
+        wire: 1494u32,
+        call: 1327u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -57047,8 +56695,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1336u32,
+        wire: 1495u32,
+        call: 1328u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -57065,8 +56713,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1337u32,
+        wire: 1496u32,
+        call: 1329u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -57083,8 +56731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1338u32,
+        wire: 1497u32,
+        call: 1330u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -57142,8 +56790,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1338u32,
+        wire: 1498u32,
+        call: 1330u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -57201,8 +56849,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1339u32,
+        wire: 1499u32,
+        call: 1331u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -57250,8 +56898,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1339u32,
+        wire: 1500u32,
+        call: 1331u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -57299,8 +56947,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1340u32,
+        wire: 1501u32,
+        call: 1332u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -57336,8 +56984,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1340u32,
+        wire: 1502u32,
+        call: 1332u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -57373,8 +57021,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1341u32,
+        wire: 1503u32,
+        call: 1333u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -57441,8 +57089,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1341u32,
+        wire: 1504u32,
+        call: 1333u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -57509,8 +57157,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1342u32,
+        wire: 1505u32,
+        call: 1334u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -57566,8 +57214,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1343u32,
+        wire: 1506u32,
+        call: 1335u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -57628,8 +57276,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1343u32,
+        wire: 1507u32,
+        call: 1335u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -57690,8 +57338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1344u32,
+        wire: 1508u32,
+        call: 1336u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -57759,8 +57407,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1344u32,
+        wire: 1509u32,
+        call: 1336u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -57828,8 +57476,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1345u32,
+        wire: 1510u32,
+        call: 1337u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -57879,8 +57527,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1346u32,
+        wire: 1511u32,
+        call: 1338u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -57926,8 +57574,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1346u32,
+        wire: 1512u32,
+        call: 1338u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -57973,8 +57621,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1347u32,
+        wire: 1513u32,
+        call: 1339u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -58014,8 +57662,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1348u32,
+        wire: 1514u32,
+        call: 1340u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -58057,8 +57705,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1349u32,
+        wire: 1515u32,
+        call: 1341u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -58096,8 +57744,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1349u32,
+        wire: 1516u32,
+        call: 1341u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -58135,8 +57783,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1350u32,
+        wire: 1517u32,
+        call: 1342u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -58170,8 +57818,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1351u32,
+        wire: 1518u32,
+        call: 1343u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58210,8 +57858,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1351u32,
+        wire: 1519u32,
+        call: 1343u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58250,8 +57898,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1352u32,
+        wire: 1520u32,
+        call: 1344u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -58284,8 +57932,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1352u32,
+        wire: 1521u32,
+        call: 1344u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -58318,8 +57966,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1353u32,
+        wire: 1522u32,
+        call: 1345u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -58353,8 +58001,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1353u32,
+        wire: 1523u32,
+        call: 1345u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -58388,8 +58036,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1354u32,
+        wire: 1524u32,
+        call: 1346u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -58415,8 +58063,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1354u32,
+        wire: 1525u32,
+        call: 1346u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -58442,8 +58090,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1355u32,
+        wire: 1526u32,
+        call: 1347u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -58466,8 +58114,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1356u32,
+        wire: 1527u32,
+        call: 1348u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -58505,8 +58153,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1357u32,
+        wire: 1528u32,
+        call: 1349u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58604,8 +58252,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1357u32,
+        wire: 1529u32,
+        call: 1349u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58703,8 +58351,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1358u32,
+        wire: 1530u32,
+        call: 1350u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58730,8 +58378,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1358u32,
+        wire: 1531u32,
+        call: 1350u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58757,8 +58405,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1359u32,
+        wire: 1532u32,
+        call: 1351u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -58792,8 +58440,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1359u32,
+        wire: 1533u32,
+        call: 1351u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -58827,8 +58475,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1360u32,
+        wire: 1534u32,
+        call: 1352u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -58866,8 +58514,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1360u32,
+        wire: 1535u32,
+        call: 1352u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -58905,8 +58553,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1361u32,
+        wire: 1536u32,
+        call: 1353u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -58944,8 +58592,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1362u32,
+        wire: 1537u32,
+        call: 1354u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -58999,8 +58647,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1362u32,
+        wire: 1538u32,
+        call: 1354u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59054,8 +58702,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1363u32,
+        wire: 1539u32,
+        call: 1355u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -59081,8 +58729,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1363u32,
+        wire: 1540u32,
+        call: 1355u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -59108,8 +58756,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1364u32,
+        wire: 1541u32,
+        call: 1356u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -59135,8 +58783,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1364u32,
+        wire: 1542u32,
+        call: 1356u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -59162,8 +58810,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1365u32,
+        wire: 1543u32,
+        call: 1357u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59215,8 +58863,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1365u32,
+        wire: 1544u32,
+        call: 1357u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59268,8 +58916,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1366u32,
+        wire: 1545u32,
+        call: 1358u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -59295,8 +58943,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1366u32,
+        wire: 1546u32,
+        call: 1358u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -59322,8 +58970,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1367u32,
+        wire: 1547u32,
+        call: 1359u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59362,8 +59010,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1367u32,
+        wire: 1548u32,
+        call: 1359u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59402,8 +59050,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1368u32,
+        wire: 1549u32,
+        call: 1360u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -59449,8 +59097,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1368u32,
+        wire: 1550u32,
+        call: 1360u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -59496,8 +59144,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1369u32,
+        wire: 1551u32,
+        call: 1361u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59537,8 +59185,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1369u32,
+        wire: 1552u32,
+        call: 1361u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59578,8 +59226,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1370u32,
+        wire: 1553u32,
+        call: 1362u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59617,8 +59265,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1370u32,
+        wire: 1554u32,
+        call: 1362u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59656,8 +59304,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1371u32,
+        wire: 1555u32,
+        call: 1363u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59691,8 +59339,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1371u32,
+        wire: 1556u32,
+        call: 1363u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59726,8 +59374,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1372u32,
+        wire: 1557u32,
+        call: 1364u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -59753,8 +59401,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1373u32,
+        wire: 1558u32,
+        call: 1365u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59808,8 +59456,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1373u32,
+        wire: 1559u32,
+        call: 1365u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59863,8 +59511,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1374u32,
+        wire: 1560u32,
+        call: 1366u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59894,8 +59542,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1375u32,
+        wire: 1561u32,
+        call: 1367u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -59921,8 +59569,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1376u32,
+        wire: 1562u32,
+        call: 1368u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59976,8 +59624,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1376u32,
+        wire: 1563u32,
+        call: 1368u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -60031,8 +59679,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1377u32,
+        wire: 1564u32,
+        call: 1369u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -60090,8 +59738,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1378u32,
+        wire: 1565u32,
+        call: 1370u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -60169,8 +59817,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1378u32,
+        wire: 1566u32,
+        call: 1370u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -60248,8 +59896,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1379u32,
+        wire: 1567u32,
+        call: 1371u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -60275,8 +59923,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1380u32,
+        wire: 1568u32,
+        call: 1372u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -60302,8 +59950,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1381u32,
+        wire: 1569u32,
+        call: 1373u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -60337,8 +59985,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1382u32,
+        wire: 1570u32,
+        call: 1374u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60380,8 +60028,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1382u32,
+        wire: 1571u32,
+        call: 1374u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60423,8 +60071,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1383u32,
+        wire: 1572u32,
+        call: 1375u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60464,8 +60112,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1383u32,
+        wire: 1573u32,
+        call: 1375u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60505,8 +60153,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1384u32,
+        wire: 1574u32,
+        call: 1376u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60532,8 +60180,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1384u32,
+        wire: 1575u32,
+        call: 1376u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60559,8 +60207,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1385u32,
+        wire: 1576u32,
+        call: 1377u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60606,8 +60254,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1385u32,
+        wire: 1577u32,
+        call: 1377u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60653,8 +60301,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1386u32,
+        wire: 1578u32,
+        call: 1378u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -60712,8 +60360,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1386u32,
+        wire: 1579u32,
+        call: 1378u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -60771,8 +60419,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1387u32,
+        wire: 1580u32,
+        call: 1379u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60814,8 +60462,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1387u32,
+        wire: 1581u32,
+        call: 1379u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60857,8 +60505,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1388u32,
+        wire: 1582u32,
+        call: 1380u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -60915,8 +60563,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1388u32,
+        wire: 1583u32,
+        call: 1380u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -60973,8 +60621,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1389u32,
+        wire: 1584u32,
+        call: 1381u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -61026,8 +60674,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1389u32,
+        wire: 1585u32,
+        call: 1381u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -61079,8 +60727,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1390u32,
+        wire: 1586u32,
+        call: 1382u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -61108,8 +60756,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1390u32,
+        wire: 1587u32,
+        call: 1382u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -61137,8 +60785,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1391u32,
+        wire: 1588u32,
+        call: 1383u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -61166,8 +60814,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1391u32,
+        wire: 1589u32,
+        call: 1383u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -61195,8 +60843,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1392u32,
+        wire: 1590u32,
+        call: 1384u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -61263,8 +60911,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1392u32,
+        wire: 1591u32,
+        call: 1384u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -61331,8 +60979,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1393u32,
+        wire: 1592u32,
+        call: 1385u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -61381,8 +61029,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1393u32,
+        wire: 1593u32,
+        call: 1385u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -61431,8 +61079,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1394u32,
+        wire: 1594u32,
+        call: 1386u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -61476,8 +61124,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1394u32,
+        wire: 1595u32,
+        call: 1386u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -61527,8 +61175,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1596u32,
+        wire: 1797u32,
+        call: 1588u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -61552,8 +61200,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1597u32,
+        wire: 1798u32,
+        call: 1589u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -61575,8 +61223,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1598u32,
+        wire: 1799u32,
+        call: 1590u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -61602,8 +61250,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1599u32,
+        wire: 1800u32,
+        call: 1591u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -61629,8 +61277,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1600u32,
+        wire: 1801u32,
+        call: 1592u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -61660,8 +61308,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1601u32,
+        wire: 1802u32,
+        call: 1593u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -61687,8 +61335,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1602u32,
+        wire: 1803u32,
+        call: 1594u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -61711,8 +61359,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1603u32,
+        wire: 1804u32,
+        call: 1595u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -61738,8 +61386,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1604u32,
+        wire: 1805u32,
+        call: 1596u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -61767,8 +61415,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1605u32,
+        wire: 1806u32,
+        call: 1597u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -61850,8 +61498,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1606u32,
+        wire: 1807u32,
+        call: 1598u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -61881,8 +61529,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1607u32,
+        wire: 1808u32,
+        call: 1599u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -61919,8 +61567,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1608u32,
+        wire: 1809u32,
+        call: 1600u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -61946,8 +61594,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1609u32,
+        wire: 1810u32,
+        call: 1601u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -61973,8 +61621,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1610u32,
+        wire: 1811u32,
+        call: 1602u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -62000,8 +61648,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1611u32,
+        wire: 1812u32,
+        call: 1603u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -62023,8 +61671,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1612u32,
+        wire: 1813u32,
+        call: 1604u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -62046,8 +61694,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1613u32,
+        wire: 1814u32,
+        call: 1605u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -62069,8 +61717,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1614u32,
+        wire: 1815u32,
+        call: 1606u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -62096,8 +61744,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1615u32,
+        wire: 1816u32,
+        call: 1607u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -62123,8 +61771,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1616u32,
+        wire: 1817u32,
+        call: 1608u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -62150,8 +61798,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1617u32,
+        wire: 1818u32,
+        call: 1609u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -62177,8 +61825,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1618u32,
+        wire: 1819u32,
+        call: 1610u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -62216,8 +61864,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1922u32,
+        wire: 2123u32,
+        call: 1914u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62253,8 +61901,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1923u32,
+        wire: 2124u32,
+        call: 1915u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -62296,8 +61944,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1924u32,
+        wire: 2125u32,
+        call: 1916u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -62338,8 +61986,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1925u32,
+        wire: 2126u32,
+        call: 1917u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -62400,8 +62048,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1926u32,
+        wire: 2127u32,
+        call: 1918u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62437,8 +62085,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1927u32,
+        wire: 2128u32,
+        call: 1919u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -62524,8 +62172,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1928u32,
+        wire: 2129u32,
+        call: 1920u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -62605,8 +62253,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1929u32,
+        wire: 2130u32,
+        call: 1921u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -62670,8 +62318,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1930u32,
+        wire: 2131u32,
+        call: 1922u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -62735,8 +62383,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1931u32,
+        wire: 2132u32,
+        call: 1923u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -62800,8 +62448,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1932u32,
+        wire: 2133u32,
+        call: 1924u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -62865,8 +62513,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1933u32,
+        wire: 2134u32,
+        call: 1925u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -62904,8 +62552,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1934u32,
+        wire: 2135u32,
+        call: 1926u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -62946,8 +62594,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1935u32,
+        wire: 2136u32,
+        call: 1927u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -62993,8 +62641,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1936u32,
+        wire: 2137u32,
+        call: 1928u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -63040,8 +62688,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1937u32,
+        wire: 2138u32,
+        call: 1929u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -63087,8 +62735,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1938u32,
+        wire: 2139u32,
+        call: 1930u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -63138,8 +62786,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1939u32,
+        wire: 2140u32,
+        call: 1931u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -63193,8 +62841,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1940u32,
+        wire: 2141u32,
+        call: 1932u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -63248,8 +62896,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1941u32,
+        wire: 2142u32,
+        call: 1933u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -63299,8 +62947,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1942u32,
+        wire: 2143u32,
+        call: 1934u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -63355,8 +63003,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1943u32,
+        wire: 2144u32,
+        call: 1935u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -63411,8 +63059,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1944u32,
+        wire: 2145u32,
+        call: 1936u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -63471,8 +63119,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1945u32,
+        wire: 2146u32,
+        call: 1937u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -63531,8 +63179,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1946u32,
+        wire: 2147u32,
+        call: 1938u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -63576,8 +63224,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1947u32,
+        wire: 2148u32,
+        call: 1939u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -63618,8 +63266,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1948u32,
+        wire: 2149u32,
+        call: 1940u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -63660,8 +63308,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1949u32,
+        wire: 2150u32,
+        call: 1941u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -63702,8 +63350,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1950u32,
+        wire: 2151u32,
+        call: 1942u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -63743,8 +63391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1951u32,
+        wire: 2152u32,
+        call: 1943u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -63785,8 +63433,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1952u32,
+        wire: 2153u32,
+        call: 1944u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -63827,8 +63475,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1953u32,
+        wire: 2154u32,
+        call: 1945u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -63869,8 +63517,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1954u32,
+        wire: 2155u32,
+        call: 1946u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -63915,8 +63563,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1955u32,
+        wire: 2156u32,
+        call: 1947u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -63965,8 +63613,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1956u32,
+        wire: 2157u32,
+        call: 1948u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -63988,8 +63636,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1957u32,
+        wire: 2158u32,
+        call: 1949u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -64011,8 +63659,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1958u32,
+        wire: 2159u32,
+        call: 1950u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -64034,8 +63682,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1959u32,
+        wire: 2160u32,
+        call: 1951u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -64057,8 +63705,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1960u32,
+        wire: 2161u32,
+        call: 1952u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -64100,8 +63748,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1961u32,
+        wire: 2162u32,
+        call: 1953u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64138,8 +63786,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1962u32,
+        wire: 2163u32,
+        call: 1954u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -64181,8 +63829,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1963u32,
+        wire: 2164u32,
+        call: 1955u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -64224,8 +63872,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1964u32,
+        wire: 2165u32,
+        call: 1956u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -64275,8 +63923,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1965u32,
+        wire: 2166u32,
+        call: 1957u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64326,8 +63974,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1966u32,
+        wire: 2167u32,
+        call: 1958u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -64373,8 +64021,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1967u32,
+        wire: 2168u32,
+        call: 1959u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64420,8 +64068,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1968u32,
+        wire: 2169u32,
+        call: 1960u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -64463,8 +64111,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1969u32,
+        wire: 2170u32,
+        call: 1961u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64506,8 +64154,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1970u32,
+        wire: 2171u32,
+        call: 1962u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -64566,8 +64214,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1971u32,
+        wire: 2172u32,
+        call: 1963u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64626,8 +64274,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1972u32,
+        wire: 2173u32,
+        call: 1964u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -64686,8 +64334,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1973u32,
+        wire: 2174u32,
+        call: 1965u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64746,8 +64394,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1974u32,
+        wire: 2175u32,
+        call: 1966u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -64769,8 +64417,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1975u32,
+        wire: 2176u32,
+        call: 1967u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -64792,8 +64440,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1976u32,
+        wire: 2177u32,
+        call: 1968u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -64815,8 +64463,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1977u32,
+        wire: 2178u32,
+        call: 1969u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -64838,8 +64486,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1978u32,
+        wire: 2179u32,
+        call: 1970u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64875,8 +64523,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1979u32,
+        wire: 2180u32,
+        call: 1971u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -64918,8 +64566,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1980u32,
+        wire: 2181u32,
+        call: 1972u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64960,8 +64608,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1981u32,
+        wire: 2182u32,
+        call: 1973u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -65022,8 +64670,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1982u32,
+        wire: 2183u32,
+        call: 1974u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -65059,8 +64707,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1983u32,
+        wire: 2184u32,
+        call: 1975u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -65146,8 +64794,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1984u32,
+        wire: 2185u32,
+        call: 1976u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -65227,8 +64875,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1985u32,
+        wire: 2186u32,
+        call: 1977u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -65292,8 +64940,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1986u32,
+        wire: 2187u32,
+        call: 1978u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -65357,8 +65005,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1987u32,
+        wire: 2188u32,
+        call: 1979u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -65422,8 +65070,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1988u32,
+        wire: 2189u32,
+        call: 1980u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -65487,8 +65135,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1989u32,
+        wire: 2190u32,
+        call: 1981u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -65526,8 +65174,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1990u32,
+        wire: 2191u32,
+        call: 1982u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -65568,8 +65216,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1991u32,
+        wire: 2192u32,
+        call: 1983u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -65615,8 +65263,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1992u32,
+        wire: 2193u32,
+        call: 1984u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -65660,8 +65308,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1993u32,
+        wire: 2194u32,
+        call: 1985u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -65702,8 +65350,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1994u32,
+        wire: 2195u32,
+        call: 1986u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -65744,8 +65392,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1995u32,
+        wire: 2196u32,
+        call: 1987u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -65795,8 +65443,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1996u32,
+        wire: 2197u32,
+        call: 1988u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65846,8 +65494,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1997u32,
+        wire: 2198u32,
+        call: 1989u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -65893,8 +65541,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1998u32,
+        wire: 2199u32,
+        call: 1990u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65940,8 +65588,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1999u32,
+        wire: 2200u32,
+        call: 1991u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -65983,8 +65631,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 2000u32,
+        wire: 2201u32,
+        call: 1992u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66026,8 +65674,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 2001u32,
+        wire: 2202u32,
+        call: 1993u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -66086,8 +65734,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 2002u32,
+        wire: 2203u32,
+        call: 1994u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66146,8 +65794,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 2003u32,
+        wire: 2204u32,
+        call: 1995u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -66206,8 +65854,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 2004u32,
+        wire: 2205u32,
+        call: 1996u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66266,8 +65914,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 2005u32,
+        wire: 2206u32,
+        call: 1997u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -66308,8 +65956,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 2006u32,
+        wire: 2207u32,
+        call: 1998u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -66349,8 +65997,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 2007u32,
+        wire: 2208u32,
+        call: 1999u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -66391,8 +66039,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 2008u32,
+        wire: 2209u32,
+        call: 2000u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -66433,8 +66081,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 2009u32,
+        wire: 2210u32,
+        call: 2001u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -66475,8 +66123,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 2010u32,
+        wire: 2211u32,
+        call: 2002u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -66521,8 +66169,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 2011u32,
+        wire: 2212u32,
+        call: 2003u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -66571,8 +66219,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 2012u32,
+        wire: 2213u32,
+        call: 2004u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -66618,8 +66266,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 2013u32,
+        wire: 2214u32,
+        call: 2005u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -66665,8 +66313,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 2014u32,
+        wire: 2215u32,
+        call: 2006u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -66716,8 +66364,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 2015u32,
+        wire: 2216u32,
+        call: 2007u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -66771,8 +66419,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 2016u32,
+        wire: 2217u32,
+        call: 2008u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -66826,8 +66474,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 2017u32,
+        wire: 2218u32,
+        call: 2009u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -66877,8 +66525,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 2018u32,
+        wire: 2219u32,
+        call: 2010u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -66933,8 +66581,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 2019u32,
+        wire: 2220u32,
+        call: 2011u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -66989,8 +66637,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 2020u32,
+        wire: 2221u32,
+        call: 2012u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -67049,8 +66697,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 2021u32,
+        wire: 2222u32,
+        call: 2013u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67109,8 +66757,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 2022u32,
+        wire: 2223u32,
+        call: 2014u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -67152,8 +66800,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 2023u32,
+        wire: 2224u32,
+        call: 2015u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67190,8 +66838,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 2024u32,
+        wire: 2225u32,
+        call: 2016u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -67233,8 +66881,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 2025u32,
+        wire: 2226u32,
+        call: 2017u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -67276,8 +66924,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 2026u32,
+        wire: 2227u32,
+        call: 2018u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -67303,8 +66951,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 2027u32,
+        wire: 2228u32,
+        call: 2019u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -67362,8 +67010,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 2028u32,
+        wire: 2229u32,
+        call: 2020u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -67385,8 +67033,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 2029u32,
+        wire: 2230u32,
+        call: 2021u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -67408,8 +67056,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 2030u32,
+        wire: 2231u32,
+        call: 2022u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -67431,8 +67079,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 2031u32,
+        wire: 2232u32,
+        call: 2023u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -67454,8 +67102,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 2032u32,
+        wire: 2233u32,
+        call: 2024u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -67477,8 +67125,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 2033u32,
+        wire: 2234u32,
+        call: 2025u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -67500,8 +67148,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 2034u32,
+        wire: 2235u32,
+        call: 2026u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -67523,8 +67171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 2035u32,
+        wire: 2236u32,
+        call: 2027u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -67550,8 +67198,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 2036u32,
+        wire: 2237u32,
+        call: 2028u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -67577,8 +67225,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 2037u32,
+        wire: 2238u32,
+        call: 2029u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -67604,8 +67252,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 2038u32,
+        wire: 2239u32,
+        call: 2030u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -67631,8 +67279,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 2039u32,
+        wire: 2240u32,
+        call: 2031u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -67658,8 +67306,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 2040u32,
+        wire: 2241u32,
+        call: 2032u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -67689,8 +67337,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 2041u32,
+        wire: 2242u32,
+        call: 2033u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -67716,8 +67364,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 2042u32,
+        wire: 2243u32,
+        call: 2034u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -67743,8 +67391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 2043u32,
+        wire: 2244u32,
+        call: 2035u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -67761,8 +67409,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 2044u32,
+        wire: 2245u32,
+        call: 2036u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -67784,8 +67432,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 2045u32,
+        wire: 2246u32,
+        call: 2037u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -67807,8 +67455,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 2046u32,
+        wire: 2247u32,
+        call: 2038u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -67865,8 +67513,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 2047u32,
+        wire: 2248u32,
+        call: 2039u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -67896,8 +67544,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 2048u32,
+        wire: 2249u32,
+        call: 2040u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -67923,8 +67571,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 2049u32,
+        wire: 2250u32,
+        call: 2041u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -67950,8 +67598,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 2050u32,
+        wire: 2251u32,
+        call: 2042u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -67977,8 +67625,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 2051u32,
+        wire: 2252u32,
+        call: 2043u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -68004,8 +67652,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 2052u32,
+        wire: 2253u32,
+        call: 2044u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -68041,8 +67689,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 2053u32,
+        wire: 2254u32,
+        call: 2045u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -68084,8 +67732,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 2054u32,
+        wire: 2255u32,
+        call: 2046u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68126,8 +67774,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 2055u32,
+        wire: 2256u32,
+        call: 2047u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -68188,8 +67836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 2056u32,
+        wire: 2257u32,
+        call: 2048u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -68225,8 +67873,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 2057u32,
+        wire: 2258u32,
+        call: 2049u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -68312,8 +67960,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 2058u32,
+        wire: 2259u32,
+        call: 2050u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -68393,8 +68041,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 2059u32,
+        wire: 2260u32,
+        call: 2051u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -68458,8 +68106,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 2060u32,
+        wire: 2261u32,
+        call: 2052u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -68523,8 +68171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 2061u32,
+        wire: 2262u32,
+        call: 2053u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -68588,8 +68236,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 2062u32,
+        wire: 2263u32,
+        call: 2054u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -68653,8 +68301,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 2063u32,
+        wire: 2264u32,
+        call: 2055u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -68692,8 +68340,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 2064u32,
+        wire: 2265u32,
+        call: 2056u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68734,8 +68382,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 2065u32,
+        wire: 2266u32,
+        call: 2057u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -68781,8 +68429,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 2066u32,
+        wire: 2267u32,
+        call: 2058u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -68826,8 +68474,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 2067u32,
+        wire: 2268u32,
+        call: 2059u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -68868,8 +68516,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 2068u32,
+        wire: 2269u32,
+        call: 2060u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -68910,8 +68558,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 2069u32,
+        wire: 2270u32,
+        call: 2061u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -68961,8 +68609,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 2070u32,
+        wire: 2271u32,
+        call: 2062u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69012,8 +68660,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 2071u32,
+        wire: 2272u32,
+        call: 2063u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -69059,8 +68707,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 2072u32,
+        wire: 2273u32,
+        call: 2064u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69106,8 +68754,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 2073u32,
+        wire: 2274u32,
+        call: 2065u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -69149,8 +68797,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 2074u32,
+        wire: 2275u32,
+        call: 2066u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69192,8 +68840,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 2075u32,
+        wire: 2276u32,
+        call: 2067u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -69252,8 +68900,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 2076u32,
+        wire: 2277u32,
+        call: 2068u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69312,8 +68960,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 2077u32,
+        wire: 2278u32,
+        call: 2069u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -69372,8 +69020,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 2078u32,
+        wire: 2279u32,
+        call: 2070u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69432,8 +69080,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 2079u32,
+        wire: 2280u32,
+        call: 2071u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -69474,8 +69122,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 2080u32,
+        wire: 2281u32,
+        call: 2072u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -69515,8 +69163,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 2081u32,
+        wire: 2282u32,
+        call: 2073u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69557,8 +69205,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 2082u32,
+        wire: 2283u32,
+        call: 2074u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -69599,8 +69247,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 2083u32,
+        wire: 2284u32,
+        call: 2075u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -69641,8 +69289,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 2084u32,
+        wire: 2285u32,
+        call: 2076u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -69687,8 +69335,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 2085u32,
+        wire: 2286u32,
+        call: 2077u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -69737,8 +69385,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 2086u32,
+        wire: 2287u32,
+        call: 2078u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -69784,8 +69432,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 2087u32,
+        wire: 2288u32,
+        call: 2079u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69831,8 +69479,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 2088u32,
+        wire: 2289u32,
+        call: 2080u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -69882,8 +69530,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 2089u32,
+        wire: 2290u32,
+        call: 2081u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -69937,8 +69585,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 2090u32,
+        wire: 2291u32,
+        call: 2082u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -69992,8 +69640,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 2091u32,
+        wire: 2292u32,
+        call: 2083u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70043,8 +69691,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 2092u32,
+        wire: 2293u32,
+        call: 2084u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -70099,8 +69747,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2093u32,
+        wire: 2294u32,
+        call: 2085u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70155,8 +69803,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2094u32,
+        wire: 2295u32,
+        call: 2086u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -70215,8 +69863,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2095u32,
+        wire: 2296u32,
+        call: 2087u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70275,8 +69923,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2096u32,
+        wire: 2297u32,
+        call: 2088u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -70318,8 +69966,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2097u32,
+        wire: 2298u32,
+        call: 2089u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70356,8 +70004,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2098u32,
+        wire: 2299u32,
+        call: 2090u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -70399,8 +70047,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2099u32,
+        wire: 2300u32,
+        call: 2091u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -70442,8 +70090,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2100u32,
+        wire: 2301u32,
+        call: 2092u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -70533,8 +70181,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2101u32,
+        wire: 2302u32,
+        call: 2093u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -70620,8 +70268,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2102u32,
+        wire: 2303u32,
+        call: 2094u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -70689,8 +70337,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2103u32,
+        wire: 2304u32,
+        call: 2095u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70754,8 +70402,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2104u32,
+        wire: 2305u32,
+        call: 2096u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -70849,8 +70497,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2105u32,
+        wire: 2306u32,
+        call: 2097u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70940,8 +70588,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2106u32,
+        wire: 2307u32,
+        call: 2098u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -70967,8 +70615,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2107u32,
+        wire: 2308u32,
+        call: 2099u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -70994,8 +70642,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2108u32,
+        wire: 2309u32,
+        call: 2100u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -71021,8 +70669,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2109u32,
+        wire: 2310u32,
+        call: 2101u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -71112,8 +70760,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2110u32,
+        wire: 2311u32,
+        call: 2102u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -71177,8 +70825,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2111u32,
+        wire: 2312u32,
+        call: 2103u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71237,8 +70885,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2112u32,
+        wire: 2313u32,
+        call: 2104u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -71296,8 +70944,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2113u32,
+        wire: 2314u32,
+        call: 2105u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -71360,8 +71008,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2114u32,
+        wire: 2315u32,
+        call: 2106u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71420,8 +71068,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2115u32,
+        wire: 2316u32,
+        call: 2107u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -71478,8 +71126,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2116u32,
+        wire: 2317u32,
+        call: 2108u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -71555,8 +71203,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2117u32,
+        wire: 2318u32,
+        call: 2109u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -71628,8 +71276,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2118u32,
+        wire: 2319u32,
+        call: 2110u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -71701,8 +71349,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2119u32,
+        wire: 2320u32,
+        call: 2111u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71770,8 +71418,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2120u32,
+        wire: 2321u32,
+        call: 2112u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -71797,8 +71445,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2121u32,
+        wire: 2322u32,
+        call: 2113u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -71824,8 +71472,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2122u32,
+        wire: 2323u32,
+        call: 2114u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -71851,8 +71499,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2123u32,
+        wire: 2324u32,
+        call: 2115u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -71921,8 +71569,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2124u32,
+        wire: 2325u32,
+        call: 2116u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -71987,8 +71635,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2125u32,
+        wire: 2326u32,
+        call: 2117u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -72047,8 +71695,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2126u32,
+        wire: 2327u32,
+        call: 2118u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -72103,8 +71751,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2127u32,
+        wire: 2328u32,
+        call: 2119u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72140,8 +71788,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2128u32,
+        wire: 2329u32,
+        call: 2120u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -72183,8 +71831,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2129u32,
+        wire: 2330u32,
+        call: 2121u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72225,8 +71873,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2130u32,
+        wire: 2331u32,
+        call: 2122u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -72287,8 +71935,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2131u32,
+        wire: 2332u32,
+        call: 2123u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72324,8 +71972,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2132u32,
+        wire: 2333u32,
+        call: 2124u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -72411,8 +72059,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2133u32,
+        wire: 2334u32,
+        call: 2125u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72492,8 +72140,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2134u32,
+        wire: 2335u32,
+        call: 2126u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -72557,8 +72205,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2135u32,
+        wire: 2336u32,
+        call: 2127u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -72622,8 +72270,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2136u32,
+        wire: 2337u32,
+        call: 2128u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72687,8 +72335,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2137u32,
+        wire: 2338u32,
+        call: 2129u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -72752,8 +72400,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2138u32,
+        wire: 2339u32,
+        call: 2130u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -72791,8 +72439,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2139u32,
+        wire: 2340u32,
+        call: 2131u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72833,8 +72481,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2140u32,
+        wire: 2341u32,
+        call: 2132u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -72880,8 +72528,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2141u32,
+        wire: 2342u32,
+        call: 2133u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -72927,8 +72575,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2142u32,
+        wire: 2343u32,
+        call: 2134u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72974,8 +72622,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2143u32,
+        wire: 2344u32,
+        call: 2135u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -73025,8 +72673,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2144u32,
+        wire: 2345u32,
+        call: 2136u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -73080,8 +72728,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2145u32,
+        wire: 2346u32,
+        call: 2137u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -73135,8 +72783,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2146u32,
+        wire: 2347u32,
+        call: 2138u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -73186,8 +72834,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2147u32,
+        wire: 2348u32,
+        call: 2139u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -73242,8 +72890,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2148u32,
+        wire: 2349u32,
+        call: 2140u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -73298,8 +72946,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2149u32,
+        wire: 2350u32,
+        call: 2141u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -73358,8 +73006,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2150u32,
+        wire: 2351u32,
+        call: 2142u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -73418,8 +73066,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2151u32,
+        wire: 2352u32,
+        call: 2143u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -73463,8 +73111,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2152u32,
+        wire: 2353u32,
+        call: 2144u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -73505,8 +73153,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2153u32,
+        wire: 2354u32,
+        call: 2145u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -73547,8 +73195,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2154u32,
+        wire: 2355u32,
+        call: 2146u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -73589,8 +73237,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2155u32,
+        wire: 2356u32,
+        call: 2147u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -73630,8 +73278,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2156u32,
+        wire: 2357u32,
+        call: 2148u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73672,8 +73320,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2157u32,
+        wire: 2358u32,
+        call: 2149u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -73714,8 +73362,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2158u32,
+        wire: 2359u32,
+        call: 2150u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -73756,8 +73404,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2159u32,
+        wire: 2360u32,
+        call: 2151u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -73802,8 +73450,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2160u32,
+        wire: 2361u32,
+        call: 2152u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -73852,8 +73500,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2161u32,
+        wire: 2362u32,
+        call: 2153u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -73895,8 +73543,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2162u32,
+        wire: 2363u32,
+        call: 2154u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73933,8 +73581,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2163u32,
+        wire: 2364u32,
+        call: 2155u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -73976,8 +73624,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2164u32,
+        wire: 2365u32,
+        call: 2156u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -74019,8 +73667,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2165u32,
+        wire: 2366u32,
+        call: 2157u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -74070,8 +73718,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2166u32,
+        wire: 2367u32,
+        call: 2158u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74121,8 +73769,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2167u32,
+        wire: 2368u32,
+        call: 2159u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -74168,8 +73816,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2168u32,
+        wire: 2369u32,
+        call: 2160u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74215,8 +73863,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2169u32,
+        wire: 2370u32,
+        call: 2161u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -74258,8 +73906,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2170u32,
+        wire: 2371u32,
+        call: 2162u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74301,8 +73949,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2171u32,
+        wire: 2372u32,
+        call: 2163u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -74361,8 +74009,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2172u32,
+        wire: 2373u32,
+        call: 2164u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74421,8 +74069,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2173u32,
+        wire: 2374u32,
+        call: 2165u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -74481,8 +74129,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2174u32,
+        wire: 2375u32,
+        call: 2166u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74541,8 +74189,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2175u32,
+        wire: 2376u32,
+        call: 2167u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -74564,8 +74212,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2176u32,
+        wire: 2377u32,
+        call: 2168u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -74587,8 +74235,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2177u32,
+        wire: 2378u32,
+        call: 2169u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -74610,8 +74258,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2178u32,
+        wire: 2379u32,
+        call: 2170u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -74633,8 +74281,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2179u32,
+        wire: 2380u32,
+        call: 2171u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -74656,8 +74304,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2180u32,
+        wire: 2381u32,
+        call: 2172u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -74679,8 +74327,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2181u32,
+        wire: 2382u32,
+        call: 2173u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -74710,8 +74358,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2182u32,
+        wire: 2383u32,
+        call: 2174u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -74741,8 +74389,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2183u32,
+        wire: 2384u32,
+        call: 2175u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -74772,8 +74420,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2184u32,
+        wire: 2385u32,
+        call: 2176u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -74799,8 +74447,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2185u32,
+        wire: 2386u32,
+        call: 2177u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -74822,8 +74470,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2186u32,
+        wire: 2387u32,
+        call: 2178u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -74845,8 +74493,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2187u32,
+        wire: 2388u32,
+        call: 2179u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -74868,8 +74516,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2188u32,
+        wire: 2389u32,
+        call: 2180u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -74891,8 +74539,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2189u32,
+        wire: 2390u32,
+        call: 2181u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -74918,8 +74566,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2190u32,
+        wire: 2391u32,
+        call: 2182u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -74948,8 +74596,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1619u32,
+        wire: 1820u32,
+        call: 1611u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -74989,8 +74637,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1620u32,
+        wire: 1821u32,
+        call: 1612u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -75028,8 +74676,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1621u32,
+        wire: 1822u32,
+        call: 1613u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -75081,8 +74729,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1622u32,
+        wire: 1823u32,
+        call: 1614u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -75136,8 +74784,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1623u32,
+        wire: 1824u32,
+        call: 1615u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -75192,8 +74840,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1624u32,
+        wire: 1825u32,
+        call: 1616u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -75247,8 +74895,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1625u32,
+        wire: 1826u32,
+        call: 1617u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -75302,8 +74950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1626u32,
+        wire: 1827u32,
+        call: 1618u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -75358,8 +75006,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1627u32,
+        wire: 1828u32,
+        call: 1619u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -75440,8 +75088,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1628u32,
+        wire: 1829u32,
+        call: 1620u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -75506,8 +75154,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1629u32,
+        wire: 1830u32,
+        call: 1621u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -75573,8 +75221,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1630u32,
+        wire: 1831u32,
+        call: 1622u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -75641,8 +75289,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1631u32,
+        wire: 1832u32,
+        call: 1623u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -75723,8 +75371,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1632u32,
+        wire: 1833u32,
+        call: 1624u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -75782,8 +75430,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1633u32,
+        wire: 1834u32,
+        call: 1625u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -75842,8 +75490,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1634u32,
+        wire: 1835u32,
+        call: 1626u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -75908,8 +75556,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1635u32,
+        wire: 1836u32,
+        call: 1627u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -75980,8 +75628,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1636u32,
+        wire: 1837u32,
+        call: 1628u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -76033,8 +75681,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1637u32,
+        wire: 1838u32,
+        call: 1629u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -76080,8 +75728,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1638u32,
+        wire: 1839u32,
+        call: 1630u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -76138,8 +75786,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1639u32,
+        wire: 1840u32,
+        call: 1631u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -76194,8 +75842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1640u32,
+        wire: 1841u32,
+        call: 1632u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -76265,8 +75913,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1641u32,
+        wire: 1842u32,
+        call: 1633u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -76341,8 +75989,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1642u32,
+        wire: 1843u32,
+        call: 1634u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -76431,8 +76079,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1643u32,
+        wire: 1844u32,
+        call: 1635u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -76516,8 +76164,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1644u32,
+        wire: 1845u32,
+        call: 1636u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -76563,8 +76211,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1645u32,
+        wire: 1846u32,
+        call: 1637u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76611,8 +76259,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1646u32,
+        wire: 1847u32,
+        call: 1638u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -76658,8 +76306,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1647u32,
+        wire: 1848u32,
+        call: 1639u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76706,8 +76354,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1648u32,
+        wire: 1849u32,
+        call: 1640u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -76779,8 +76427,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1649u32,
+        wire: 1850u32,
+        call: 1641u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -76852,8 +76500,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1650u32,
+        wire: 1851u32,
+        call: 1642u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -76903,8 +76551,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1651u32,
+        wire: 1852u32,
+        call: 1643u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -76955,8 +76603,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1652u32,
+        wire: 1853u32,
+        call: 1644u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -77013,8 +76661,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1653u32,
+        wire: 1854u32,
+        call: 1645u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -77060,8 +76708,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1654u32,
+        wire: 1855u32,
+        call: 1646u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -77108,8 +76756,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1655u32,
+        wire: 1856u32,
+        call: 1647u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -77165,8 +76813,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1656u32,
+        wire: 1857u32,
+        call: 1648u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -77217,8 +76865,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1657u32,
+        wire: 1858u32,
+        call: 1649u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -77287,8 +76935,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1658u32,
+        wire: 1859u32,
+        call: 1650u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -77355,8 +77003,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1659u32,
+        wire: 1860u32,
+        call: 1651u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -77410,8 +77058,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1660u32,
+        wire: 1861u32,
+        call: 1652u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -77465,8 +77113,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1661u32,
+        wire: 1862u32,
+        call: 1653u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -77489,8 +77137,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1662u32,
+        wire: 1863u32,
+        call: 1654u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -77513,8 +77161,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1663u32,
+        wire: 1864u32,
+        call: 1655u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -77537,8 +77185,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1664u32,
+        wire: 1865u32,
+        call: 1656u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -77561,8 +77209,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1665u32,
+        wire: 1866u32,
+        call: 1657u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -77619,8 +77267,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1666u32,
+        wire: 1867u32,
+        call: 1658u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -77682,8 +77330,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1667u32,
+        wire: 1868u32,
+        call: 1659u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -77708,8 +77356,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1668u32,
+        wire: 1869u32,
+        call: 1660u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -77739,8 +77387,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1669u32,
+        wire: 1870u32,
+        call: 1661u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -77766,8 +77414,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1670u32,
+        wire: 1871u32,
+        call: 1662u32,
         name: "cusparseCreate",
         form: Some("call"),
         library: "cusparse",
@@ -77789,8 +77437,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1671u32,
+        wire: 1872u32,
+        call: 1663u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -77855,8 +77503,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1672u32,
+        wire: 1873u32,
+        call: 1664u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -77878,8 +77526,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1673u32,
+        wire: 1874u32,
+        call: 1665u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -77901,8 +77549,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1674u32,
+        wire: 1875u32,
+        call: 1666u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -77924,8 +77572,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1675u32,
+        wire: 1876u32,
+        call: 1667u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -77947,8 +77595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1676u32,
+        wire: 1877u32,
+        call: 1668u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -77970,8 +77618,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1677u32,
+        wire: 1878u32,
+        call: 1669u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -78036,8 +77684,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1678u32,
+        wire: 1879u32,
+        call: 1670u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -78086,8 +77734,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1679u32,
+        wire: 1880u32,
+        call: 1671u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -78140,8 +77788,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1680u32,
+        wire: 1881u32,
+        call: 1672u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -78184,8 +77832,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1681u32,
+        wire: 1882u32,
+        call: 1673u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -78216,8 +77864,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1682u32,
+        wire: 1883u32,
+        call: 1674u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -78266,8 +77914,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1683u32,
+        wire: 1884u32,
+        call: 1675u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -78315,8 +77963,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1684u32,
+        wire: 1885u32,
+        call: 1676u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -78369,8 +78017,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1685u32,
+        wire: 1886u32,
+        call: 1677u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -78392,8 +78040,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1686u32,
+        wire: 1887u32,
+        call: 1678u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -78415,8 +78063,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1687u32,
+        wire: 1888u32,
+        call: 1679u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -78438,8 +78086,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1688u32,
+        wire: 1889u32,
+        call: 1680u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -78461,8 +78109,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1689u32,
+        wire: 1890u32,
+        call: 1681u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -78484,8 +78132,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1690u32,
+        wire: 1891u32,
+        call: 1682u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -78507,8 +78155,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1691u32,
+        wire: 1892u32,
+        call: 1683u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -78551,8 +78199,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1692u32,
+        wire: 1893u32,
+        call: 1684u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -78583,8 +78231,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1693u32,
+        wire: 1894u32,
+        call: 1685u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -78611,8 +78259,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1694u32,
+        wire: 1895u32,
+        call: 1686u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -78634,8 +78282,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1695u32,
+        wire: 1896u32,
+        call: 1687u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -78657,8 +78305,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1696u32,
+        wire: 1897u32,
+        call: 1688u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -78683,8 +78331,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1697u32,
+        wire: 1898u32,
+        call: 1689u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -78718,8 +78366,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1698u32,
+        wire: 1899u32,
+        call: 1690u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -78771,8 +78419,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1699u32,
+        wire: 1900u32,
+        call: 1691u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -78826,8 +78474,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1700u32,
+        wire: 1901u32,
+        call: 1692u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -78882,8 +78530,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1701u32,
+        wire: 1902u32,
+        call: 1693u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -78937,8 +78585,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1702u32,
+        wire: 1903u32,
+        call: 1694u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -78992,8 +78640,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1703u32,
+        wire: 1904u32,
+        call: 1695u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79048,8 +78696,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1704u32,
+        wire: 1905u32,
+        call: 1696u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -79130,8 +78778,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1705u32,
+        wire: 1906u32,
+        call: 1697u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -79196,8 +78844,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1706u32,
+        wire: 1907u32,
+        call: 1698u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -79263,8 +78911,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1707u32,
+        wire: 1908u32,
+        call: 1699u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -79331,8 +78979,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1708u32,
+        wire: 1909u32,
+        call: 1700u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -79413,8 +79061,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1709u32,
+        wire: 1910u32,
+        call: 1701u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -79472,8 +79120,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1710u32,
+        wire: 1911u32,
+        call: 1702u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -79532,8 +79180,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1711u32,
+        wire: 1912u32,
+        call: 1703u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -79598,8 +79246,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1712u32,
+        wire: 1913u32,
+        call: 1704u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -79670,8 +79318,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1713u32,
+        wire: 1914u32,
+        call: 1705u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -79723,8 +79371,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1714u32,
+        wire: 1915u32,
+        call: 1706u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -79770,8 +79418,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1715u32,
+        wire: 1916u32,
+        call: 1707u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -79828,8 +79476,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1716u32,
+        wire: 1917u32,
+        call: 1708u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -79884,8 +79532,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1717u32,
+        wire: 1918u32,
+        call: 1709u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -79955,8 +79603,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1718u32,
+        wire: 1919u32,
+        call: 1710u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80031,8 +79679,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1719u32,
+        wire: 1920u32,
+        call: 1711u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -80121,8 +79769,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1720u32,
+        wire: 1921u32,
+        call: 1712u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80206,8 +79854,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1721u32,
+        wire: 1922u32,
+        call: 1713u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -80253,8 +79901,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1722u32,
+        wire: 1923u32,
+        call: 1714u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -80301,8 +79949,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1723u32,
+        wire: 1924u32,
+        call: 1715u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -80348,8 +79996,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1724u32,
+        wire: 1925u32,
+        call: 1716u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -80396,8 +80044,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1725u32,
+        wire: 1926u32,
+        call: 1717u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -80469,8 +80117,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1726u32,
+        wire: 1927u32,
+        call: 1718u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -80542,8 +80190,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1727u32,
+        wire: 1928u32,
+        call: 1719u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -80593,8 +80241,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1728u32,
+        wire: 1929u32,
+        call: 1720u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80645,8 +80293,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1729u32,
+        wire: 1930u32,
+        call: 1721u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -80703,8 +80351,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1730u32,
+        wire: 1931u32,
+        call: 1722u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -80750,8 +80398,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1731u32,
+        wire: 1932u32,
+        call: 1723u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80798,8 +80446,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1732u32,
+        wire: 1933u32,
+        call: 1724u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -80834,8 +80482,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1733u32,
+        wire: 1934u32,
+        call: 1725u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -80875,8 +80523,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1734u32,
+        wire: 1935u32,
+        call: 1726u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -80911,8 +80559,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1735u32,
+        wire: 1936u32,
+        call: 1727u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -80934,8 +80582,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1736u32,
+        wire: 1937u32,
+        call: 1728u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -80957,8 +80605,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1737u32,
+        wire: 1938u32,
+        call: 1729u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -80980,8 +80628,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1738u32,
+        wire: 1939u32,
+        call: 1730u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -81003,8 +80651,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1739u32,
+        wire: 1940u32,
+        call: 1731u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -81026,8 +80674,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1740u32,
+        wire: 1941u32,
+        call: 1732u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -81049,8 +80697,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1741u32,
+        wire: 1942u32,
+        call: 1733u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -81072,8 +80720,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1742u32,
+        wire: 1943u32,
+        call: 1734u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -81095,8 +80743,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1743u32,
+        wire: 1944u32,
+        call: 1735u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -81118,8 +80766,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1744u32,
+        wire: 1945u32,
+        call: 1736u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -81141,8 +80789,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1745u32,
+        wire: 1946u32,
+        call: 1737u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -81164,8 +80812,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1746u32,
+        wire: 1947u32,
+        call: 1738u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -81187,8 +80835,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1747u32,
+        wire: 1948u32,
+        call: 1739u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -81210,8 +80858,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1748u32,
+        wire: 1949u32,
+        call: 1740u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -81233,8 +80881,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1749u32,
+        wire: 1950u32,
+        call: 1741u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -81256,8 +80904,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1750u32,
+        wire: 1951u32,
+        call: 1742u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -81279,8 +80927,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1751u32,
+        wire: 1952u32,
+        call: 1743u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -81302,8 +80950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1752u32,
+        wire: 1953u32,
+        call: 1744u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -81325,8 +80973,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1753u32,
+        wire: 1954u32,
+        call: 1745u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -81382,8 +81030,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1754u32,
+        wire: 1955u32,
+        call: 1746u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -81434,8 +81082,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1755u32,
+        wire: 1956u32,
+        call: 1747u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -81504,8 +81152,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1756u32,
+        wire: 1957u32,
+        call: 1748u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -81572,8 +81220,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1757u32,
+        wire: 1958u32,
+        call: 1749u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -81596,8 +81244,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1758u32,
+        wire: 1959u32,
+        call: 1750u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -81627,8 +81275,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1759u32,
+        wire: 1960u32,
+        call: 1751u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -81651,8 +81299,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1760u32,
+        wire: 1961u32,
+        call: 1752u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -81675,8 +81323,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1761u32,
+        wire: 1962u32,
+        call: 1753u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -81699,8 +81347,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1762u32,
+        wire: 1963u32,
+        call: 1754u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -81757,8 +81405,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1763u32,
+        wire: 1964u32,
+        call: 1755u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81820,8 +81468,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1764u32,
+        wire: 1965u32,
+        call: 1756u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -81881,8 +81529,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1765u32,
+        wire: 1966u32,
+        call: 1757u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -81912,8 +81560,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1766u32,
+        wire: 1967u32,
+        call: 1758u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -81938,8 +81586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1767u32,
+        wire: 1968u32,
+        call: 1759u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -81964,8 +81612,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1768u32,
+        wire: 1969u32,
+        call: 1760u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -81990,8 +81638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1769u32,
+        wire: 1970u32,
+        call: 1761u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -82016,8 +81664,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1770u32,
+        wire: 1971u32,
+        call: 1762u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -82043,8 +81691,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1771u32,
+        wire: 1972u32,
+        call: 1763u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -82061,8 +81709,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1772u32,
+        wire: 1973u32,
+        call: 1764u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -82084,8 +81732,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1773u32,
+        wire: 1974u32,
+        call: 1765u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -82107,8 +81755,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1774u32,
+        wire: 1975u32,
+        call: 1766u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -82169,8 +81817,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1775u32,
+        wire: 1976u32,
+        call: 1767u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -82236,8 +81884,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1776u32,
+        wire: 1977u32,
+        call: 1768u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -82298,8 +81946,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1777u32,
+        wire: 1978u32,
+        call: 1769u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -82351,8 +81999,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1778u32,
+        wire: 1979u32,
+        call: 1770u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -82406,8 +82054,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1779u32,
+        wire: 1980u32,
+        call: 1771u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -82462,8 +82110,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1780u32,
+        wire: 1981u32,
+        call: 1772u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -82517,8 +82165,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1781u32,
+        wire: 1982u32,
+        call: 1773u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -82572,8 +82220,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1782u32,
+        wire: 1983u32,
+        call: 1774u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -82628,8 +82276,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1783u32,
+        wire: 1984u32,
+        call: 1775u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -82710,8 +82358,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1784u32,
+        wire: 1985u32,
+        call: 1776u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -82776,8 +82424,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1785u32,
+        wire: 1986u32,
+        call: 1777u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -82843,8 +82491,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1786u32,
+        wire: 1987u32,
+        call: 1778u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -82911,8 +82559,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1787u32,
+        wire: 1988u32,
+        call: 1779u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -82993,8 +82641,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1788u32,
+        wire: 1989u32,
+        call: 1780u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -83052,8 +82700,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1789u32,
+        wire: 1990u32,
+        call: 1781u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -83112,8 +82760,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1790u32,
+        wire: 1991u32,
+        call: 1782u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -83178,8 +82826,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1791u32,
+        wire: 1992u32,
+        call: 1783u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -83250,8 +82898,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1792u32,
+        wire: 1993u32,
+        call: 1784u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -83281,8 +82929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1793u32,
+        wire: 1994u32,
+        call: 1785u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -83334,8 +82982,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1794u32,
+        wire: 1995u32,
+        call: 1786u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -83381,8 +83029,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1795u32,
+        wire: 1996u32,
+        call: 1787u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -83439,8 +83087,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1796u32,
+        wire: 1997u32,
+        call: 1788u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -83495,8 +83143,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1797u32,
+        wire: 1998u32,
+        call: 1789u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -83566,8 +83214,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1798u32,
+        wire: 1999u32,
+        call: 1790u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83642,8 +83290,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1799u32,
+        wire: 2000u32,
+        call: 1791u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -83732,8 +83380,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1800u32,
+        wire: 2001u32,
+        call: 1792u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83817,8 +83465,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1801u32,
+        wire: 2002u32,
+        call: 1793u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -83864,8 +83512,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1802u32,
+        wire: 2003u32,
+        call: 1794u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83912,8 +83560,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1803u32,
+        wire: 2004u32,
+        call: 1795u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -83959,8 +83607,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1804u32,
+        wire: 2005u32,
+        call: 1796u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84007,8 +83655,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1805u32,
+        wire: 2006u32,
+        call: 1797u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -84080,8 +83728,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1806u32,
+        wire: 2007u32,
+        call: 1798u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -84153,8 +83801,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1807u32,
+        wire: 2008u32,
+        call: 1799u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -84204,8 +83852,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1808u32,
+        wire: 2009u32,
+        call: 1800u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -84256,8 +83904,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1809u32,
+        wire: 2010u32,
+        call: 1801u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -84314,8 +83962,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1810u32,
+        wire: 2011u32,
+        call: 1802u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -84361,8 +84009,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1811u32,
+        wire: 2012u32,
+        call: 1803u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84409,8 +84057,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1812u32,
+        wire: 2013u32,
+        call: 1804u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -84436,8 +84084,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1813u32,
+        wire: 2014u32,
+        call: 1805u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -84463,8 +84111,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1814u32,
+        wire: 2015u32,
+        call: 1806u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -84490,8 +84138,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1815u32,
+        wire: 2016u32,
+        call: 1807u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -84517,8 +84165,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1816u32,
+        wire: 2017u32,
+        call: 1808u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -84544,8 +84192,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1817u32,
+        wire: 2018u32,
+        call: 1809u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
         library: "cusparse",
@@ -84571,8 +84219,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1818u32,
+        wire: 2019u32,
+        call: 1810u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -84598,8 +84246,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1819u32,
+        wire: 2020u32,
+        call: 1811u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -84655,8 +84303,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1820u32,
+        wire: 2021u32,
+        call: 1812u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -84707,8 +84355,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1821u32,
+        wire: 2022u32,
+        call: 1813u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -84777,8 +84425,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1822u32,
+        wire: 2023u32,
+        call: 1814u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -84845,8 +84493,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1823u32,
+        wire: 2024u32,
+        call: 1815u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -84917,8 +84565,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1824u32,
+        wire: 2025u32,
+        call: 1816u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -84982,8 +84630,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1825u32,
+        wire: 2026u32,
+        call: 1817u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -85005,8 +84653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1826u32,
+        wire: 2027u32,
+        call: 1818u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -85028,8 +84676,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1827u32,
+        wire: 2028u32,
+        call: 1819u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -85100,8 +84748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1828u32,
+        wire: 2029u32,
+        call: 1820u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -85165,8 +84813,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1829u32,
+        wire: 2030u32,
+        call: 1821u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -85223,8 +84871,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1830u32,
+        wire: 2031u32,
+        call: 1822u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -85285,8 +84933,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1831u32,
+        wire: 2032u32,
+        call: 1823u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -85309,8 +84957,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1832u32,
+        wire: 2033u32,
+        call: 1824u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -85332,8 +84980,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1833u32,
+        wire: 2034u32,
+        call: 1825u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -85399,8 +85047,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1834u32,
+        wire: 2035u32,
+        call: 1826u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -85461,8 +85109,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1835u32,
+        wire: 2036u32,
+        call: 1827u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -85519,8 +85167,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1836u32,
+        wire: 2037u32,
+        call: 1828u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -85582,8 +85230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1837u32,
+        wire: 2038u32,
+        call: 1829u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -85640,8 +85288,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1838u32,
+        wire: 2039u32,
+        call: 1830u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -85672,8 +85320,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1839u32,
+        wire: 2040u32,
+        call: 1831u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -85713,8 +85361,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1840u32,
+        wire: 2041u32,
+        call: 1832u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -85737,8 +85385,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1841u32,
+        wire: 2042u32,
+        call: 1833u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -85769,8 +85417,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1842u32,
+        wire: 2043u32,
+        call: 1834u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -85796,8 +85444,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1843u32,
+        wire: 2044u32,
+        call: 1835u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -85820,8 +85468,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1844u32,
+        wire: 2045u32,
+        call: 1836u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -85881,8 +85529,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1845u32,
+        wire: 2046u32,
+        call: 1837u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -85947,8 +85595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1846u32,
+        wire: 2047u32,
+        call: 1838u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -85970,8 +85618,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1847u32,
+        wire: 2048u32,
+        call: 1839u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -85993,8 +85641,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1848u32,
+        wire: 2049u32,
+        call: 1840u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -86053,8 +85701,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1849u32,
+        wire: 2050u32,
+        call: 1841u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -86110,8 +85758,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1850u32,
+        wire: 2051u32,
+        call: 1842u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -86172,8 +85820,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1851u32,
+        wire: 2052u32,
+        call: 1843u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -86195,8 +85843,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1852u32,
+        wire: 2053u32,
+        call: 1844u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -86218,8 +85866,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1853u32,
+        wire: 2054u32,
+        call: 1845u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -86274,8 +85922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1854u32,
+        wire: 2055u32,
+        call: 1846u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -86298,8 +85946,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1855u32,
+        wire: 2056u32,
+        call: 1847u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -86322,8 +85970,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1856u32,
+        wire: 2057u32,
+        call: 1848u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -86358,8 +86006,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1857u32,
+        wire: 2058u32,
+        call: 1849u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -86399,8 +86047,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1858u32,
+        wire: 2059u32,
+        call: 1850u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -86457,8 +86105,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1859u32,
+        wire: 2060u32,
+        call: 1851u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86520,8 +86168,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1860u32,
+        wire: 2061u32,
+        call: 1852u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -86581,8 +86229,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1861u32,
+        wire: 2062u32,
+        call: 1853u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86613,8 +86261,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1862u32,
+        wire: 2063u32,
+        call: 1854u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86645,8 +86293,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1863u32,
+        wire: 2064u32,
+        call: 1855u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86677,8 +86325,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1864u32,
+        wire: 2065u32,
+        call: 1856u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86709,8 +86357,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1865u32,
+        wire: 2066u32,
+        call: 1857u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -86746,8 +86394,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1866u32,
+        wire: 2067u32,
+        call: 1858u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -86785,8 +86433,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1867u32,
+        wire: 2068u32,
+        call: 1859u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -86824,8 +86472,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1868u32,
+        wire: 2069u32,
+        call: 1860u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86867,8 +86515,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1869u32,
+        wire: 2070u32,
+        call: 1861u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -86922,8 +86570,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1870u32,
+        wire: 2071u32,
+        call: 1862u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -86959,8 +86607,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1871u32,
+        wire: 2072u32,
+        call: 1863u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -87019,8 +86667,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1872u32,
+        wire: 2073u32,
+        call: 1864u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -87081,8 +86729,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1873u32,
+        wire: 2074u32,
+        call: 1865u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -87161,8 +86809,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1874u32,
+        wire: 2075u32,
+        call: 1866u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -87193,8 +86841,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1875u32,
+        wire: 2076u32,
+        call: 1867u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -87225,8 +86873,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1876u32,
+        wire: 2077u32,
+        call: 1868u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -87257,8 +86905,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1877u32,
+        wire: 2078u32,
+        call: 1869u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -87300,8 +86948,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1878u32,
+        wire: 2079u32,
+        call: 1870u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -87343,8 +86991,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1879u32,
+        wire: 2080u32,
+        call: 1871u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -87375,8 +87023,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1880u32,
+        wire: 2081u32,
+        call: 1872u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -87430,8 +87078,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1881u32,
+        wire: 2082u32,
+        call: 1873u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -87502,8 +87150,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1882u32,
+        wire: 2083u32,
+        call: 1874u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -87555,8 +87203,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1883u32,
+        wire: 2084u32,
+        call: 1875u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -87610,8 +87258,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1884u32,
+        wire: 2085u32,
+        call: 1876u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87666,8 +87314,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1885u32,
+        wire: 2086u32,
+        call: 1877u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -87721,8 +87369,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1886u32,
+        wire: 2087u32,
+        call: 1878u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -87776,8 +87424,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1887u32,
+        wire: 2088u32,
+        call: 1879u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87832,8 +87480,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1888u32,
+        wire: 2089u32,
+        call: 1880u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -87914,8 +87562,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1889u32,
+        wire: 2090u32,
+        call: 1881u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -87980,8 +87628,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1890u32,
+        wire: 2091u32,
+        call: 1882u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -88047,8 +87695,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1891u32,
+        wire: 2092u32,
+        call: 1883u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88115,8 +87763,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1892u32,
+        wire: 2093u32,
+        call: 1884u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88197,8 +87845,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1893u32,
+        wire: 2094u32,
+        call: 1885u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88256,8 +87904,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1894u32,
+        wire: 2095u32,
+        call: 1886u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88316,8 +87964,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1895u32,
+        wire: 2096u32,
+        call: 1887u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -88382,8 +88030,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1896u32,
+        wire: 2097u32,
+        call: 1888u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -88454,8 +88102,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1897u32,
+        wire: 2098u32,
+        call: 1889u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -88507,8 +88155,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1898u32,
+        wire: 2099u32,
+        call: 1890u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -88554,8 +88202,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1899u32,
+        wire: 2100u32,
+        call: 1891u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -88612,8 +88260,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1900u32,
+        wire: 2101u32,
+        call: 1892u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -88668,8 +88316,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1901u32,
+        wire: 2102u32,
+        call: 1893u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -88739,8 +88387,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1902u32,
+        wire: 2103u32,
+        call: 1894u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88815,8 +88463,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1903u32,
+        wire: 2104u32,
+        call: 1895u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -88905,8 +88553,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1904u32,
+        wire: 2105u32,
+        call: 1896u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88990,8 +88638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1905u32,
+        wire: 2106u32,
+        call: 1897u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -89037,8 +88685,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1906u32,
+        wire: 2107u32,
+        call: 1898u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89085,8 +88733,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1907u32,
+        wire: 2108u32,
+        call: 1899u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89132,8 +88780,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1908u32,
+        wire: 2109u32,
+        call: 1900u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89180,8 +88828,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1909u32,
+        wire: 2110u32,
+        call: 1901u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89253,8 +88901,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1910u32,
+        wire: 2111u32,
+        call: 1902u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -89326,8 +88974,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1911u32,
+        wire: 2112u32,
+        call: 1903u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -89377,8 +89025,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1912u32,
+        wire: 2113u32,
+        call: 1904u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89429,8 +89077,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1913u32,
+        wire: 2114u32,
+        call: 1905u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89487,8 +89135,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1914u32,
+        wire: 2115u32,
+        call: 1906u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -89534,8 +89182,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1915u32,
+        wire: 2116u32,
+        call: 1907u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89582,8 +89230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1916u32,
+        wire: 2117u32,
+        call: 1908u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -89639,8 +89287,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1917u32,
+        wire: 2118u32,
+        call: 1909u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -89691,8 +89339,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1918u32,
+        wire: 2119u32,
+        call: 1910u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -89761,8 +89409,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1919u32,
+        wire: 2120u32,
+        call: 1911u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -89829,8 +89477,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1920u32,
+        wire: 2121u32,
+        call: 1912u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -89884,8 +89532,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1921u32,
+        wire: 2122u32,
+        call: 1913u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -89942,8 +89590,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2247u32,
+        wire: 2450u32,
+        call: 2239u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89967,8 +89615,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2247u32,
+        wire: 2451u32,
+        call: 2239u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89992,8 +89640,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2247u32,
+        wire: 2452u32,
+        call: 2239u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -90017,8 +89665,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2248u32,
+        wire: 2453u32,
+        call: 2240u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -90042,8 +89690,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2248u32,
+        wire: 2454u32,
+        call: 2240u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -90067,8 +89715,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2248u32,
+        wire: 2455u32,
+        call: 2240u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -90092,8 +89740,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2249u32,
+        wire: 2456u32,
+        call: 2241u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -90117,8 +89765,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2250u32,
+        wire: 2457u32,
+        call: 2242u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -90142,8 +89790,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2250u32,
+        wire: 2458u32,
+        call: 2242u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -90167,8 +89815,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2250u32,
+        wire: 2459u32,
+        call: 2242u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -101193,8 +100841,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2227u32,
+        wire: 2428u32,
+        call: 2219u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -101216,8 +100864,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2228u32,
+        wire: 2429u32,
+        call: 2220u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -101239,8 +100887,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2229u32,
+        wire: 2430u32,
+        call: 2221u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -101262,8 +100910,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2230u32,
+        wire: 2431u32,
+        call: 2222u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -101294,8 +100942,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2231u32,
+        wire: 2432u32,
+        call: 2223u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -101321,8 +100969,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2232u32,
+        wire: 2433u32,
+        call: 2224u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101348,8 +100996,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2232u32,
+        wire: 2434u32,
+        call: 2224u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101375,8 +101023,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2233u32,
+        wire: 2435u32,
+        call: 2225u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -101393,8 +101041,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2234u32,
+        wire: 2436u32,
+        call: 2226u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -101411,8 +101059,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2235u32,
+        wire: 2437u32,
+        call: 2227u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -101438,8 +101086,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2236u32,
+        wire: 2438u32,
+        call: 2228u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -101456,8 +101104,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2237u32,
+        wire: 2439u32,
+        call: 2229u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -101479,8 +101127,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2238u32,
+        wire: 2440u32,
+        call: 2230u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -101502,8 +101150,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2239u32,
+        wire: 2441u32,
+        call: 2231u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -101525,8 +101173,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2240u32,
+        wire: 2442u32,
+        call: 2232u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -101557,8 +101205,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2241u32,
+        wire: 2443u32,
+        call: 2233u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -101584,8 +101232,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2242u32,
+        wire: 2444u32,
+        call: 2234u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101611,8 +101259,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2242u32,
+        wire: 2445u32,
+        call: 2234u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101638,8 +101286,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2243u32,
+        wire: 2446u32,
+        call: 2235u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -101656,8 +101304,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2244u32,
+        wire: 2447u32,
+        call: 2236u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -101674,8 +101322,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2245u32,
+        wire: 2448u32,
+        call: 2237u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -101701,8 +101349,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2246u32,
+        wire: 2449u32,
+        call: 2238u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -101722,8 +101370,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2196u32,
+        wire: 2397u32,
+        call: 2188u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -101745,8 +101393,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2197u32,
+        wire: 2398u32,
+        call: 2189u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -101768,8 +101416,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2198u32,
+        wire: 2399u32,
+        call: 2190u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -101791,8 +101439,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2199u32,
+        wire: 2400u32,
+        call: 2191u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -101814,8 +101462,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2200u32,
+        wire: 2401u32,
+        call: 2192u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -101837,8 +101485,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2201u32,
+        wire: 2402u32,
+        call: 2193u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -101860,8 +101508,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2202u32,
+        wire: 2403u32,
+        call: 2194u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -101883,8 +101531,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2203u32,
+        wire: 2404u32,
+        call: 2195u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -101906,8 +101554,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2204u32,
+        wire: 2405u32,
+        call: 2196u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -101929,8 +101577,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2205u32,
+        wire: 2406u32,
+        call: 2197u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -101952,8 +101600,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2206u32,
+        wire: 2407u32,
+        call: 2198u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -101981,8 +101629,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2207u32,
+        wire: 2408u32,
+        call: 2199u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102010,8 +101658,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2208u32,
+        wire: 2409u32,
+        call: 2200u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102039,8 +101687,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2209u32,
+        wire: 2410u32,
+        call: 2201u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102068,8 +101716,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2210u32,
+        wire: 2411u32,
+        call: 2202u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102097,8 +101745,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2211u32,
+        wire: 2412u32,
+        call: 2203u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -102126,8 +101774,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2212u32,
+        wire: 2413u32,
+        call: 2204u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102155,8 +101803,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2213u32,
+        wire: 2414u32,
+        call: 2205u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102184,8 +101832,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2214u32,
+        wire: 2415u32,
+        call: 2206u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102213,8 +101861,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2215u32,
+        wire: 2416u32,
+        call: 2207u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102242,8 +101890,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2216u32,
+        wire: 2417u32,
+        call: 2208u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -102271,8 +101919,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2217u32,
+        wire: 2418u32,
+        call: 2209u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102300,8 +101948,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2218u32,
+        wire: 2419u32,
+        call: 2210u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102329,8 +101977,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2219u32,
+        wire: 2420u32,
+        call: 2211u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102358,8 +102006,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2220u32,
+        wire: 2421u32,
+        call: 2212u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102387,8 +102035,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2221u32,
+        wire: 2422u32,
+        call: 2213u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -102416,8 +102064,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2222u32,
+        wire: 2423u32,
+        call: 2214u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102445,8 +102093,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2223u32,
+        wire: 2424u32,
+        call: 2215u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102474,8 +102122,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2224u32,
+        wire: 2425u32,
+        call: 2216u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102503,8 +102151,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2225u32,
+        wire: 2426u32,
+        call: 2217u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102532,8 +102180,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2226u32,
+        wire: 2427u32,
+        call: 2218u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -102566,8 +102214,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1395u32,
+        wire: 1596u32,
+        call: 1387u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -102589,8 +102237,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1396u32,
+        wire: 1597u32,
+        call: 1388u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -102618,8 +102266,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1397u32,
+        wire: 1598u32,
+        call: 1389u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -102645,8 +102293,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1398u32,
+        wire: 1599u32,
+        call: 1390u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -102668,8 +102316,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1399u32,
+        wire: 1600u32,
+        call: 1391u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -102691,8 +102339,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1400u32,
+        wire: 1601u32,
+        call: 1392u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -102718,8 +102366,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1401u32,
+        wire: 1602u32,
+        call: 1393u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -102749,8 +102397,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1402u32,
+        wire: 1603u32,
+        call: 1394u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -102786,8 +102434,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1403u32,
+        wire: 1604u32,
+        call: 1395u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -102821,8 +102469,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1404u32,
+        wire: 1605u32,
+        call: 1396u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -102854,8 +102502,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1405u32,
+        wire: 1606u32,
+        call: 1397u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -102883,8 +102531,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1406u32,
+        wire: 1607u32,
+        call: 1398u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -102912,8 +102560,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1407u32,
+        wire: 1608u32,
+        call: 1399u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -102941,8 +102589,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1408u32,
+        wire: 1609u32,
+        call: 1400u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -102974,8 +102622,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1409u32,
+        wire: 1610u32,
+        call: 1401u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -103003,8 +102651,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1410u32,
+        wire: 1611u32,
+        call: 1402u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -103038,8 +102686,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1411u32,
+        wire: 1612u32,
+        call: 1403u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -103067,8 +102715,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1412u32,
+        wire: 1613u32,
+        call: 1404u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -103096,8 +102744,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1413u32,
+        wire: 1614u32,
+        call: 1405u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -103125,8 +102773,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1414u32,
+        wire: 1615u32,
+        call: 1406u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -103162,8 +102810,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1415u32,
+        wire: 1616u32,
+        call: 1407u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -103195,8 +102843,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1416u32,
+        wire: 1617u32,
+        call: 1408u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -103224,8 +102872,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1417u32,
+        wire: 1618u32,
+        call: 1409u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -103253,8 +102901,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1418u32,
+        wire: 1619u32,
+        call: 1410u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -103288,8 +102936,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1419u32,
+        wire: 1620u32,
+        call: 1411u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -103317,8 +102965,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1420u32,
+        wire: 1621u32,
+        call: 1412u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -103346,8 +102994,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1421u32,
+        wire: 1622u32,
+        call: 1413u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -103375,8 +103023,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1422u32,
+        wire: 1623u32,
+        call: 1414u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -103404,8 +103052,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1423u32,
+        wire: 1624u32,
+        call: 1415u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -103439,8 +103087,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1424u32,
+        wire: 1625u32,
+        call: 1416u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -103472,8 +103120,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1425u32,
+        wire: 1626u32,
+        call: 1417u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -103501,8 +103149,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1426u32,
+        wire: 1627u32,
+        call: 1418u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -103528,8 +103176,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1427u32,
+        wire: 1628u32,
+        call: 1419u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -103557,8 +103205,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1428u32,
+        wire: 1629u32,
+        call: 1420u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -103586,8 +103234,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1429u32,
+        wire: 1630u32,
+        call: 1421u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -103621,8 +103269,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1430u32,
+        wire: 1631u32,
+        call: 1422u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -103656,8 +103304,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1431u32,
+        wire: 1632u32,
+        call: 1423u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -103691,8 +103339,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1432u32,
+        wire: 1633u32,
+        call: 1424u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -103724,8 +103372,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1433u32,
+        wire: 1634u32,
+        call: 1425u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -103759,8 +103407,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1434u32,
+        wire: 1635u32,
+        call: 1426u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -103788,8 +103436,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1435u32,
+        wire: 1636u32,
+        call: 1427u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -103821,8 +103469,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1436u32,
+        wire: 1637u32,
+        call: 1428u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -103850,8 +103498,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1437u32,
+        wire: 1638u32,
+        call: 1429u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -103883,8 +103531,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1438u32,
+        wire: 1639u32,
+        call: 1430u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -103918,8 +103566,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1439u32,
+        wire: 1640u32,
+        call: 1431u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -103947,8 +103595,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1440u32,
+        wire: 1641u32,
+        call: 1432u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -103978,8 +103626,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1441u32,
+        wire: 1642u32,
+        call: 1433u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -104007,8 +103655,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1442u32,
+        wire: 1643u32,
+        call: 1434u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -104040,8 +103688,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1443u32,
+        wire: 1644u32,
+        call: 1435u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -104077,8 +103725,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1444u32,
+        wire: 1645u32,
+        call: 1436u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -104106,8 +103754,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1445u32,
+        wire: 1646u32,
+        call: 1437u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -104141,8 +103789,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1446u32,
+        wire: 1647u32,
+        call: 1438u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -104176,8 +103824,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1447u32,
+        wire: 1648u32,
+        call: 1439u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -104203,8 +103851,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1448u32,
+        wire: 1649u32,
+        call: 1440u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -104230,8 +103878,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1449u32,
+        wire: 1650u32,
+        call: 1441u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -104254,8 +103902,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1450u32,
+        wire: 1651u32,
+        call: 1442u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -104278,8 +103926,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1451u32,
+        wire: 1652u32,
+        call: 1443u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -104302,8 +103950,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1452u32,
+        wire: 1653u32,
+        call: 1444u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -104326,8 +103974,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1453u32,
+        wire: 1654u32,
+        call: 1445u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -104355,8 +104003,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1454u32,
+        wire: 1655u32,
+        call: 1446u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -104384,8 +104032,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1455u32,
+        wire: 1656u32,
+        call: 1447u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -104413,8 +104061,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1456u32,
+        wire: 1657u32,
+        call: 1448u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -104442,8 +104090,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1457u32,
+        wire: 1658u32,
+        call: 1449u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -104471,8 +104119,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1458u32,
+        wire: 1659u32,
+        call: 1450u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -104506,8 +104154,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1459u32,
+        wire: 1660u32,
+        call: 1451u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -104541,8 +104189,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1460u32,
+        wire: 1661u32,
+        call: 1452u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -104574,8 +104222,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1461u32,
+        wire: 1662u32,
+        call: 1453u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -104607,8 +104255,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1462u32,
+        wire: 1663u32,
+        call: 1454u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -104636,8 +104284,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1463u32,
+        wire: 1664u32,
+        call: 1455u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -104665,8 +104313,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1464u32,
+        wire: 1665u32,
+        call: 1456u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -104694,8 +104342,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1465u32,
+        wire: 1666u32,
+        call: 1457u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -104729,8 +104377,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1466u32,
+        wire: 1667u32,
+        call: 1458u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -104758,8 +104406,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1467u32,
+        wire: 1668u32,
+        call: 1459u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -104787,8 +104435,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1468u32,
+        wire: 1669u32,
+        call: 1460u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -104818,8 +104466,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1469u32,
+        wire: 1670u32,
+        call: 1461u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -104853,8 +104501,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1470u32,
+        wire: 1671u32,
+        call: 1462u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -104896,8 +104544,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1471u32,
+        wire: 1672u32,
+        call: 1463u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -104931,8 +104579,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1472u32,
+        wire: 1673u32,
+        call: 1464u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -104960,8 +104608,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1473u32,
+        wire: 1674u32,
+        call: 1465u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -104989,8 +104637,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1474u32,
+        wire: 1675u32,
+        call: 1466u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -105018,8 +104666,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1475u32,
+        wire: 1676u32,
+        call: 1467u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -105047,8 +104695,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1476u32,
+        wire: 1677u32,
+        call: 1468u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -105076,8 +104724,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1477u32,
+        wire: 1678u32,
+        call: 1469u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -105105,8 +104753,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1478u32,
+        wire: 1679u32,
+        call: 1470u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -105142,8 +104790,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1479u32,
+        wire: 1680u32,
+        call: 1471u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -105175,8 +104823,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1480u32,
+        wire: 1681u32,
+        call: 1472u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -105208,8 +104856,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1481u32,
+        wire: 1682u32,
+        call: 1473u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -105241,8 +104889,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1482u32,
+        wire: 1683u32,
+        call: 1474u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -105276,8 +104924,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1483u32,
+        wire: 1684u32,
+        call: 1475u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -105313,8 +104961,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1484u32,
+        wire: 1685u32,
+        call: 1476u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -105342,8 +104990,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1485u32,
+        wire: 1686u32,
+        call: 1477u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -105371,8 +105019,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1486u32,
+        wire: 1687u32,
+        call: 1478u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -105400,8 +105048,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1487u32,
+        wire: 1688u32,
+        call: 1479u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -105429,8 +105077,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1488u32,
+        wire: 1689u32,
+        call: 1480u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -105458,8 +105106,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1489u32,
+        wire: 1690u32,
+        call: 1481u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -105487,8 +105135,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1490u32,
+        wire: 1691u32,
+        call: 1482u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -105516,8 +105164,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1491u32,
+        wire: 1692u32,
+        call: 1483u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -105551,8 +105199,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1492u32,
+        wire: 1693u32,
+        call: 1484u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -105580,8 +105228,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1493u32,
+        wire: 1694u32,
+        call: 1485u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -105609,8 +105257,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1494u32,
+        wire: 1695u32,
+        call: 1486u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -105638,8 +105286,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1495u32,
+        wire: 1696u32,
+        call: 1487u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -105667,8 +105315,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1496u32,
+        wire: 1697u32,
+        call: 1488u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -105696,8 +105344,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1497u32,
+        wire: 1698u32,
+        call: 1489u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -105743,8 +105391,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1498u32,
+        wire: 1699u32,
+        call: 1490u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -105772,8 +105420,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1499u32,
+        wire: 1700u32,
+        call: 1491u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -105801,8 +105449,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1500u32,
+        wire: 1701u32,
+        call: 1492u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -105830,8 +105478,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1501u32,
+        wire: 1702u32,
+        call: 1493u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -105859,8 +105507,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1502u32,
+        wire: 1703u32,
+        call: 1494u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -105888,8 +105536,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1503u32,
+        wire: 1704u32,
+        call: 1495u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -105921,8 +105569,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1504u32,
+        wire: 1705u32,
+        call: 1496u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -105954,8 +105602,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1505u32,
+        wire: 1706u32,
+        call: 1497u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -105987,8 +105635,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1506u32,
+        wire: 1707u32,
+        call: 1498u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -106020,8 +105668,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1507u32,
+        wire: 1708u32,
+        call: 1499u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -106057,8 +105705,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1508u32,
+        wire: 1709u32,
+        call: 1500u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -106086,8 +105734,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1509u32,
+        wire: 1710u32,
+        call: 1501u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -106119,8 +105767,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1510u32,
+        wire: 1711u32,
+        call: 1502u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -106148,8 +105796,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1511u32,
+        wire: 1712u32,
+        call: 1503u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -106177,8 +105825,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1512u32,
+        wire: 1713u32,
+        call: 1504u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -106210,8 +105858,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1513u32,
+        wire: 1714u32,
+        call: 1505u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -106241,8 +105889,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1514u32,
+        wire: 1715u32,
+        call: 1506u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -106264,8 +105912,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1515u32,
+        wire: 1716u32,
+        call: 1507u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -106287,8 +105935,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1516u32,
+        wire: 1717u32,
+        call: 1508u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -106310,8 +105958,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1517u32,
+        wire: 1718u32,
+        call: 1509u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -106337,8 +105985,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1518u32,
+        wire: 1719u32,
+        call: 1510u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -106368,8 +106016,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1519u32,
+        wire: 1720u32,
+        call: 1511u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -106399,8 +106047,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1520u32,
+        wire: 1721u32,
+        call: 1512u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -106426,8 +106074,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1521u32,
+        wire: 1722u32,
+        call: 1513u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -106457,8 +106105,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1522u32,
+        wire: 1723u32,
+        call: 1514u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -106484,8 +106132,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1523u32,
+        wire: 1724u32,
+        call: 1515u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -106511,8 +106159,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1524u32,
+        wire: 1725u32,
+        call: 1516u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -106538,8 +106186,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1525u32,
+        wire: 1726u32,
+        call: 1517u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -106561,8 +106209,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1526u32,
+        wire: 1727u32,
+        call: 1518u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -106592,8 +106240,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1527u32,
+        wire: 1728u32,
+        call: 1519u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -106619,8 +106267,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1528u32,
+        wire: 1729u32,
+        call: 1520u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -106648,8 +106296,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1529u32,
+        wire: 1730u32,
+        call: 1521u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -106679,8 +106327,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1530u32,
+        wire: 1731u32,
+        call: 1522u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -106706,8 +106354,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1531u32,
+        wire: 1732u32,
+        call: 1523u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -106737,8 +106385,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1532u32,
+        wire: 1733u32,
+        call: 1524u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -106768,8 +106416,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1533u32,
+        wire: 1734u32,
+        call: 1525u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -106795,8 +106443,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1534u32,
+        wire: 1735u32,
+        call: 1526u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -106826,8 +106474,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1535u32,
+        wire: 1736u32,
+        call: 1527u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -106853,8 +106501,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1536u32,
+        wire: 1737u32,
+        call: 1528u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -106880,8 +106528,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1537u32,
+        wire: 1738u32,
+        call: 1529u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -106911,8 +106559,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1538u32,
+        wire: 1739u32,
+        call: 1530u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -106944,8 +106592,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1539u32,
+        wire: 1740u32,
+        call: 1531u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -106971,8 +106619,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1540u32,
+        wire: 1741u32,
+        call: 1532u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -106998,8 +106646,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1541u32,
+        wire: 1742u32,
+        call: 1533u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -107025,8 +106673,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1542u32,
+        wire: 1743u32,
+        call: 1534u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -107058,8 +106706,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1543u32,
+        wire: 1744u32,
+        call: 1535u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -107089,8 +106737,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1544u32,
+        wire: 1745u32,
+        call: 1536u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -107118,8 +106766,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1545u32,
+        wire: 1746u32,
+        call: 1537u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -107145,8 +106793,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1546u32,
+        wire: 1747u32,
+        call: 1538u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -107168,8 +106816,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1547u32,
+        wire: 1748u32,
+        call: 1539u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -107191,8 +106839,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1548u32,
+        wire: 1749u32,
+        call: 1540u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -107214,8 +106862,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1549u32,
+        wire: 1750u32,
+        call: 1541u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -107239,8 +106887,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1550u32,
+        wire: 1751u32,
+        call: 1542u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -107268,8 +106916,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1551u32,
+        wire: 1752u32,
+        call: 1543u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -107299,8 +106947,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1552u32,
+        wire: 1753u32,
+        call: 1544u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -107328,8 +106976,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1553u32,
+        wire: 1754u32,
+        call: 1545u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -107351,8 +106999,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1554u32,
+        wire: 1755u32,
+        call: 1546u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -107374,8 +107022,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1555u32,
+        wire: 1756u32,
+        call: 1547u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -107401,8 +107049,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1556u32,
+        wire: 1757u32,
+        call: 1548u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -107428,8 +107076,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1557u32,
+        wire: 1758u32,
+        call: 1549u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -107459,8 +107107,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1558u32,
+        wire: 1759u32,
+        call: 1550u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -107496,8 +107144,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1559u32,
+        wire: 1760u32,
+        call: 1551u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -107519,8 +107167,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1560u32,
+        wire: 1761u32,
+        call: 1552u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -107550,8 +107198,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1561u32,
+        wire: 1762u32,
+        call: 1553u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -107583,8 +107231,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1562u32,
+        wire: 1763u32,
+        call: 1554u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -107620,8 +107268,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1563u32,
+        wire: 1764u32,
+        call: 1555u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -107649,8 +107297,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1564u32,
+        wire: 1765u32,
+        call: 1556u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -107674,8 +107322,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1565u32,
+        wire: 1766u32,
+        call: 1557u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -107699,8 +107347,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1566u32,
+        wire: 1767u32,
+        call: 1558u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -107724,8 +107372,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1567u32,
+        wire: 1768u32,
+        call: 1559u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -107749,8 +107397,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1568u32,
+        wire: 1769u32,
+        call: 1560u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -107772,8 +107420,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1569u32,
+        wire: 1770u32,
+        call: 1561u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -107795,8 +107443,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1570u32,
+        wire: 1771u32,
+        call: 1562u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -107820,8 +107468,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1571u32,
+        wire: 1772u32,
+        call: 1563u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -107853,8 +107501,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1572u32,
+        wire: 1773u32,
+        call: 1564u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -107880,8 +107528,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1573u32,
+        wire: 1774u32,
+        call: 1565u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -107913,8 +107561,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1574u32,
+        wire: 1775u32,
+        call: 1566u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -107940,8 +107588,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1575u32,
+        wire: 1776u32,
+        call: 1567u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -107963,8 +107611,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1576u32,
+        wire: 1777u32,
+        call: 1568u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -107992,8 +107640,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1577u32,
+        wire: 1778u32,
+        call: 1569u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -108021,8 +107669,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1578u32,
+        wire: 1779u32,
+        call: 1570u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -108050,8 +107698,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1579u32,
+        wire: 1780u32,
+        call: 1571u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -108079,8 +107727,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1580u32,
+        wire: 1781u32,
+        call: 1572u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -108108,8 +107756,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1581u32,
+        wire: 1782u32,
+        call: 1573u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -108137,8 +107785,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1582u32,
+        wire: 1783u32,
+        call: 1574u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -108166,8 +107814,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1583u32,
+        wire: 1784u32,
+        call: 1575u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -108195,8 +107843,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1584u32,
+        wire: 1785u32,
+        call: 1576u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -108222,8 +107870,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1585u32,
+        wire: 1786u32,
+        call: 1577u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -108255,8 +107903,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1586u32,
+        wire: 1787u32,
+        call: 1578u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -108290,8 +107938,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1587u32,
+        wire: 1788u32,
+        call: 1579u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -108319,8 +107967,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1588u32,
+        wire: 1789u32,
+        call: 1580u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -108348,8 +107996,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1589u32,
+        wire: 1790u32,
+        call: 1581u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -108377,8 +108025,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1590u32,
+        wire: 1791u32,
+        call: 1582u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -108406,8 +108054,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1591u32,
+        wire: 1792u32,
+        call: 1583u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -108435,8 +108083,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1592u32,
+        wire: 1793u32,
+        call: 1584u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -108468,8 +108116,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1593u32,
+        wire: 1794u32,
+        call: 1585u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -108497,8 +108145,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1594u32,
+        wire: 1795u32,
+        call: 1586u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -108526,8 +108174,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1595u32,
+        wire: 1796u32,
+        call: 1587u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -108569,8 +108217,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2191u32,
+        wire: 2392u32,
+        call: 2183u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -108594,8 +108242,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2192u32,
+        wire: 2393u32,
+        call: 2184u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -108619,8 +108267,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2193u32,
+        wire: 2394u32,
+        call: 2185u32,
         name: "nvrtcGetSupportedArchs",
         form: Some("call"),
         library: "nvrtc",
@@ -108644,8 +108292,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2194u32,
+        wire: 2395u32,
+        call: 2186u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -108667,8 +108315,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2195u32,
+        wire: 2396u32,
+        call: 2187u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

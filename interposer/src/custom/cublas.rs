@@ -63,3 +63,135 @@ pub unsafe fn cublasSetPointerMode_v2(handle: *mut c_void, mode: u32) -> u32 {
     let desc = &calls::cublasSetPointerMode_v2__call;
     crate::scalars::set_pointer_mode("cublasSetPointerMode_v2", desc, handle, mode, POINTER_MODE_DEVICE, INVALID_VALUE)
 }
+
+// ---- Host <-> GPU helpers ----
+//
+// cublasSet/Get{Vector,Matrix}{,Async}{,_64} copy between a strided host array and a strided
+// GPU array: 2D copies (a vector is a matrix of one-element rows), made with the client's
+// cudaMemcpy2D{,Async}, which read or write only the elements the arguments name.
+
+/// CUBLAS_STATUS_MAPPING_ERROR: the copy between host and GPU failed.
+const MAPPING_ERROR: u32 = 11;
+/// cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost.
+const H2D: u32 = 1;
+const D2H: u32 = 2;
+
+/// `rows` elements of `elem` bytes in each of `cols` columns, `src_ld` / `dst_ld` elements
+/// apart.
+struct Strided {
+    rows: i64,
+    cols: i64,
+    elem: i64,
+    src: *mut c_void,
+    src_ld: i64,
+    dst: *mut c_void,
+    dst_ld: i64,
+}
+
+fn copy_strided(name: &'static str, m: Strided, kind: u32, stream: Option<*mut c_void>) -> u32 {
+    crate::guard::ffi(name, INVALID_VALUE, || {
+        if m.rows < 0 || m.cols < 0 || m.elem <= 0 || m.src_ld < m.rows.max(1) || m.dst_ld < m.rows.max(1) {
+            return INVALID_VALUE;
+        }
+        if m.rows == 0 || m.cols == 0 {
+            return 0;
+        }
+        let bytes = |n: i64| n.checked_mul(m.elem).and_then(|b| usize::try_from(b).ok());
+        let (Some(width), Some(spitch), Some(dpitch), Ok(height)) =
+            (bytes(m.rows), bytes(m.src_ld), bytes(m.dst_ld), usize::try_from(m.cols))
+        else {
+            return INVALID_VALUE;
+        };
+        // SAFETY: the caller's arrays hold what the arguments name (the cuBLAS contract);
+        // the 2D copy touches only those bytes.
+        let s = unsafe {
+            match stream {
+                None => crate::custom::kernels::cudaMemcpy2D(m.dst, dpitch, m.src, spitch, width, height, kind),
+                Some(st) => {
+                    crate::custom::kernels::cudaMemcpy2DAsync(m.dst, dpitch, m.src, spitch, width, height, kind, st)
+                }
+            }
+        };
+        if s == 0 { 0 } else { MAPPING_ERROR }
+    })
+}
+
+macro_rules! vector_copy {
+    ($name:ident, $int:ty, $kind:expr) => {
+        pub unsafe fn $name(n: $int, elemSize: $int, x: *mut c_void, incx: $int, y: *mut c_void, incy: $int) -> u32 {
+            let (n, e, ix, iy) = (i64::from(n), i64::from(elemSize), i64::from(incx), i64::from(incy));
+            let m = Strided { rows: 1, cols: n, elem: e, src: x, src_ld: ix, dst: y, dst_ld: iy };
+            copy_strided(stringify!($name), m, $kind, None)
+        }
+    };
+    ($name:ident, $int:ty, $kind:expr, async) => {
+        pub unsafe fn $name(
+            n: $int,
+            elemSize: $int,
+            x: *mut c_void,
+            incx: $int,
+            y: *mut c_void,
+            incy: $int,
+            stream: *mut c_void,
+        ) -> u32 {
+            let (n, e, ix, iy) = (i64::from(n), i64::from(elemSize), i64::from(incx), i64::from(incy));
+            let m = Strided { rows: 1, cols: n, elem: e, src: x, src_ld: ix, dst: y, dst_ld: iy };
+            copy_strided(stringify!($name), m, $kind, Some(stream))
+        }
+    };
+}
+
+vector_copy!(cublasSetVector, i32, H2D);
+vector_copy!(cublasGetVector, i32, D2H);
+vector_copy!(cublasSetVector_64, i64, H2D);
+vector_copy!(cublasGetVector_64, i64, D2H);
+vector_copy!(cublasSetVectorAsync, i32, H2D, async);
+vector_copy!(cublasGetVectorAsync, i32, D2H, async);
+vector_copy!(cublasSetVectorAsync_64, i64, H2D, async);
+vector_copy!(cublasGetVectorAsync_64, i64, D2H, async);
+
+macro_rules! matrix_copy {
+    ($name:ident, $int:ty, $kind:expr) => {
+        pub unsafe fn $name(
+            rows: $int,
+            cols: $int,
+            elemSize: $int,
+            A: *mut c_void,
+            lda: $int,
+            B: *mut c_void,
+            ldb: $int,
+        ) -> u32 {
+            let (r, c, e) = (i64::from(rows), i64::from(cols), i64::from(elemSize));
+            let m =
+                Strided { rows: r, cols: c, elem: e, src: A, src_ld: i64::from(lda), dst: B, dst_ld: i64::from(ldb) };
+            copy_strided(stringify!($name), m, $kind, None)
+        }
+    };
+    ($name:ident, $int:ty, $kind:expr, async) => {
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name(
+            rows: $int,
+            cols: $int,
+            elemSize: $int,
+            A: *mut c_void,
+            lda: $int,
+            B: *mut c_void,
+            ldb: $int,
+            stream: *mut c_void,
+        ) -> u32 {
+            let (r, c, e) = (i64::from(rows), i64::from(cols), i64::from(elemSize));
+            let m =
+                Strided { rows: r, cols: c, elem: e, src: A, src_ld: i64::from(lda), dst: B, dst_ld: i64::from(ldb) };
+            copy_strided(stringify!($name), m, $kind, Some(stream))
+        }
+    };
+}
+
+matrix_copy!(cublasSetMatrix, i32, H2D);
+matrix_copy!(cublasGetMatrix, i32, D2H);
+matrix_copy!(cublasSetMatrix_64, i64, H2D);
+matrix_copy!(cublasGetMatrix_64, i64, D2H);
+matrix_copy!(cublasSetMatrixAsync, i32, H2D, async);
+matrix_copy!(cublasGetMatrixAsync, i32, D2H, async);
+matrix_copy!(cublasSetMatrixAsync_64, i64, H2D, async);
+matrix_copy!(cublasGetMatrixAsync_64, i64, D2H, async);
