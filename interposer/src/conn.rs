@@ -100,6 +100,9 @@ pub struct Conn {
     pending: Mutex<HashMap<u64, Pending>>,
     next_seq: AtomicU64,
     broken: OnceLock<String>,
+    /// Reports the broken connection, once, before `broken` is set: a call that fails
+    /// because of it may end the process at once, and the reason must be on stderr by then.
+    report: std::sync::Once,
     /// Deferred statuses of failed asynchronous calls, per library, reported by the next
     /// synchronizing call of that library.
     deferred: Mutex<Vec<(&'static str, i64)>>,
@@ -265,6 +268,7 @@ fn connect() -> Result<Conn, String> {
         pending: Mutex::new(HashMap::new()),
         next_seq: AtomicU64::new(1),
         broken: OnceLock::new(),
+        report: std::sync::Once::new(),
         deferred: Mutex::new(Vec::new()),
         callbacks: Mutex::new(HashMap::new()),
         next_callback: AtomicU64::new(1),
@@ -305,9 +309,10 @@ impl Conn {
     }
 
     fn fail(&self, reason: String) {
-        if self.broken.set(reason.clone()).is_ok() {
+        self.report.call_once(|| {
             tracing::error!("{reason}; CUDA calls fail from now on");
-        }
+            let _ = self.broken.set(reason.clone());
+        });
         let pending: Vec<Pending> =
             self.pending.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, p)| p).collect();
         for p in pending {
