@@ -571,15 +571,16 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     // cuDNN variant-pack data pointers with host scalars inline (the `hostvalues` form):
     // the worker keeps the scalars beside the pack and passes their addresses.
     let mut kept = None;
-    let mut _pointers = Vec::new();
+    // Outlives the call: raw[4] points into it.
+    let data_pointers: Vec<u64>;
     if desc.form == Some("hostvalues") && lens[4] != NULL_LEN {
         // SAFETY: raw[4] addresses the buffer laid out above, lens[4] bytes long.
         let records = unsafe { std::slice::from_raw_parts(raw[4] as *const u8, lens[4] as usize) };
         let Some((pointers, values)) = host_value_pointers(records) else {
             return Err(Fatal(format!("{}: {} bytes of host value records", desc.name, lens[4])));
         };
-        _pointers = pointers;
-        raw[4] = _pointers.as_ptr() as u64;
+        data_pointers = pointers;
+        raw[4] = data_pointers.as_ptr() as u64;
         kept = Some(values);
     }
     let ret = if desc.form == Some("host") {

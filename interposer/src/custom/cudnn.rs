@@ -24,9 +24,9 @@ use chidori_cuda::calls::cudnn as calls;
 use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
 
-/// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9 (in a tuple for the macros).
-const CODES_V8: (u32,) = (3,);
-const CODES_V9: (u32,) = (2000,);
+/// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
+const BAD_PARAM_V8: u32 = 3;
+const BAD_PARAM_V9: u32 = 2000;
 /// CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS and CUDNN_TYPE_VOID_PTR (same in cuDNN 8 and 9).
 const VARIANT_PACK_DATA_POINTERS: u32 = 1001;
 const TYPE_VOID_PTR: u32 = 6;
@@ -105,7 +105,7 @@ fn set_attribute(
 }
 
 macro_rules! set_attribute_variant {
-    ($name:ident, $desc:ident, $descriptors:ident, $hostvalues:ident, $codes:expr) => {
+    ($name:ident, $desc:ident, $descriptors:ident, $hostvalues:ident, $bad_param:expr) => {
         pub unsafe fn $name(
             descriptor: *mut c_void,
             attributeName: u32,
@@ -115,7 +115,7 @@ macro_rules! set_attribute_variant {
         ) -> u32 {
             let forms = (&calls::$desc, &calls::$descriptors, &calls::$hostvalues);
             let (n, t) = (attributeName, attributeType);
-            set_attribute(forms, descriptor, n, t, elementCount, arrayOfElements, $codes.0)
+            set_attribute(forms, descriptor, n, t, elementCount, arrayOfElements, $bad_param)
         }
     };
 }
@@ -125,14 +125,14 @@ set_attribute_variant!(
     cudnnBackendSetAttribute__cu118__call,
     cudnnBackendSetAttribute__cu118__descriptors,
     cudnnBackendSetAttribute__cu118__hostvalues,
-    CODES_V8
+    BAD_PARAM_V8
 );
 set_attribute_variant!(
     cudnnBackendSetAttribute__cu126,
     cudnnBackendSetAttribute__cu126__call,
     cudnnBackendSetAttribute__cu126__descriptors,
     cudnnBackendSetAttribute__cu126__hostvalues,
-    CODES_V9
+    BAD_PARAM_V9
 );
 
 /// The descriptor types of cuDNN 8.9 (POINTWISE ..= OPERATION_RNG; the values are the same
@@ -210,17 +210,17 @@ fn destroy_descriptor(call: &'static CallDesc, descriptor: *mut c_void, bad_para
 }
 
 pub unsafe fn cudnnBackendDestroyDescriptor__cu118(descriptor: *mut c_void) -> u32 {
-    destroy_descriptor(&calls::cudnnBackendDestroyDescriptor__cu118__call, descriptor, CODES_V8.0)
+    destroy_descriptor(&calls::cudnnBackendDestroyDescriptor__cu118__call, descriptor, BAD_PARAM_V8)
 }
 
 pub unsafe fn cudnnBackendDestroyDescriptor__cu126(descriptor: *mut c_void) -> u32 {
-    destroy_descriptor(&calls::cudnnBackendDestroyDescriptor__cu126__call, descriptor, CODES_V9.0)
+    destroy_descriptor(&calls::cudnnBackendDestroyDescriptor__cu126__call, descriptor, BAD_PARAM_V9)
 }
 
 macro_rules! create_variant {
-    ($name:ident, $call:ident, $named:ident, $codes:expr) => {
+    ($name:ident, $call:ident, $named:ident, $bad_param:expr) => {
         pub unsafe fn $name(ty: u32, descriptor: *mut c_void) -> u32 {
-            create_descriptor(&calls::$call, &calls::$named, ty, descriptor, $codes.0)
+            create_descriptor(&calls::$call, &calls::$named, ty, descriptor, $bad_param)
         }
     };
 }
@@ -229,19 +229,19 @@ create_variant!(
     cudnnBackendCreateDescriptor__cu118,
     cudnnBackendCreateDescriptor__cu118__call,
     cudnnBackendCreateDescriptor__cu118__named,
-    CODES_V8
+    BAD_PARAM_V8
 );
 create_variant!(
     cudnnBackendCreateDescriptor__cu126,
     cudnnBackendCreateDescriptor__cu126__call,
     cudnnBackendCreateDescriptor__cu126__named,
-    CODES_V9
+    BAD_PARAM_V9
 );
 
 macro_rules! finalize_variant {
-    ($name:ident, $call:ident, $deferred:ident, $codes:expr) => {
+    ($name:ident, $call:ident, $deferred:ident, $bad_param:expr) => {
         pub unsafe fn $name(descriptor: *mut c_void) -> u32 {
-            finalize(&calls::$call, &calls::$deferred, descriptor, $codes.0)
+            finalize(&calls::$call, &calls::$deferred, descriptor, $bad_param)
         }
     };
 }
@@ -250,13 +250,13 @@ finalize_variant!(
     cudnnBackendFinalize__cu118,
     cudnnBackendFinalize__cu118__call,
     cudnnBackendFinalize__cu118__async,
-    CODES_V8
+    BAD_PARAM_V8
 );
 finalize_variant!(
     cudnnBackendFinalize__cu126,
     cudnnBackendFinalize__cu126__call,
     cudnnBackendFinalize__cu126__async,
-    CODES_V9
+    BAD_PARAM_V9
 );
 
 /// CUDNN_TYPE_BACKEND_DESCRIPTOR (the same in cuDNN 8 and 9).
@@ -332,7 +332,7 @@ fn array_len(desc: &CallDesc, head: &[u64; 4]) -> Option<usize> {
 }
 
 macro_rules! get_attribute_variant {
-    ($name:ident, $call:ident, $descriptors:ident, $codes:expr) => {
+    ($name:ident, $call:ident, $descriptors:ident, $bad_param:expr) => {
         pub unsafe fn $name(
             descriptor: *mut c_void,
             attributeName: u32,
@@ -343,7 +343,7 @@ macro_rules! get_attribute_variant {
         ) -> u32 {
             let (forms, (n, t, r)) =
                 ((&calls::$call, &calls::$descriptors), (attributeName, attributeType, requestedElementCount));
-            get_attribute(forms.0, forms.1, descriptor, n, t, r, elementCount, arrayOfElements, $codes.0)
+            get_attribute(forms.0, forms.1, descriptor, n, t, r, elementCount, arrayOfElements, $bad_param)
         }
     };
 }
@@ -352,13 +352,13 @@ get_attribute_variant!(
     cudnnBackendGetAttribute__cu118,
     cudnnBackendGetAttribute__cu118__call,
     cudnnBackendGetAttribute__cu118__descriptors,
-    CODES_V8
+    BAD_PARAM_V8
 );
 get_attribute_variant!(
     cudnnBackendGetAttribute__cu126,
     cudnnBackendGetAttribute__cu126__call,
     cudnnBackendGetAttribute__cu126__descriptors,
-    CODES_V9
+    BAD_PARAM_V9
 );
 
 /// The library's versions, asked once per process.
@@ -448,27 +448,27 @@ fn destroy(desc: &'static CallDesc, handle: *mut c_void, bad_param: u32) -> u32 
 }
 
 pub unsafe fn cudnnSetStream__cu118(handle: *mut c_void, streamId: *mut c_void) -> u32 {
-    set_stream(&calls::cudnnSetStream__cu118__call, handle, streamId, CODES_V8.0)
+    set_stream(&calls::cudnnSetStream__cu118__call, handle, streamId, BAD_PARAM_V8)
 }
 
 pub unsafe fn cudnnSetStream__cu126(handle: *mut c_void, streamId: *mut c_void) -> u32 {
-    set_stream(&calls::cudnnSetStream__cu126__call, handle, streamId, CODES_V9.0)
+    set_stream(&calls::cudnnSetStream__cu126__call, handle, streamId, BAD_PARAM_V9)
 }
 
 pub unsafe fn cudnnGetStream__cu118(handle: *mut c_void, streamId: *mut c_void) -> u32 {
-    get_stream(&calls::cudnnGetStream__cu118__call, handle, streamId, CODES_V8.0)
+    get_stream(&calls::cudnnGetStream__cu118__call, handle, streamId, BAD_PARAM_V8)
 }
 
 pub unsafe fn cudnnGetStream__cu126(handle: *mut c_void, streamId: *mut c_void) -> u32 {
-    get_stream(&calls::cudnnGetStream__cu126__call, handle, streamId, CODES_V9.0)
+    get_stream(&calls::cudnnGetStream__cu126__call, handle, streamId, BAD_PARAM_V9)
 }
 
 pub unsafe fn cudnnDestroy__cu118(handle: *mut c_void) -> u32 {
-    destroy(&calls::cudnnDestroy__cu118__call, handle, CODES_V8.0)
+    destroy(&calls::cudnnDestroy__cu118__call, handle, BAD_PARAM_V8)
 }
 
 pub unsafe fn cudnnDestroy__cu126(handle: *mut c_void) -> u32 {
-    destroy(&calls::cudnnDestroy__cu126__call, handle, CODES_V9.0)
+    destroy(&calls::cudnnDestroy__cu126__call, handle, BAD_PARAM_V9)
 }
 
 #[cfg(test)]
