@@ -25,22 +25,25 @@ fn server() -> EmulatedServer {
 
 /// Compile a C program against the CUDA 13.0 runtime headers and the 13.0 shim.
 fn program(name: &str, source: &str) -> PathBuf {
+    program_with(name, source, &[])
+}
+
+/// As [`program`], also linked with the shims `libs` (`-l:libcublas.so.13`, …).
+fn program_with(name: &str, source: &str, libs: &[&str]) -> PathBuf {
     let dir = chidori_tests::scratch(name);
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let exe = dir.join(name);
     let include = chidori_tests::runtime_headers("13.0");
     let stub = chidori_tests::root().join("headers/stub");
-    chidori_tests::cc(
-        &src,
-        &exe,
-        &[
-            &format!("-I{}", include.display()),
-            &format!("-I{}", stub.display()),
-            &format!("-L{}", chidori_tests::shim_dir().display()),
-            "-l:libcudart.so.13",
-        ],
-    );
+    let flags = [
+        format!("-I{}", include.display()),
+        format!("-I{}", stub.display()),
+        format!("-L{}", chidori_tests::shim_dir().display()),
+        "-l:libcudart.so.13".to_owned(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).chain(libs.iter().copied()).collect();
+    chidori_tests::cc(&src, &exe, &flags);
     exe
 }
 
@@ -510,23 +513,7 @@ int main(void) {
 #[test]
 fn cublas_helpers_copy_only_the_named_elements() {
     let server = server();
-    let dir = chidori_tests::scratch("cublas-helpers");
-    let src = dir.join("cublas-helpers.c");
-    std::fs::write(&src, CUBLAS_HELPERS).unwrap();
-    let exe = dir.join("cublas-helpers");
-    let include = chidori_tests::runtime_headers("13.0");
-    let stub = chidori_tests::root().join("headers/stub");
-    chidori_tests::cc(
-        &src,
-        &exe,
-        &[
-            &format!("-I{}", include.display()),
-            &format!("-I{}", stub.display()),
-            &format!("-L{}", chidori_tests::shim_dir().display()),
-            "-l:libcudart.so.13",
-            "-l:libcublas.so.13",
-        ],
-    );
+    let exe = program_with("cublas-helpers", CUBLAS_HELPERS, &["-l:libcublas.so.13"]);
     let out = run_cmd(&server.address, &exe).output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "status {:?}; {stdout}\n{stderr}", out.status);

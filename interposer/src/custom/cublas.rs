@@ -116,15 +116,9 @@ fn copy_strided(name: &'static str, m: Strided, kind: u32, stream: Option<*mut c
     })
 }
 
+/// A vector helper; with `stream`, its Async form.
 macro_rules! vector_copy {
-    ($name:ident, $int:ty, $kind:expr) => {
-        pub unsafe fn $name(n: $int, elemSize: $int, x: *mut c_void, incx: $int, y: *mut c_void, incy: $int) -> u32 {
-            let (n, e, ix, iy) = (i64::from(n), i64::from(elemSize), i64::from(incx), i64::from(incy));
-            let m = Strided { rows: 1, cols: n, elem: e, src: x, src_ld: ix, dst: y, dst_ld: iy };
-            copy_strided(stringify!($name), m, $kind, None)
-        }
-    };
-    ($name:ident, $int:ty, $kind:expr, async) => {
+    ($name:ident, $int:ty, $kind:expr $(, $stream:ident)?) => {
         pub unsafe fn $name(
             n: $int,
             elemSize: $int,
@@ -132,11 +126,11 @@ macro_rules! vector_copy {
             incx: $int,
             y: *mut c_void,
             incy: $int,
-            stream: *mut c_void,
+            $($stream: *mut c_void,)?
         ) -> u32 {
             let (n, e, ix, iy) = (i64::from(n), i64::from(elemSize), i64::from(incx), i64::from(incy));
             let m = Strided { rows: 1, cols: n, elem: e, src: x, src_ld: ix, dst: y, dst_ld: iy };
-            copy_strided(stringify!($name), m, $kind, Some(stream))
+            copy_strided(stringify!($name), m, $kind, None $(.or(Some($stream)))?)
         }
     };
 }
@@ -145,29 +139,14 @@ vector_copy!(cublasSetVector, i32, H2D);
 vector_copy!(cublasGetVector, i32, D2H);
 vector_copy!(cublasSetVector_64, i64, H2D);
 vector_copy!(cublasGetVector_64, i64, D2H);
-vector_copy!(cublasSetVectorAsync, i32, H2D, async);
-vector_copy!(cublasGetVectorAsync, i32, D2H, async);
-vector_copy!(cublasSetVectorAsync_64, i64, H2D, async);
-vector_copy!(cublasGetVectorAsync_64, i64, D2H, async);
+vector_copy!(cublasSetVectorAsync, i32, H2D, stream);
+vector_copy!(cublasGetVectorAsync, i32, D2H, stream);
+vector_copy!(cublasSetVectorAsync_64, i64, H2D, stream);
+vector_copy!(cublasGetVectorAsync_64, i64, D2H, stream);
 
+/// A matrix helper; with `stream`, its Async form.
 macro_rules! matrix_copy {
-    ($name:ident, $int:ty, $kind:expr) => {
-        pub unsafe fn $name(
-            rows: $int,
-            cols: $int,
-            elemSize: $int,
-            A: *mut c_void,
-            lda: $int,
-            B: *mut c_void,
-            ldb: $int,
-        ) -> u32 {
-            let (r, c, e) = (i64::from(rows), i64::from(cols), i64::from(elemSize));
-            let m =
-                Strided { rows: r, cols: c, elem: e, src: A, src_ld: i64::from(lda), dst: B, dst_ld: i64::from(ldb) };
-            copy_strided(stringify!($name), m, $kind, None)
-        }
-    };
-    ($name:ident, $int:ty, $kind:expr, async) => {
+    ($name:ident, $int:ty, $kind:expr $(, $stream:ident)?) => {
         #[allow(clippy::too_many_arguments)]
         pub unsafe fn $name(
             rows: $int,
@@ -177,12 +156,12 @@ macro_rules! matrix_copy {
             lda: $int,
             B: *mut c_void,
             ldb: $int,
-            stream: *mut c_void,
+            $($stream: *mut c_void,)?
         ) -> u32 {
             let (r, c, e) = (i64::from(rows), i64::from(cols), i64::from(elemSize));
             let m =
                 Strided { rows: r, cols: c, elem: e, src: A, src_ld: i64::from(lda), dst: B, dst_ld: i64::from(ldb) };
-            copy_strided(stringify!($name), m, $kind, Some(stream))
+            copy_strided(stringify!($name), m, $kind, None $(.or(Some($stream)))?)
         }
     };
 }
@@ -191,7 +170,7 @@ matrix_copy!(cublasSetMatrix, i32, H2D);
 matrix_copy!(cublasGetMatrix, i32, D2H);
 matrix_copy!(cublasSetMatrix_64, i64, H2D);
 matrix_copy!(cublasGetMatrix_64, i64, D2H);
-matrix_copy!(cublasSetMatrixAsync, i32, H2D, async);
-matrix_copy!(cublasGetMatrixAsync, i32, D2H, async);
-matrix_copy!(cublasSetMatrixAsync_64, i64, H2D, async);
-matrix_copy!(cublasGetMatrixAsync_64, i64, D2H, async);
+matrix_copy!(cublasSetMatrixAsync, i32, H2D, stream);
+matrix_copy!(cublasGetMatrixAsync, i32, D2H, stream);
+matrix_copy!(cublasSetMatrixAsync_64, i64, H2D, stream);
+matrix_copy!(cublasGetMatrixAsync_64, i64, D2H, stream);
