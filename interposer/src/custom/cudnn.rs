@@ -501,4 +501,18 @@ mod tests {
         assert_eq!(&r[2][..16], &[8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "unreadable: passed as it is");
         assert_eq!(host_value_records(&[0, 8]), None, "no host scalar: the plain form");
     }
+
+    #[test]
+    fn the_hostvalues_wire_form_carries_whole_records() {
+        // specs/cudnn.toml spells the record size as a literal: it must be the protocol's.
+        for desc in
+            [&calls::cudnnBackendSetAttribute__cu118__hostvalues, &calls::cudnnBackendSetAttribute__cu126__hostvalues]
+        {
+            let args = [0, 1001, 6, 3, 0];
+            let Some(chidori_protocol::desc::Wire::Buf { len: Some(len), elem: 1, .. }) = desc.params.get(4) else {
+                panic!("{}: the records are a byte buffer", desc.name)
+            };
+            assert_eq!(len.eval(&args), Some(3 * HOST_VALUE_RECORD as u64), "{}", desc.name);
+        }
+    }
 }
