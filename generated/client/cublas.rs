@@ -6449,6 +6449,56 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDrotg_v2(
         ) as u32
     }
 }
+///`cublasDrotm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrotm_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    param: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDrotm_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (param) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasDrotmg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDrotmg_v2(
+    handle: *mut c_void,
+    d1: *mut c_void,
+    d2: *mut c_void,
+    x1: *mut c_void,
+    y1: *mut c_void,
+    param: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasDrotmg_v2,
+            &[
+                (handle) as usize as u64,
+                (d1) as usize as u64,
+                (d2) as usize as u64,
+                (x1) as usize as u64,
+                (y1) as usize as u64,
+                (param) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cublasDsbmv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDsbmv(
@@ -11393,6 +11443,56 @@ pub unsafe extern "C" fn __chidori_cublas_cublasSrotg_v2(
                 (b) as usize as u64,
                 (c) as usize as u64,
                 (s) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSrotm_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrotm_v2(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    incx: i32,
+    y: *mut c_void,
+    incy: i32,
+    param: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSrotm_v2,
+            &[
+                (handle) as usize as u64,
+                (n) as i64 as u64,
+                (x) as usize as u64,
+                (incx) as i64 as u64,
+                (y) as usize as u64,
+                (incy) as i64 as u64,
+                (param) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cublasSrotmg_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasSrotmg_v2(
+    handle: *mut c_void,
+    d1: *mut c_void,
+    d2: *mut c_void,
+    x1: *mut c_void,
+    y1: *mut c_void,
+    param: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cublas::cublasSrotmg_v2,
+            &[
+                (handle) as usize as u64,
+                (d1) as usize as u64,
+                (d2) as usize as u64,
+                (x1) as usize as u64,
+                (y1) as usize as u64,
+                (param) as usize as u64,
             ],
         ) as u32
     }

@@ -921,7 +921,7 @@ fn classify(
                 Kind::Handle { kind } => Wire::Handle { kind, destroy: true },
                 other => bail!("{}: `destroy` needs a handle, not {other:?}", p.name),
             },
-            ParamSpec::Scalar { mode, dir } => {
+            ParamSpec::Scalar { mode, dir, count } => {
                 let Some(mode) = decl.params.iter().position(|q| &q.name == mode) else {
                     return Ok(Err(format!("scalar: no parameter {mode} holds the pointer mode")));
                 };
@@ -934,9 +934,9 @@ fn classify(
                 };
                 let bytes = match (dir, untyped) {
                     // The largest scalar (double complex); the callee reads what its type needs.
-                    (Dir::In, true) => 16,
-                    (_, false) => size,
-                    (_, true) => return Ok(Err("untyped output scalar: how large?".into())),
+                    (Dir::In, true) if *count == 1 => 16,
+                    (_, false) => size * u64::from(*count),
+                    (_, true) => return Ok(Err("untyped scalar array or output: how large?".into())),
                 };
                 Wire::Scalar { dir, bytes, mode }
             }

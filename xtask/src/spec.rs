@@ -59,7 +59,8 @@
 //! whose length in elements of the pointee type (bytes for `void`) is an expression over
 //! other parameters: names, integer literals, `+`, `*` and parentheses. `scalar@h`,
 //! `scalar_out@h` and `scalar_inout@h`: a BLAS scalar (alpha, beta, a dot product's result), a host value or a
-//! device address depending on the pointer mode the client recorded for parameter `h`.
+//! device address depending on the pointer mode the client recorded for parameter `h`;
+//! `scalar[n]@h` (and the other two) for n of them (rotm's five-element parameter array).
 //! `handles(kind)[expr]`: an input array of `expr` handles of `kind` (a `void *` array such
 //! as cuDNN's descriptor attributes), each checked and mapped like a handle argument.
 
@@ -227,6 +228,8 @@ pub enum ParamSpec {
     Scalar {
         mode: String,
         dir: ScalarDir,
+        /// Elements (`scalar[n]@h`): one unless the parameter is a small array.
+        count: u32,
     },
 }
 
@@ -278,13 +281,21 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         return Ok(p);
     }
     if let Some((head, mode)) = s.split_once('@') {
-        let dir = match head.trim() {
+        // `scalar[5]@h`: an array of five scalars that follows the pointer mode as one.
+        let (base, count) = match head.trim().split_once('[') {
+            Some((base, n)) => {
+                let n = n.strip_suffix(']').and_then(|n| n.trim().parse::<u32>().ok()).filter(|&n| n > 0);
+                (base, n.with_context(|| format!("a scalar count must be a positive integer in {s:?}"))?)
+            }
+            None => (head.trim(), 1),
+        };
+        let dir = match base {
             "scalar" => ScalarDir::In,
             "scalar_out" => ScalarDir::Out,
             "scalar_inout" => ScalarDir::InOut,
             other => bail!("unknown parameter kind {other:?} in {s:?}"),
         };
-        return Ok(ParamSpec::Scalar { mode: mode.trim().to_owned(), dir });
+        return Ok(ParamSpec::Scalar { mode: mode.trim().to_owned(), dir, count });
     }
     let (head, rest) = s.split_once('[').with_context(|| format!("unknown parameter kind {s:?}"))?;
     let body = rest.strip_suffix(']').with_context(|| format!("missing ] in {s:?}"))?;
@@ -415,6 +426,16 @@ mod tests {
         );
         assert!(parse_param("handles()[count]").is_err());
         assert!(parse_param("handles(a b)[count]").is_err());
+        assert_eq!(
+            parse_param("scalar_out[5]@handle").unwrap(),
+            ParamSpec::Scalar { mode: "handle".into(), dir: ScalarDir::Out, count: 5 }
+        );
+        assert_eq!(
+            parse_param("scalar@handle").unwrap(),
+            ParamSpec::Scalar { mode: "handle".into(), dir: ScalarDir::In, count: 1 }
+        );
+        assert!(parse_param("scalar[0]@handle").is_err());
+        assert!(parse_param("scalar[x]@handle").is_err());
         assert!(parse_param("sideways").is_err());
         assert!(parse_param("in[a +]").is_err());
         assert!(parse_param("in[a - b]").is_err());

@@ -174,3 +174,17 @@ matrix_copy!(cublasSetMatrixAsync, i32, H2D, stream);
 matrix_copy!(cublasGetMatrixAsync, i32, D2H, stream);
 matrix_copy!(cublasSetMatrixAsync_64, i64, H2D, stream);
 matrix_copy!(cublasGetMatrixAsync_64, i64, D2H, stream);
+
+#[cfg(test)]
+mod tests {
+    use chidori_cuda::calls::cublas as calls;
+    use chidori_protocol::desc::{Dir, Wire};
+
+    #[test]
+    fn rotm_parameter_arrays_follow_the_pointer_mode_as_five_scalars() {
+        // The handle (parameter 0) holds the pointer mode; host mode sends or returns all five.
+        assert!(matches!(calls::cublasSrotm_v2.params[6], Wire::Scalar { dir: Dir::In, bytes: 20, mode: 0 }));
+        assert!(matches!(calls::cublasDrotmg_v2.params[5], Wire::Scalar { dir: Dir::Out, bytes: 40, mode: 0 }));
+        assert!(matches!(calls::cublasDrotmg_v2.params[1], Wire::Scalar { dir: Dir::InOut, bytes: 8, mode: 0 }));
+    }
+}
