@@ -564,6 +564,65 @@ fn cudnn_get_attribute_writes_only_what_the_library_wrote() {
     );
 }
 
+/// torch's frontend fills an engine from each engine configuration, then asks it for its
+/// notes and index. What the program asked of the first engine is asked of the next ones in
+/// the same round trip as their fill; a repeated question is answered from there; a Set
+/// drops what is known.
+const CUDNN_ENGINE_QUERIES: &str = r#"
+#include <stdio.h>
+typedef void *desc_t;
+int cudnnBackendCreateDescriptor(int type, desc_t *d);
+int cudnnBackendSetAttribute(desc_t d, int name, int type, long long count, const void *elements);
+int cudnnBackendGetAttribute(desc_t d, int name, int type, long long requested, long long *count, void *elements);
+enum { ENGINE = 2, ENGINECFG = 3, DESCRIPTORS = 15, NOTE = 11, INT64 = 3 };
+enum { CFG_ENGINE = 300, GLOBAL_INDEX = 1301, NUMERICAL_NOTE = 1303 };
+static void ask(desc_t e, int label) {
+  long long m = -1, k = -1, index = 0;
+  int notes[4] = {0};
+  int a = cudnnBackendGetAttribute(e, NUMERICAL_NOTE, NOTE, 4, &m, notes);
+  int b = cudnnBackendGetAttribute(e, NUMERICAL_NOTE, NOTE, 4, &m, notes);
+  int c = cudnnBackendGetAttribute(e, GLOBAL_INDEX, INT64, 1, &k, &index);
+  printf("%d: %d %d %d m=%lld k=%lld notes=%x,%x,%x index=%llx\n", label, a, b, c, m, k, notes[0], notes[1], notes[2],
+         (unsigned long long)index);
+}
+int main(void) {
+  desc_t cfg = 0, engines[3] = {0};
+  if (cudnnBackendCreateDescriptor(ENGINECFG, &cfg)) return 2;
+  for (int i = 0; i < 3; i++) {
+    long long n = -1;
+    if (cudnnBackendCreateDescriptor(ENGINE, &engines[i])) return 3;
+    if (cudnnBackendGetAttribute(cfg, CFG_ENGINE, DESCRIPTORS, 1, &n, &engines[i]) || n != 1) return 4;
+    ask(engines[i], i);
+  }
+  long long one = 1;
+  if (cudnnBackendSetAttribute(engines[2], GLOBAL_INDEX, INT64, 1, &one)) return 5;
+  ask(engines[2], 3);
+  return 0;
+}
+"#;
+
+#[test]
+fn cudnn_engine_questions_ride_with_the_fill() {
+    let server = server();
+    let exe = cudnn_program("cudnn-engines", CUDNN_ENGINE_QUERIES);
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    // The emulated library has two elements of every attribute: every answer is the one the
+    // server gives, whether asked now or earlier.
+    let same = "0 0 0 m=2 k=1 notes=11111111,11111111,0 index=1111111111111111";
+    let expected: Vec<String> = (0..4).map(|i| format!("{i}: {same}")).collect();
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), expected, "{stderr}");
+    let row = stderr.lines().find(|l| l.starts_with("cudnnBackendGetAttribute")).expect("a GetAttribute row");
+    let cols: Vec<&str> = row.split_whitespace().skip(1).take(2).collect();
+    // 3 fills + 4 × 3 questions = 15 calls. Round trips: the first engine's fill and its
+    // two new questions (3; the repeat is answered here), each later fill with its questions
+    // (2), and all three questions after the Set (3: the Set dropped what was known).
+    assert_eq!(cols, ["15", "8"], "{stderr}");
+}
+
 /// NVRTC programs live on the client: only the compile reaches the server (the emulated
 /// backend has no NVRTC, and says so in the program's log).
 const NVRTC: &str = r##"

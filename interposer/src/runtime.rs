@@ -310,10 +310,31 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
         }
         return success(desc);
     }
+    let batch: Vec<(&'static CallDesc, &[u64])> = calls.iter().map(|a| (desc, a.as_slice())).collect();
+    // SAFETY: forwarded contract.
+    let Some(rets) = (unsafe { call_all(conn, &batch, desc.name) }) else { return unavailable(desc) };
+    let first = rets.into_iter().find(|&r| r != success(desc)).unwrap_or(success(desc));
+    if first == success(desc)
+        && let Some(status) = conn.take_deferred(desc.library)
+    {
+        return status as u64;
+    }
+    first
+}
+
+/// Send waiting calls back to back, in order, then wait for every reply: one round trip of
+/// latency for all, traced as one call of `name`. Each call's raw result, or None when the
+/// server could not be reached. Reports no deferred status (the caller decides which of
+/// the calls is the program's own).
+///
+/// # Safety
+/// As [`prepare`], for every call; output buffers stay valid until this returns.
+pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name: &'static str) -> Option<Vec<u64>> {
     let start = Instant::now();
     let mut slots = Vec::with_capacity(calls.len());
     let (mut sent, mut received) = (0u64, 0u64);
-    for args in calls {
+    for &(desc, args) in calls {
+        debug_assert!(desc.waits(), "{} is sent without waiting", desc.name);
         // SAFETY: forwarded contract.
         let prepared = unsafe { prepare(desc, args) };
         let seq = conn.next_seq();
@@ -323,30 +344,18 @@ pub unsafe fn call_pipelined(conn: &Conn, desc: &'static CallDesc, calls: &[Vec<
         sent += archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
         if conn.send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &prepared.bulk).is_err() {
             conn.forget(seq);
-            return unavailable(desc);
+            return None;
         }
     }
-    let mut first = success(desc);
+    let mut rets = Vec::with_capacity(slots.len());
     for slot in slots {
-        match slot.wait() {
-            Ok(r) if r == success(desc) => {}
-            Ok(r) => {
-                if first == success(desc) {
-                    first = r;
-                }
-            }
-            Err(_) => return unavailable(desc),
-        }
+        rets.push(slot.wait().ok()?);
     }
     crate::state::wait_deferred();
     // The calls went out together: one round trip of latency, however many there were.
-    crate::trace::bytes(desc.name, u64::from(!calls.is_empty()), sent, received, start.elapsed());
-    if first == success(desc)
-        && let Some(status) = conn.take_deferred(desc.library)
-    {
-        return status as u64;
-    }
-    first
+    crate::trace::bytes(name, u64::from(!calls.is_empty()), sent, received, start.elapsed());
+    tracing::trace!(target: "chidori::waits", "{name} -> {} calls in one round trip", calls.len());
+    Some(rets)
 }
 
 #[cfg(test)]

@@ -77,6 +77,7 @@ fn set_attribute(
     bad_param: u32,
 ) -> u32 {
     crate::guard::ffi("cudnnBackendSetAttribute", bad_param, || {
+        forget_answers(descriptor as u64);
         let forward = |elements: u64| {
             let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements];
             // SAFETY: `elements` holds `count` elements of the attribute type (the caller's
@@ -188,6 +189,7 @@ fn create_descriptor(
 
 fn finalize(call: &'static CallDesc, deferred: &'static CallDesc, descriptor: *mut c_void, bad_param: u32) -> u32 {
     crate::guard::ffi("cudnnBackendFinalize", bad_param, || {
+        forget_answers(descriptor as u64);
         let ty = type_of(descriptor);
         let desc = match ty {
             Some(ty) if !finalize_waits(ty) => deferred,
@@ -201,6 +203,7 @@ fn finalize(call: &'static CallDesc, deferred: &'static CallDesc, descriptor: *m
 
 fn destroy_descriptor(call: &'static CallDesc, descriptor: *mut c_void, bad_param: u32) -> u32 {
     crate::guard::ffi("cudnnBackendDestroyDescriptor", bad_param, || {
+        forget_answers(descriptor as u64);
         if let Some(t) = types().as_mut() {
             t.remove(&(descriptor as u64));
         }
@@ -262,6 +265,93 @@ finalize_variant!(
 /// CUDNN_TYPE_BACKEND_DESCRIPTOR (the same in cuDNN 8 and 9).
 const TYPE_BACKEND_DESCRIPTOR: u32 = 15;
 
+/// What one Get answered: the status, `*elementCount`, and the array as the server sent it
+/// (`requested` elements of the attribute type's size).
+#[derive(Clone)]
+struct Answer {
+    status: u32,
+    count: i64,
+    bytes: Vec<u8>,
+}
+
+/// A Get's question: (attribute, attribute type, requested elements).
+type Query = (u32, u32, i64);
+
+/// Most queries learned per descriptor type, most elements whose answers one fill asks
+/// for, and the largest array a learned query may ask for.
+const LEARNED_MAX: usize = 8;
+const PREFETCH_MAX: usize = 64;
+const REQUESTED_MAX: i64 = 64;
+
+/// Answers for descriptors a Get of descriptors filled (torch's frontend fills an engine
+/// from each engine configuration, then asks the engine for its notes and index): what the
+/// program asked of them is learned per descriptor type, and asked again of the next
+/// descriptors of that type in the same round trip as their fill. Only the same question
+/// about the same, unchanged descriptor is answered from here: a Get has no side effects,
+/// and a filled descriptor changes only by a new fill, a Set, a Finalize or its destroy,
+/// each of which drops its answers.
+#[derive(Default)]
+struct Replay {
+    learned: HashMap<u32, Vec<Query>>,
+    filled: HashMap<u64, Vec<(Query, Answer)>>,
+}
+
+static REPLAY: Mutex<Option<Replay>> = Mutex::new(None);
+
+fn replay<T>(f: impl FnOnce(&mut Replay) -> T) -> T {
+    f(REPLAY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Replay::default))
+}
+
+/// Drop what is known of `descriptor` (it is being changed or destroyed).
+fn forget_answers(descriptor: u64) {
+    if crate::runtime::is_client_name(descriptor) {
+        replay(|r| r.filled.remove(&descriptor));
+    }
+}
+
+/// Write an answer to the caller as the library would: the status, and on success
+/// `*elementCount` and the elements it wrote (at most `requested`).
+fn deliver(a: &Answer, requested: i64, count_out: *mut c_void, elements: *mut c_void) -> u32 {
+    if a.status == 0 {
+        let per = a.bytes.len() / requested.max(1) as usize;
+        let n = usize::try_from(a.count).unwrap_or(0).min(requested as usize) * per;
+        // SAFETY: the caller's array holds the elements the library writes natively
+        // (count <= requested); `bytes` holds `requested` elements.
+        unsafe { std::ptr::copy_nonoverlapping(a.bytes.as_ptr(), elements as *mut u8, n) };
+        if !count_out.is_null() {
+            // SAFETY: the caller's int64_t*, checked non-null.
+            unsafe { std::ptr::write_unaligned(count_out as *mut i64, a.count) };
+        }
+    }
+    a.status
+}
+
+/// A Get of `query` on `descriptor` into buffers of ours: the call's arguments and the
+/// buffers (the count, the array) the reply lands in.
+struct Asked {
+    descriptor: u64,
+    query: Query,
+    count: Box<i64>,
+    bytes: Vec<u8>,
+}
+
+impl Asked {
+    fn new(call: &CallDesc, descriptor: u64, query: Query) -> Option<Asked> {
+        let head = [descriptor, u64::from(query.0), u64::from(query.1), query.2 as u64];
+        Some(Asked { descriptor, query, count: Box::new(0), bytes: vec![0u8; array_len(call, &head)?] })
+    }
+
+    fn args(&mut self) -> [u64; 6] {
+        let (name, ty, requested) = self.query;
+        let count = &mut *self.count as *mut i64 as u64;
+        [self.descriptor, u64::from(name), u64::from(ty), requested as u64, count, self.bytes.as_mut_ptr() as u64]
+    }
+
+    fn answer(self, status: u32) -> Answer {
+        Answer { status, count: *self.count, bytes: self.bytes }
+    }
+}
+
 /// cudnnBackendGetAttribute with native write semantics: the library writes `*elementCount`
 /// elements (at most `requested`), and nothing past them reaches the caller's array. The
 /// server's answer lands in a buffer of ours first; forwarding the array both ways would
@@ -280,44 +370,121 @@ fn get_attribute(
     bad_param: u32,
 ) -> u32 {
     crate::guard::ffi("cudnnBackendGetAttribute", bad_param, || {
-        let mut count: i64 = 0;
-        let count_ptr = &mut count as *mut i64 as u64;
-        let head = [descriptor as u64, u64::from(name), u64::from(ty), requested as u64];
-        let status = if elements.is_null() || requested <= 0 {
-            let args = [head[0], head[1], head[2], head[3], count_ptr, elements as u64];
+        let d = descriptor as u64;
+        let head = [d, u64::from(name), u64::from(ty), requested as u64];
+        let (status, count) = if elements.is_null() || requested <= 0 {
+            let mut count: i64 = 0;
+            let args = [head[0], head[1], head[2], head[3], &mut count as *mut i64 as u64, elements as u64];
             // SAFETY: `count` receives one int64; the array is NULL or never touched.
-            unsafe { crate::runtime::call(call, &args) as u32 }
-        } else if ty == TYPE_BACKEND_DESCRIPTOR {
-            // Descriptors the caller made (names the worker maps); the library fills them,
-            // the array is only read.
-            let args = [head[0], head[1], head[2], head[3], count_ptr, elements as u64];
-            // SAFETY: the caller's array of `requested` descriptors (the API contract).
-            unsafe { crate::runtime::call(descriptors, &args) as u32 }
-        } else {
-            let Some(bytes) = array_len(call, &head) else { return bad_param };
-            let mut buf = vec![0u8; bytes];
-            let args = [head[0], head[1], head[2], head[3], count_ptr, buf.as_mut_ptr() as u64];
-            // SAFETY: our buffer of the descriptor's length for these arguments.
             let s = unsafe { crate::runtime::call(call, &args) as u32 };
-            if s == 0 {
-                let per = bytes / requested as usize;
-                let n = usize::try_from(count).unwrap_or(0).min(requested as usize) * per;
-                // SAFETY: the caller's array holds the `count` elements the library wrote
-                // natively (count <= requested).
-                unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), elements as *mut u8, n) };
+            if s == 0 && !count_out.is_null() {
+                // SAFETY: the caller's int64_t*, checked non-null.
+                unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
             }
-            s
+            (s, count)
+        } else if ty == TYPE_BACKEND_DESCRIPTOR {
+            let s = fill(call, descriptors, head, count_out, elements);
+            (s, -1)
+        } else {
+            let query = (name, ty, requested);
+            let known = replay(|r| {
+                let answers = r.filled.get(&d)?;
+                if let Some((_, a)) = answers.iter().find(|(q, _)| *q == query) {
+                    return Some(Some(a.clone()));
+                }
+                // A question about a filled descriptor: ask it of the next ones of its type.
+                if let Some(t) = type_of(descriptor).filter(|_| requested <= REQUESTED_MAX) {
+                    let learned = r.learned.entry(t).or_default();
+                    if !learned.contains(&query) && learned.len() < LEARNED_MAX {
+                        learned.push(query);
+                    }
+                }
+                Some(None)
+            });
+            if let Some(Some(a)) = known {
+                crate::trace::local("cudnnBackendGetAttribute");
+                (deliver(&a, requested, count_out, elements), a.count)
+            } else {
+                let Some(mut asked) = Asked::new(call, d, query) else { return bad_param };
+                // SAFETY: our buffers, of the wire form's lengths for these arguments.
+                let s = unsafe { crate::runtime::call(call, &asked.args()) as u32 };
+                let a = asked.answer(s);
+                if known.is_some() {
+                    replay(|r| r.filled.get_mut(&d).map(|v| v.push((query, a.clone()))));
+                }
+                (deliver(&a, requested, count_out, elements), a.count)
+            }
         };
         tracing::trace!(
             "get: descriptor type {:?}, attribute {name}, type {ty}, requested {requested} -> {status}, {count}",
             type_of(descriptor)
         );
-        if status == 0 && !count_out.is_null() {
-            // SAFETY: the caller's int64_t*, checked non-null.
-            unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
-        }
         status
     })
+}
+
+/// A Get of descriptors: the library fills descriptors the caller made (names the worker
+/// maps; the array is only read). The questions learned for the filled descriptors' types
+/// go in the same round trip.
+fn fill(
+    call: &'static CallDesc,
+    descriptors: &'static CallDesc,
+    head: [u64; 4],
+    count_out: *mut c_void,
+    elements: *mut c_void,
+) -> u32 {
+    let requested = head[3] as usize;
+    // SAFETY: the caller's array of `requested` descriptors (the API contract).
+    let targets = unsafe { std::slice::from_raw_parts(elements as *const u64, requested) }.to_vec();
+    for &t in &targets {
+        forget_answers(t);
+    }
+    let mut asked: Vec<Asked> = replay(|r| {
+        let mut asked = Vec::new();
+        for &t in targets.iter().take(PREFETCH_MAX).filter(|&&t| crate::runtime::is_client_name(t)) {
+            let Some(ty) = type_of(t as *mut c_void) else { continue };
+            for &q in r.learned.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
+                asked.extend(Asked::new(call, t, q));
+            }
+        }
+        asked
+    });
+    let mut count: i64 = 0;
+    let primary = [head[0], head[1], head[2], head[3], &mut count as *mut i64 as u64, elements as u64];
+    let mut args: Vec<[u64; 6]> = vec![primary];
+    args.extend(asked.iter_mut().map(Asked::args));
+    let batch: Vec<(&'static CallDesc, &[u64])> =
+        args.iter().enumerate().map(|(i, a)| (if i == 0 { descriptors } else { call }, a.as_slice())).collect();
+    let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(descriptors) as u32 };
+    // SAFETY: the caller's array and our buffers, alive until every reply has landed.
+    let Some(rets) = (unsafe { crate::runtime::call_all(&conn, &batch, "cudnnBackendGetAttribute") }) else {
+        return crate::runtime::unavailable(descriptors) as u32;
+    };
+    let mut status = rets[0] as u32;
+    if status != 0 {
+        return status;
+    }
+    // The fill is the program's call: a deferred failure of an earlier call surfaces here.
+    if let Some(deferred) = conn.take_deferred(descriptors.library) {
+        status = deferred as u32;
+    }
+    let filled = usize::try_from(count).unwrap_or(0).min(requested);
+    replay(|r| {
+        for &t in targets.iter().take(filled).filter(|&&t| crate::runtime::is_client_name(t)) {
+            r.filled.insert(t, Vec::new());
+        }
+        for (a, &ret) in asked.into_iter().zip(&rets[1..]) {
+            if let Some(answers) = r.filled.get_mut(&a.descriptor) {
+                let query = a.query;
+                answers.push((query, a.answer(ret as u32)));
+            }
+        }
+    });
+    if status == 0 && !count_out.is_null() {
+        // SAFETY: the caller's int64_t*, checked non-null.
+        unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
+    }
+    status
 }
 
 /// Bytes of the attribute array for these arguments, by the wire form's length expression.
