@@ -409,7 +409,9 @@ fn get_attribute(
                 // SAFETY: our buffers, of the wire form's lengths for these arguments.
                 let s = unsafe { crate::runtime::call(call, &asked.args()) as u32 };
                 let a = asked.answer(s);
-                if known.is_some() {
+                // Only a success is the library's answer here: a failure may be the deferred
+                // status of an earlier call, reported by this one.
+                if known.is_some() && s == 0 {
                     replay(|r| r.filled.get_mut(&d).map(|v| v.push((query, a.clone()))));
                 }
                 (deliver(&a, requested, count_out, elements), a.count)
