@@ -74,7 +74,7 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
     for (i, wire) in desc.params.iter().enumerate() {
         let a = args[i];
         match *wire {
-            Wire::Val { .. } | Wire::Device | Wire::Handle { .. } | Wire::Null => {}
+            Wire::Val { .. } | Wire::Device | Wire::Handle { .. } | Wire::Null | Wire::Scratch { .. } => {}
             Wire::ByValRecord { bytes } => {
                 // SAFETY: the generated export passes the address of its by-value copy.
                 bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) });

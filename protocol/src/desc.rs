@@ -82,6 +82,9 @@ pub enum Wire {
     Str,
     /// Must be NULL; not sent.
     Null,
+    /// An output no one reads (a call sent without waiting whose answer the client already
+    /// has): nothing is sent; the worker passes a zeroed buffer of `bytes`.
+    Scratch { bytes: u32 },
     /// A BLAS scalar (alpha, beta, a reduction's result): while the pointer mode the
     /// client recorded for the handle in parameter `mode` is host, `bytes` travel (In) or
     /// come back (Out) like a one-element buffer; in device mode the argument is a device

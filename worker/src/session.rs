@@ -428,6 +428,11 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         match *wire {
             Wire::Val { .. } | Wire::Device => raw[i] = a,
             Wire::Null => raw[i] = 0,
+            Wire::Scratch { bytes } => {
+                let mut b = Buffer::zeroed(bytes as usize);
+                raw[i] = b.addr();
+                buffers[i] = Some(b);
+            }
             Wire::Handle { kind, destroy } => {
                 let real = session.handles.lock().unwrap_or_else(|p| p.into_inner()).resolve(kind, a);
                 let Some(real) = real else {

@@ -358,6 +358,10 @@ impl<'a> Emitter<'a> {
             }
             Wire::Str => quote!(Wire::Str),
             Wire::Null => quote!(Wire::Null),
+            Wire::Scratch { bytes } => {
+                let bytes = *bytes as u32;
+                quote!(Wire::Scratch { bytes: #bytes })
+            }
             Wire::Scalar { dir, bytes, mode } => {
                 let dir = match dir {
                     Dir::In => quote!(Dir::In),

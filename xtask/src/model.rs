@@ -258,6 +258,8 @@ pub enum Wire {
     Str,
     /// Must be NULL; not sent.
     Null,
+    /// An output no one reads (spec `scratch`): the worker passes a buffer of `bytes`.
+    Scratch { bytes: u64 },
     /// A BLAS scalar: `bytes` by value (In) or written back (Out) while the pointer mode
     /// recorded for parameter `mode` is host, else a device address.
     Scalar { dir: Dir, bytes: u64, mode: usize },
@@ -910,6 +912,9 @@ fn classify(
             },
             ParamSpec::Str => Wire::Str,
             ParamSpec::Null => Wire::Null,
+            ParamSpec::Scratch => {
+                Wire::Scratch { bytes: pointee_size(&kind, &ty).context("`scratch` needs a pointer to a sized type")? }
+            }
             ParamSpec::Named => match &kind {
                 Kind::Pointer { pointee, mutable: true } if matches!(&**pointee, Kind::Handle { .. }) => {
                     let Kind::Handle { kind: h } = &**pointee else { unreachable!("matched above") };

@@ -53,7 +53,8 @@
 //!
 //! Parameter kinds: `in` (value, or a single element behind a const pointer), `out`
 //! (a single element written by the callee), `inout`, `device` (a device address passed by
-//! value), `value` (a pointer sent as an opaque 64-bit token, never dereferenced), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `destroy`
+//! value), `value` (a pointer sent as an opaque 64-bit token, never dereferenced), `str` (NUL-terminated input string), `null` (must be NULL; ignored), `scratch` (an
+//! output of a call sent without waiting: the worker passes a buffer of its own), `destroy`
 //! (a handle released by the call), `named` (a handle the call creates, named by the client so
 //! the call needs no reply; for one wire form of a custom function), and buffers `in[expr]`, `out[expr]`, `inout[expr]`
 //! whose length in elements of the pointee type (bytes for `void`) is an expression over
@@ -211,6 +212,8 @@ pub enum ParamSpec {
     Value,
     Str,
     Null,
+    /// An output the worker writes into a buffer of its own and no one reads.
+    Scratch,
     Destroy,
     /// A handle the call creates and the client names (this wire form only; see
     /// `client_named` for a whole kind).
@@ -273,6 +276,7 @@ pub fn parse_param(s: &str) -> Result<ParamSpec> {
         "value" => Some(ParamSpec::Value),
         "str" => Some(ParamSpec::Str),
         "null" => Some(ParamSpec::Null),
+        "scratch" => Some(ParamSpec::Scratch),
         "destroy" => Some(ParamSpec::Destroy),
         "named" => Some(ParamSpec::Named),
         _ => None,
