@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 9661205171701674833u64;
+pub const SCHEMA_HASH: u64 = 5238113477720762783u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2247usize] = [
@@ -5739,8 +5739,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnBackendFinalize__cu126__call,
     &cudnn::cudnnBackendGetAttribute__cu118__call,
     &cudnn::cudnnBackendGetAttribute__cu118__descriptors,
+    &cudnn::cudnnBackendGetAttribute__cu118__refill,
     &cudnn::cudnnBackendGetAttribute__cu126__call,
     &cudnn::cudnnBackendGetAttribute__cu126__descriptors,
+    &cudnn::cudnnBackendGetAttribute__cu126__refill,
     &cudnn::cudnnBackendInitialize__cu118,
     &cudnn::cudnnBackendInitialize__cu126,
     &cudnn::cudnnBackendPopulateCudaGraph,
@@ -45773,8 +45775,9 @@ pub mod cudnn {
         &LEN_cudnnBackendGetAttribute__cu118__call_9,
     );
     static LEN_cudnnBackendGetAttribute__cu118__descriptors_11: Len = Len::Param(3u8);
-    static LEN_cudnnBackendGetAttribute__cu126__call_12: Len = Len::Param(3u8);
-    static LEN_cudnnBackendGetAttribute__cu126__call_13: Len = Len::Table(
+    static LEN_cudnnBackendGetAttribute__cu118__refill_12: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu126__call_13: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu126__call_14: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -45782,13 +45785,14 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendGetAttribute__cu126__call_14: Len = Len::Mul(
-        &LEN_cudnnBackendGetAttribute__cu126__call_12,
+    static LEN_cudnnBackendGetAttribute__cu126__call_15: Len = Len::Mul(
         &LEN_cudnnBackendGetAttribute__cu126__call_13,
+        &LEN_cudnnBackendGetAttribute__cu126__call_14,
     );
-    static LEN_cudnnBackendGetAttribute__cu126__descriptors_15: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu118__call_16: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu118__call_17: Len = Len::Table(
+    static LEN_cudnnBackendGetAttribute__cu126__descriptors_16: Len = Len::Param(3u8);
+    static LEN_cudnnBackendGetAttribute__cu126__refill_17: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu118__call_18: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu118__call_19: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -45796,19 +45800,19 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendSetAttribute__cu118__call_18: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu118__call_16,
-        &LEN_cudnnBackendSetAttribute__cu118__call_17,
+    static LEN_cudnnBackendSetAttribute__cu118__call_20: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu118__call_18,
+        &LEN_cudnnBackendSetAttribute__cu118__call_19,
     );
-    static LEN_cudnnBackendSetAttribute__cu118__descriptors_19: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_20: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_21: Len = Len::Lit(32u64);
-    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_22: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu118__hostvalues_20,
-        &LEN_cudnnBackendSetAttribute__cu118__hostvalues_21,
+    static LEN_cudnnBackendSetAttribute__cu118__descriptors_21: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_22: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_23: Len = Len::Lit(32u64);
+    static LEN_cudnnBackendSetAttribute__cu118__hostvalues_24: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu118__hostvalues_22,
+        &LEN_cudnnBackendSetAttribute__cu118__hostvalues_23,
     );
-    static LEN_cudnnBackendSetAttribute__cu126__call_23: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu126__call_24: Len = Len::Table(
+    static LEN_cudnnBackendSetAttribute__cu126__call_25: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126__call_26: Len = Len::Table(
         2u8,
         &[
             8u32, 4u32, 1u32, 8u32, 4u32, 8u32, 8u32, 4u32, 4u32, 4u32, 4u32, 4u32, 4u32,
@@ -45816,148 +45820,148 @@ pub mod cudnn {
             16u32, 4u32, 4u32, 4u32, 4u32,
         ],
     );
-    static LEN_cudnnBackendSetAttribute__cu126__call_25: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu126__call_23,
-        &LEN_cudnnBackendSetAttribute__cu126__call_24,
+    static LEN_cudnnBackendSetAttribute__cu126__call_27: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu126__call_25,
+        &LEN_cudnnBackendSetAttribute__cu126__call_26,
     );
-    static LEN_cudnnBackendSetAttribute__cu126__descriptors_26: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_27: Len = Len::Param(3u8);
-    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_28: Len = Len::Lit(32u64);
-    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_29: Len = Len::Mul(
-        &LEN_cudnnBackendSetAttribute__cu126__hostvalues_27,
-        &LEN_cudnnBackendSetAttribute__cu126__hostvalues_28,
+    static LEN_cudnnBackendSetAttribute__cu126__descriptors_28: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_29: Len = Len::Param(3u8);
+    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_30: Len = Len::Lit(32u64);
+    static LEN_cudnnBackendSetAttribute__cu126__hostvalues_31: Len = Len::Mul(
+        &LEN_cudnnBackendSetAttribute__cu126__hostvalues_29,
+        &LEN_cudnnBackendSetAttribute__cu126__hostvalues_30,
     );
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_30: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu118_31: Len = Len::Lit(16u64);
     static LEN_cudnnBatchNormalizationBackwardEx__cu118_32: Len = Len::Lit(16u64);
     static LEN_cudnnBatchNormalizationBackwardEx__cu118_33: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_34: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationBackwardEx__cu126_35: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_34: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu118_35: Len = Len::Lit(16u64);
     static LEN_cudnnBatchNormalizationBackwardEx__cu126_36: Len = Len::Lit(16u64);
     static LEN_cudnnBatchNormalizationBackwardEx__cu126_37: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu118_38: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu118_39: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu126_40: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardInference__cu126_41: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu118_42: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu118_43: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu126_44: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTraining__cu126_45: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_46: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_47: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_48: Len = Len::Lit(16u64);
-    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_49: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu118_50: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu118_51: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu126_52: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardData__cu126_53: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu118_54: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu118_55: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu126_56: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBackwardFilter__cu126_57: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu118_58: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu118_59: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu126_60: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionBiasActivationForward__cu126_61: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu118_62: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu118_63: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu126_64: Len = Len::Lit(16u64);
-    static LEN_cudnnConvolutionForward__cu126_65: Len = Len::Lit(16u64);
-    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_66: Len = Len::Param(
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_38: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationBackwardEx__cu126_39: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu118_40: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu118_41: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu126_42: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardInference__cu126_43: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu118_44: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu118_45: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu126_46: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTraining__cu126_47: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_48: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_49: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_50: Len = Len::Lit(16u64);
+    static LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_51: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu118_52: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu118_53: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu126_54: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardData__cu126_55: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu118_56: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu118_57: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu126_58: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBackwardFilter__cu126_59: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu118_60: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu118_61: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu126_62: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionBiasActivationForward__cu126_63: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu118_64: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu118_65: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu126_66: Len = Len::Lit(16u64);
+    static LEN_cudnnConvolutionForward__cu126_67: Len = Len::Lit(16u64);
+    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_68: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_67: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_69: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_68: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_70: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_69: Len = Len::Param(
+    static LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_71: Len = Len::Param(
         8u8,
     );
-    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_70: Len = Len::Param(8u8);
-    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_71: Len = Len::Param(8u8);
-    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_72: Len = Len::Param(
+    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_72: Len = Len::Param(8u8);
+    static LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_73: Len = Len::Param(8u8);
+    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_74: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_73: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_75: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_74: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_76: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_75: Len = Len::Param(
+    static LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_77: Len = Len::Param(
         5u8,
     );
-    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_76: Len = Len::Param(5u8);
-    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_77: Len = Len::Param(5u8);
-    static LEN_cudnnGetFilterNdDescriptor__cu118_78: Len = Len::Param(1u8);
-    static LEN_cudnnGetFilterNdDescriptor__cu126_79: Len = Len::Param(1u8);
-    static LEN_cudnnGetLastErrorString_80: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu118_81: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu118_82: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu126_83: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu126_84: Len = Len::Param(1u8);
-    static LEN_cudnnLRNCrossChannelBackward__cu118_85: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu118_86: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu126_87: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelBackward__cu126_88: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu118_89: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu118_90: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu126_91: Len = Len::Lit(16u64);
-    static LEN_cudnnLRNCrossChannelForward__cu126_92: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu118_93: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu118_94: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu126_95: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingBackward__cu126_96: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu118_97: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu118_98: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu126_99: Len = Len::Lit(16u64);
-    static LEN_cudnnPoolingForward__cu126_100: Len = Len::Lit(16u64);
-    static LEN_cudnnScaleTensor__cu118_101: Len = Len::Lit(16u64);
-    static LEN_cudnnScaleTensor__cu126_102: Len = Len::Lit(16u64);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu118_103: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu118_104: Len = Len::Param(1u8);
+    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_78: Len = Len::Param(5u8);
+    static LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_79: Len = Len::Param(5u8);
+    static LEN_cudnnGetFilterNdDescriptor__cu118_80: Len = Len::Param(1u8);
+    static LEN_cudnnGetFilterNdDescriptor__cu126_81: Len = Len::Param(1u8);
+    static LEN_cudnnGetLastErrorString_82: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118_83: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118_84: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126_85: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126_86: Len = Len::Param(1u8);
+    static LEN_cudnnLRNCrossChannelBackward__cu118_87: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu118_88: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu126_89: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelBackward__cu126_90: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu118_91: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu118_92: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu126_93: Len = Len::Lit(16u64);
+    static LEN_cudnnLRNCrossChannelForward__cu126_94: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu118_95: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu118_96: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu126_97: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingBackward__cu126_98: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu118_99: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu118_100: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu126_101: Len = Len::Lit(16u64);
+    static LEN_cudnnPoolingForward__cu126_102: Len = Len::Lit(16u64);
+    static LEN_cudnnScaleTensor__cu118_103: Len = Len::Lit(16u64);
+    static LEN_cudnnScaleTensor__cu126_104: Len = Len::Lit(16u64);
     static LEN_cudnnSetConvolutionNdDescriptor__cu118_105: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu126_106: Len = Len::Param(1u8);
-    static LEN_cudnnSetConvolutionNdDescriptor__cu126_107: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_106: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu118_107: Len = Len::Param(1u8);
     static LEN_cudnnSetConvolutionNdDescriptor__cu126_108: Len = Len::Param(1u8);
-    static LEN_cudnnSetFilterNdDescriptor__cu118_109: Len = Len::Param(3u8);
-    static LEN_cudnnSetFilterNdDescriptor__cu126_110: Len = Len::Param(3u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu118_111: Len = Len::Param(4u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu118_112: Len = Len::Lit(16u64);
-    static LEN_cudnnSetRNNDataDescriptor__cu126_113: Len = Len::Param(4u8);
-    static LEN_cudnnSetRNNDataDescriptor__cu126_114: Len = Len::Lit(16u64);
-    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_115: Len = Len::Param(3u8);
-    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_116: Len = Len::Param(3u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu118_117: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu118_118: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu126_119: Len = Len::Param(2u8);
-    static LEN_cudnnSetTensorNdDescriptor__cu126_120: Len = Len::Param(2u8);
-    static LEN_cudnnSoftmaxBackward__cu118_121: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu118_122: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu126_123: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxBackward__cu126_124: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu118_125: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu118_126: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu126_127: Len = Len::Lit(16u64);
-    static LEN_cudnnSoftmaxForward__cu126_128: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_129: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu118_130: Len = Len::Lit(16u64);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_109: Len = Len::Param(1u8);
+    static LEN_cudnnSetConvolutionNdDescriptor__cu126_110: Len = Len::Param(1u8);
+    static LEN_cudnnSetFilterNdDescriptor__cu118_111: Len = Len::Param(3u8);
+    static LEN_cudnnSetFilterNdDescriptor__cu126_112: Len = Len::Param(3u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu118_113: Len = Len::Param(4u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu118_114: Len = Len::Lit(16u64);
+    static LEN_cudnnSetRNNDataDescriptor__cu126_115: Len = Len::Param(4u8);
+    static LEN_cudnnSetRNNDataDescriptor__cu126_116: Len = Len::Lit(16u64);
+    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_117: Len = Len::Param(3u8);
+    static LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_118: Len = Len::Param(3u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu118_119: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu118_120: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu126_121: Len = Len::Param(2u8);
+    static LEN_cudnnSetTensorNdDescriptor__cu126_122: Len = Len::Param(2u8);
+    static LEN_cudnnSoftmaxBackward__cu118_123: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu118_124: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu126_125: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxBackward__cu126_126: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu118_127: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu118_128: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu126_129: Len = Len::Lit(16u64);
+    static LEN_cudnnSoftmaxForward__cu126_130: Len = Len::Lit(16u64);
     static LEN_cudnnSpatialTfSamplerBackward__cu118_131: Len = Len::Lit(16u64);
     static LEN_cudnnSpatialTfSamplerBackward__cu118_132: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_133: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerBackward__cu126_134: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_133: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu118_134: Len = Len::Lit(16u64);
     static LEN_cudnnSpatialTfSamplerBackward__cu126_135: Len = Len::Lit(16u64);
     static LEN_cudnnSpatialTfSamplerBackward__cu126_136: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu118_137: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu118_138: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu126_139: Len = Len::Lit(16u64);
-    static LEN_cudnnSpatialTfSamplerForward__cu126_140: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu118_141: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu118_142: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu126_143: Len = Len::Lit(16u64);
-    static LEN_cudnnTransformTensor__cu126_144: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_137: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerBackward__cu126_138: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu118_139: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu118_140: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu126_141: Len = Len::Lit(16u64);
+    static LEN_cudnnSpatialTfSamplerForward__cu126_142: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu118_143: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu118_144: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
+    static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
         wire: 1211u32,
         call: 1179u32,
@@ -46609,7 +46613,7 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Buf {
-                dir: Dir::Out,
+                dir: Dir::InOut,
                 elem: 8u32,
                 len: None,
                 record: None,
@@ -46628,8 +46632,48 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
+    pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
         wire: 1232u32,
+        call: 1188u32,
+        name: "cudnnBackendGetAttribute",
+        form: Some("refill"),
+        library: "cudnn",
+        versions: &["11.8", "12.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 54u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Scratch { bytes: 8u32 },
+            Wire::Handles {
+                kind: 54u16,
+                len: &LEN_cudnnBackendGetAttribute__cu118__refill_12,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 9i64,
+            unavailable: 1i64,
+            invalid_handle: 3i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
+        wire: 1233u32,
         call: 1188u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
@@ -46662,7 +46706,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendGetAttribute__cu126__call_14),
+                len: Some(&LEN_cudnnBackendGetAttribute__cu126__call_15),
                 record: None,
             },
         ],
@@ -46676,7 +46720,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1233u32,
+        wire: 1234u32,
         call: 1188u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
@@ -46701,14 +46745,54 @@ pub mod cudnn {
                 float: false,
             },
             Wire::Buf {
-                dir: Dir::Out,
+                dir: Dir::InOut,
                 elem: 8u32,
                 len: None,
                 record: None,
             },
             Wire::Handles {
                 kind: 54u16,
-                len: &LEN_cudnnBackendGetAttribute__cu126__descriptors_15,
+                len: &LEN_cudnnBackendGetAttribute__cu126__descriptors_16,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 3000i64,
+            unavailable: 1001i64,
+            invalid_handle: 2000i64,
+        },
+        only_waits: false,
+    };
+    pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
+        wire: 1235u32,
+        call: 1188u32,
+        name: "cudnnBackendGetAttribute",
+        form: Some("refill"),
+        library: "cudnn",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 54u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Scratch { bytes: 8u32 },
+            Wire::Handles {
+                kind: 54u16,
+                len: &LEN_cudnnBackendGetAttribute__cu126__refill_17,
             },
         ],
         ret: Ret::Status,
@@ -46721,7 +46805,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1234u32,
+        wire: 1236u32,
         call: 1189u32,
         name: "cudnnBackendInitialize",
         form: None,
@@ -46744,7 +46828,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1235u32,
+        wire: 1237u32,
         call: 1189u32,
         name: "cudnnBackendInitialize",
         form: None,
@@ -46767,7 +46851,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1236u32,
+        wire: 1238u32,
         call: 1190u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
@@ -46802,7 +46886,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1237u32,
+        wire: 1239u32,
         call: 1191u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
@@ -46829,7 +46913,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu118__call_18),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu118__call_20),
                 record: None,
             },
         ],
@@ -46843,7 +46927,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1238u32,
+        wire: 1240u32,
         call: 1191u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
@@ -46869,7 +46953,7 @@ pub mod cudnn {
             },
             Wire::Handles {
                 kind: 54u16,
-                len: &LEN_cudnnBackendSetAttribute__cu118__descriptors_19,
+                len: &LEN_cudnnBackendSetAttribute__cu118__descriptors_21,
             },
         ],
         ret: Ret::Status,
@@ -46882,7 +46966,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1239u32,
+        wire: 1241u32,
         call: 1191u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
@@ -46909,7 +46993,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu118__hostvalues_22),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu118__hostvalues_24),
                 record: None,
             },
         ],
@@ -46923,7 +47007,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1240u32,
+        wire: 1242u32,
         call: 1191u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
@@ -46950,7 +47034,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu126__call_25),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu126__call_27),
                 record: None,
             },
         ],
@@ -46964,7 +47048,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1241u32,
+        wire: 1243u32,
         call: 1191u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
@@ -46990,7 +47074,7 @@ pub mod cudnn {
             },
             Wire::Handles {
                 kind: 54u16,
-                len: &LEN_cudnnBackendSetAttribute__cu126__descriptors_26,
+                len: &LEN_cudnnBackendSetAttribute__cu126__descriptors_28,
             },
         ],
         ret: Ret::Status,
@@ -47003,7 +47087,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1242u32,
+        wire: 1244u32,
         call: 1191u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
@@ -47030,7 +47114,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBackendSetAttribute__cu126__hostvalues_29),
+                len: Some(&LEN_cudnnBackendSetAttribute__cu126__hostvalues_31),
                 record: None,
             },
         ],
@@ -47044,7 +47128,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1243u32,
+        wire: 1245u32,
         call: 1192u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
@@ -47079,7 +47163,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1244u32,
+        wire: 1246u32,
         call: 1193u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
@@ -47102,18 +47186,6 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_30),
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_31),
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_32),
                 record: None,
             },
@@ -47121,6 +47193,18 @@ pub mod cudnn {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_33),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_34),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu118_35),
                 record: None,
             },
             Wire::Handle {
@@ -47187,7 +47271,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1245u32,
+        wire: 1247u32,
         call: 1193u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
@@ -47210,18 +47294,6 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_34),
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_35),
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_36),
                 record: None,
             },
@@ -47229,6 +47301,18 @@ pub mod cudnn {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_37),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_38),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnBatchNormalizationBackwardEx__cu126_39),
                 record: None,
             },
             Wire::Handle {
@@ -47295,7 +47379,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1246u32,
+        wire: 1248u32,
         call: 1194u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
@@ -47314,13 +47398,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_38),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_40),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_39),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu118_41),
                 record: None,
             },
             Wire::Handle {
@@ -47356,7 +47440,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1247u32,
+        wire: 1249u32,
         call: 1194u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
@@ -47375,13 +47459,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_40),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_42),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_41),
+                len: Some(&LEN_cudnnBatchNormalizationForwardInference__cu126_43),
                 record: None,
             },
             Wire::Handle {
@@ -47417,7 +47501,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1248u32,
+        wire: 1250u32,
         call: 1195u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
@@ -47436,13 +47520,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_42),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_44),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_43),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu118_45),
                 record: None,
             },
             Wire::Handle {
@@ -47484,7 +47568,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1249u32,
+        wire: 1251u32,
         call: 1195u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
@@ -47503,13 +47587,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_44),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_46),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_45),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTraining__cu126_47),
                 record: None,
             },
             Wire::Handle {
@@ -47551,7 +47635,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1250u32,
+        wire: 1252u32,
         call: 1196u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
@@ -47574,13 +47658,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_46),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_48),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_47),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu118_49),
                 record: None,
             },
             Wire::Handle {
@@ -47641,7 +47725,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1251u32,
+        wire: 1253u32,
         call: 1196u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
@@ -47664,13 +47748,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_48),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_50),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_49),
+                len: Some(&LEN_cudnnBatchNormalizationForwardTrainingEx__cu126_51),
                 record: None,
             },
             Wire::Handle {
@@ -47731,7 +47815,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1252u32,
+        wire: 1254u32,
         call: 1197u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
@@ -47762,7 +47846,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1253u32,
+        wire: 1255u32,
         call: 1197u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
@@ -47793,7 +47877,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1254u32,
+        wire: 1256u32,
         call: 1198u32,
         name: "cudnnCTCLoss_v8",
         form: None,
@@ -47843,7 +47927,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1255u32,
+        wire: 1257u32,
         call: 1198u32,
         name: "cudnnCTCLoss_v8",
         form: None,
@@ -47893,7 +47977,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1256u32,
+        wire: 1258u32,
         call: 1199u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
@@ -47911,7 +47995,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1257u32,
+        wire: 1259u32,
         call: 1200u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
@@ -47929,7 +48013,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1258u32,
+        wire: 1260u32,
         call: 1201u32,
         name: "cudnnCnnVersionCheck",
         form: None,
@@ -47947,7 +48031,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1259u32,
+        wire: 1261u32,
         call: 1202u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
@@ -47962,7 +48046,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_50),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_52),
                 record: None,
             },
             Wire::Handle {
@@ -47991,7 +48075,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_51),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu118_53),
                 record: None,
             },
             Wire::Handle {
@@ -48010,7 +48094,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1260u32,
+        wire: 1262u32,
         call: 1202u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
@@ -48025,7 +48109,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_52),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_54),
                 record: None,
             },
             Wire::Handle {
@@ -48054,7 +48138,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_53),
+                len: Some(&LEN_cudnnConvolutionBackwardData__cu126_55),
                 record: None,
             },
             Wire::Handle {
@@ -48073,7 +48157,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1261u32,
+        wire: 1263u32,
         call: 1203u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
@@ -48088,7 +48172,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_54),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_56),
                 record: None,
             },
             Wire::Handle {
@@ -48117,7 +48201,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_55),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu118_57),
                 record: None,
             },
             Wire::Handle {
@@ -48136,7 +48220,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1262u32,
+        wire: 1264u32,
         call: 1203u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
@@ -48151,7 +48235,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_56),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_58),
                 record: None,
             },
             Wire::Handle {
@@ -48180,7 +48264,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_57),
+                len: Some(&LEN_cudnnConvolutionBackwardFilter__cu126_59),
                 record: None,
             },
             Wire::Handle {
@@ -48199,7 +48283,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1263u32,
+        wire: 1265u32,
         call: 1204u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
@@ -48214,7 +48298,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_58),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_60),
                 record: None,
             },
             Wire::Handle {
@@ -48243,7 +48327,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_59),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu118_61),
                 record: None,
             },
             Wire::Handle {
@@ -48276,7 +48360,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1264u32,
+        wire: 1266u32,
         call: 1204u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
@@ -48291,7 +48375,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_60),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_62),
                 record: None,
             },
             Wire::Handle {
@@ -48320,7 +48404,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_61),
+                len: Some(&LEN_cudnnConvolutionBiasActivationForward__cu126_63),
                 record: None,
             },
             Wire::Handle {
@@ -48353,7 +48437,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1265u32,
+        wire: 1267u32,
         call: 1205u32,
         name: "cudnnConvolutionForward",
         form: None,
@@ -48368,7 +48452,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu118_62),
+                len: Some(&LEN_cudnnConvolutionForward__cu118_64),
                 record: None,
             },
             Wire::Handle {
@@ -48397,7 +48481,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu118_63),
+                len: Some(&LEN_cudnnConvolutionForward__cu118_65),
                 record: None,
             },
             Wire::Handle {
@@ -48416,7 +48500,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1266u32,
+        wire: 1268u32,
         call: 1205u32,
         name: "cudnnConvolutionForward",
         form: None,
@@ -48431,7 +48515,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu126_64),
+                len: Some(&LEN_cudnnConvolutionForward__cu126_66),
                 record: None,
             },
             Wire::Handle {
@@ -48460,7 +48544,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnConvolutionForward__cu126_65),
+                len: Some(&LEN_cudnnConvolutionForward__cu126_67),
                 record: None,
             },
             Wire::Handle {
@@ -48479,7 +48563,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1267u32,
+        wire: 1269u32,
         call: 1206u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
@@ -48506,7 +48590,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1268u32,
+        wire: 1270u32,
         call: 1207u32,
         name: "cudnnCreate",
         form: None,
@@ -48529,7 +48613,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1269u32,
+        wire: 1271u32,
         call: 1207u32,
         name: "cudnnCreate",
         form: None,
@@ -48552,7 +48636,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1270u32,
+        wire: 1272u32,
         call: 1208u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
@@ -48575,7 +48659,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1271u32,
+        wire: 1273u32,
         call: 1208u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
@@ -48598,7 +48682,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1272u32,
+        wire: 1274u32,
         call: 1209u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
@@ -48621,7 +48705,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1273u32,
+        wire: 1275u32,
         call: 1210u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
@@ -48648,7 +48732,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1274u32,
+        wire: 1276u32,
         call: 1211u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
@@ -48671,7 +48755,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1275u32,
+        wire: 1277u32,
         call: 1211u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
@@ -48694,7 +48778,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1276u32,
+        wire: 1278u32,
         call: 1212u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
@@ -48717,7 +48801,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1277u32,
+        wire: 1279u32,
         call: 1212u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
@@ -48740,7 +48824,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1278u32,
+        wire: 1280u32,
         call: 1213u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
@@ -48763,7 +48847,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1279u32,
+        wire: 1281u32,
         call: 1213u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
@@ -48786,7 +48870,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1280u32,
+        wire: 1282u32,
         call: 1214u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
@@ -48809,7 +48893,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1281u32,
+        wire: 1283u32,
         call: 1214u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
@@ -48832,7 +48916,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1282u32,
+        wire: 1284u32,
         call: 1215u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
@@ -48855,7 +48939,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1283u32,
+        wire: 1285u32,
         call: 1215u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
@@ -48878,7 +48962,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1284u32,
+        wire: 1286u32,
         call: 1216u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
@@ -48905,7 +48989,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1285u32,
+        wire: 1287u32,
         call: 1216u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
@@ -48932,7 +49016,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1286u32,
+        wire: 1288u32,
         call: 1217u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
@@ -48959,7 +49043,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1287u32,
+        wire: 1289u32,
         call: 1217u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
@@ -48986,7 +49070,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1288u32,
+        wire: 1290u32,
         call: 1218u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
@@ -49013,7 +49097,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1289u32,
+        wire: 1291u32,
         call: 1218u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
@@ -49040,7 +49124,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1290u32,
+        wire: 1292u32,
         call: 1219u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
@@ -49063,7 +49147,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1291u32,
+        wire: 1293u32,
         call: 1219u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
@@ -49086,7 +49170,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1292u32,
+        wire: 1294u32,
         call: 1220u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
@@ -49109,7 +49193,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1293u32,
+        wire: 1295u32,
         call: 1220u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
@@ -49132,7 +49216,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1294u32,
+        wire: 1296u32,
         call: 1221u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
@@ -49167,7 +49251,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1295u32,
+        wire: 1297u32,
         call: 1222u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
@@ -49190,7 +49274,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1296u32,
+        wire: 1298u32,
         call: 1222u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
@@ -49213,7 +49297,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1297u32,
+        wire: 1299u32,
         call: 1223u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
@@ -49236,7 +49320,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1298u32,
+        wire: 1300u32,
         call: 1223u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
@@ -49259,7 +49343,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1299u32,
+        wire: 1301u32,
         call: 1224u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
@@ -49282,7 +49366,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1300u32,
+        wire: 1302u32,
         call: 1224u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
@@ -49305,7 +49389,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1301u32,
+        wire: 1303u32,
         call: 1225u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
@@ -49328,7 +49412,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1302u32,
+        wire: 1304u32,
         call: 1225u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
@@ -49351,7 +49435,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1303u32,
+        wire: 1305u32,
         call: 1226u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
@@ -49374,7 +49458,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1304u32,
+        wire: 1306u32,
         call: 1226u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
@@ -49397,7 +49481,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1305u32,
+        wire: 1307u32,
         call: 1227u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
@@ -49420,7 +49504,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1306u32,
+        wire: 1308u32,
         call: 1227u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
@@ -49443,7 +49527,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1307u32,
+        wire: 1309u32,
         call: 1228u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
@@ -49466,7 +49550,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1308u32,
+        wire: 1310u32,
         call: 1228u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
@@ -49489,7 +49573,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1309u32,
+        wire: 1311u32,
         call: 1229u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
@@ -49512,7 +49596,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1310u32,
+        wire: 1312u32,
         call: 1229u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
@@ -49535,7 +49619,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1311u32,
+        wire: 1313u32,
         call: 1230u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
@@ -49566,7 +49650,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1312u32,
+        wire: 1314u32,
         call: 1230u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
@@ -49597,7 +49681,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1313u32,
+        wire: 1315u32,
         call: 1231u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
@@ -49636,7 +49720,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1314u32,
+        wire: 1316u32,
         call: 1231u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
@@ -49675,7 +49759,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1315u32,
+        wire: 1317u32,
         call: 1232u32,
         name: "cudnnDestroy",
         form: Some("call"),
@@ -49698,7 +49782,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1316u32,
+        wire: 1318u32,
         call: 1232u32,
         name: "cudnnDestroy",
         form: Some("call"),
@@ -49721,7 +49805,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1317u32,
+        wire: 1319u32,
         call: 1233u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
@@ -49744,7 +49828,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1318u32,
+        wire: 1320u32,
         call: 1233u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
@@ -49767,7 +49851,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1319u32,
+        wire: 1321u32,
         call: 1234u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
@@ -49790,7 +49874,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1320u32,
+        wire: 1322u32,
         call: 1235u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
@@ -49817,7 +49901,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1321u32,
+        wire: 1323u32,
         call: 1236u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
@@ -49840,7 +49924,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1322u32,
+        wire: 1324u32,
         call: 1236u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
@@ -49863,7 +49947,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1323u32,
+        wire: 1325u32,
         call: 1237u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
@@ -49886,7 +49970,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1324u32,
+        wire: 1326u32,
         call: 1237u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
@@ -49909,7 +49993,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1325u32,
+        wire: 1327u32,
         call: 1238u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
@@ -49932,7 +50016,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1326u32,
+        wire: 1328u32,
         call: 1238u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
@@ -49955,7 +50039,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1327u32,
+        wire: 1329u32,
         call: 1239u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
@@ -49978,7 +50062,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1328u32,
+        wire: 1330u32,
         call: 1239u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
@@ -50001,7 +50085,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1329u32,
+        wire: 1331u32,
         call: 1240u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
@@ -50024,7 +50108,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1330u32,
+        wire: 1332u32,
         call: 1240u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
@@ -50047,7 +50131,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1331u32,
+        wire: 1333u32,
         call: 1241u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
@@ -50070,7 +50154,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1332u32,
+        wire: 1334u32,
         call: 1241u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
@@ -50093,7 +50177,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1333u32,
+        wire: 1335u32,
         call: 1242u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
@@ -50116,7 +50200,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1334u32,
+        wire: 1336u32,
         call: 1242u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
@@ -50139,7 +50223,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1335u32,
+        wire: 1337u32,
         call: 1243u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
@@ -50162,7 +50246,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1336u32,
+        wire: 1338u32,
         call: 1243u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
@@ -50185,7 +50269,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1337u32,
+        wire: 1339u32,
         call: 1244u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
@@ -50208,7 +50292,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1338u32,
+        wire: 1340u32,
         call: 1244u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
@@ -50231,7 +50315,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1339u32,
+        wire: 1341u32,
         call: 1245u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
@@ -50254,7 +50338,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1340u32,
+        wire: 1342u32,
         call: 1245u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
@@ -50277,7 +50361,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1341u32,
+        wire: 1343u32,
         call: 1246u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
@@ -50300,7 +50384,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1342u32,
+        wire: 1344u32,
         call: 1247u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
@@ -50323,7 +50407,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1343u32,
+        wire: 1345u32,
         call: 1247u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
@@ -50346,7 +50430,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1344u32,
+        wire: 1346u32,
         call: 1248u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
@@ -50369,7 +50453,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1345u32,
+        wire: 1347u32,
         call: 1248u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
@@ -50392,7 +50476,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
+        wire: 1348u32,
         call: 1249u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
@@ -50415,7 +50499,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
+        wire: 1349u32,
         call: 1249u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
@@ -50438,7 +50522,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
+        wire: 1350u32,
         call: 1250u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
@@ -50461,7 +50545,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
+        wire: 1351u32,
         call: 1250u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
@@ -50484,7 +50568,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
+        wire: 1352u32,
         call: 1251u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
@@ -50507,7 +50591,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
+        wire: 1353u32,
         call: 1251u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
@@ -50530,7 +50614,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
+        wire: 1354u32,
         call: 1252u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
@@ -50553,7 +50637,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
+        wire: 1355u32,
         call: 1252u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
@@ -50576,7 +50660,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
+        wire: 1356u32,
         call: 1253u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
@@ -50599,7 +50683,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
+        wire: 1357u32,
         call: 1253u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
@@ -50622,7 +50706,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
+        wire: 1358u32,
         call: 1254u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
@@ -50645,7 +50729,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
+        wire: 1359u32,
         call: 1254u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
@@ -50668,7 +50752,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
+        wire: 1360u32,
         call: 1255u32,
         name: "cudnnDropoutBackward",
         form: None,
@@ -50710,7 +50794,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
+        wire: 1361u32,
         call: 1255u32,
         name: "cudnnDropoutBackward",
         form: None,
@@ -50752,7 +50836,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
+        wire: 1362u32,
         call: 1256u32,
         name: "cudnnDropoutForward",
         form: None,
@@ -50794,7 +50878,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
+        wire: 1363u32,
         call: 1256u32,
         name: "cudnnDropoutForward",
         form: None,
@@ -50836,7 +50920,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
+        wire: 1364u32,
         call: 1257u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
@@ -50865,7 +50949,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
+        wire: 1365u32,
         call: 1257u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
@@ -50894,7 +50978,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1364u32,
+        wire: 1366u32,
         call: 1258u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
@@ -50923,7 +51007,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1365u32,
+        wire: 1367u32,
         call: 1258u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
@@ -50952,7 +51036,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
+        wire: 1368u32,
         call: 1259u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
@@ -50996,7 +51080,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_66),
+                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu118_68),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51015,7 +51099,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
+        wire: 1369u32,
         call: 1259u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
@@ -51059,7 +51143,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_67),
+                len: Some(&LEN_cudnnFindConvolutionBackwardDataAlgorithmEx__cu126_69),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51078,7 +51162,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1368u32,
+        wire: 1370u32,
         call: 1260u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
@@ -51122,7 +51206,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_68),
+                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118_70),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51141,7 +51225,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1369u32,
+        wire: 1371u32,
         call: 1260u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
@@ -51185,7 +51269,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_69),
+                len: Some(&LEN_cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126_71),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51204,7 +51288,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
+        wire: 1372u32,
         call: 1261u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
@@ -51248,7 +51332,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_70),
+                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu118_72),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51267,7 +51351,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
+        wire: 1373u32,
         call: 1261u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
@@ -51311,7 +51395,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_71),
+                len: Some(&LEN_cudnnFindConvolutionForwardAlgorithmEx__cu126_73),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
             Wire::Device,
@@ -51330,7 +51414,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
+        wire: 1374u32,
         call: 1262u32,
         name: "cudnnFusedOpsExecute",
         form: None,
@@ -51361,7 +51445,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
+        wire: 1375u32,
         call: 1262u32,
         name: "cudnnFusedOpsExecute",
         form: None,
@@ -51392,7 +51476,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
+        wire: 1376u32,
         call: 1263u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
@@ -51433,7 +51517,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
+        wire: 1377u32,
         call: 1263u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
@@ -51474,7 +51558,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
+        wire: 1378u32,
         call: 1264u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
@@ -51503,7 +51587,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
+        wire: 1379u32,
         call: 1264u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
@@ -51532,7 +51616,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1378u32,
+        wire: 1380u32,
         call: 1265u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
@@ -51577,7 +51661,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1379u32,
+        wire: 1381u32,
         call: 1266u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
@@ -51610,7 +51694,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1380u32,
+        wire: 1382u32,
         call: 1267u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
@@ -51675,7 +51759,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1381u32,
+        wire: 1383u32,
         call: 1267u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
@@ -51740,7 +51824,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1382u32,
+        wire: 1384u32,
         call: 1268u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
@@ -51797,7 +51881,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1383u32,
+        wire: 1385u32,
         call: 1268u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
@@ -51854,7 +51938,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
+        wire: 1386u32,
         call: 1269u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
@@ -51899,7 +51983,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
+        wire: 1387u32,
         call: 1269u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
@@ -51944,7 +52028,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
+        wire: 1388u32,
         call: 1270u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
@@ -51973,7 +52057,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
+        wire: 1389u32,
         call: 1270u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
@@ -52002,7 +52086,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1388u32,
+        wire: 1390u32,
         call: 1271u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
@@ -52043,7 +52127,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1389u32,
+        wire: 1391u32,
         call: 1271u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
@@ -52084,7 +52168,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1390u32,
+        wire: 1392u32,
         call: 1272u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
@@ -52129,7 +52213,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1391u32,
+        wire: 1393u32,
         call: 1272u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
@@ -52174,7 +52258,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1392u32,
+        wire: 1394u32,
         call: 1273u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
@@ -52245,7 +52329,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1393u32,
+        wire: 1395u32,
         call: 1273u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
@@ -52316,7 +52400,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1394u32,
+        wire: 1396u32,
         call: 1274u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
@@ -52366,7 +52450,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1395u32,
+        wire: 1397u32,
         call: 1274u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
@@ -52416,7 +52500,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1396u32,
+        wire: 1398u32,
         call: 1275u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
@@ -52445,7 +52529,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1397u32,
+        wire: 1399u32,
         call: 1275u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
@@ -52474,7 +52558,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
+        wire: 1400u32,
         call: 1276u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
@@ -52515,7 +52599,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_72),
+                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118_74),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
         ],
@@ -52529,7 +52613,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
+        wire: 1401u32,
         call: 1276u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
@@ -52570,7 +52654,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_73),
+                len: Some(&LEN_cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126_75),
                 record: Some("cudnnConvolutionBwdDataAlgoPerfStruct"),
             },
         ],
@@ -52584,7 +52668,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
+        wire: 1402u32,
         call: 1277u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
@@ -52633,7 +52717,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
+        wire: 1403u32,
         call: 1277u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
@@ -52682,7 +52766,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
+        wire: 1404u32,
         call: 1278u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
@@ -52711,7 +52795,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
+        wire: 1405u32,
         call: 1278u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
@@ -52740,7 +52824,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
+        wire: 1406u32,
         call: 1279u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
@@ -52781,7 +52865,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_74),
+                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118_76),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
         ],
@@ -52795,7 +52879,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
+        wire: 1407u32,
         call: 1279u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
@@ -52836,7 +52920,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_75),
+                len: Some(&LEN_cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126_77),
                 record: Some("cudnnConvolutionBwdFilterAlgoPerfStruct"),
             },
         ],
@@ -52850,7 +52934,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
+        wire: 1408u32,
         call: 1280u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
@@ -52899,7 +52983,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
+        wire: 1409u32,
         call: 1280u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
@@ -52948,7 +53032,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
+        wire: 1410u32,
         call: 1281u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
@@ -52977,7 +53061,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
+        wire: 1411u32,
         call: 1281u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
@@ -53006,7 +53090,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
+        wire: 1412u32,
         call: 1282u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
@@ -53047,7 +53131,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_76),
+                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu118_78),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
         ],
@@ -53061,7 +53145,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
+        wire: 1413u32,
         call: 1282u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
@@ -53102,7 +53186,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 48u32,
-                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_77),
+                len: Some(&LEN_cudnnGetConvolutionForwardAlgorithm_v7__cu126_79),
                 record: Some("cudnnConvolutionFwdAlgoPerfStruct"),
             },
         ],
@@ -53116,7 +53200,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1412u32,
+        wire: 1414u32,
         call: 1283u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
@@ -53165,7 +53249,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1413u32,
+        wire: 1415u32,
         call: 1283u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
@@ -53214,7 +53298,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
+        wire: 1416u32,
         call: 1284u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
@@ -53243,7 +53327,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
+        wire: 1417u32,
         call: 1284u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
@@ -53272,7 +53356,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1416u32,
+        wire: 1418u32,
         call: 1285u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
@@ -53301,7 +53385,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1417u32,
+        wire: 1419u32,
         call: 1285u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
@@ -53330,7 +53414,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1418u32,
+        wire: 1420u32,
         call: 1286u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
@@ -53371,7 +53455,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1419u32,
+        wire: 1421u32,
         call: 1286u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
@@ -53412,7 +53496,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1420u32,
+        wire: 1422u32,
         call: 1287u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
@@ -53441,7 +53525,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1421u32,
+        wire: 1423u32,
         call: 1287u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
@@ -53470,7 +53554,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1422u32,
+        wire: 1424u32,
         call: 1288u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
@@ -53491,7 +53575,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1423u32,
+        wire: 1425u32,
         call: 1288u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
@@ -53512,7 +53596,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1424u32,
+        wire: 1426u32,
         call: 1289u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
@@ -53552,7 +53636,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1425u32,
+        wire: 1427u32,
         call: 1289u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
@@ -53592,7 +53676,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1426u32,
+        wire: 1428u32,
         call: 1290u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
@@ -53646,7 +53730,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1427u32,
+        wire: 1429u32,
         call: 1290u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
@@ -53700,7 +53784,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1428u32,
+        wire: 1430u32,
         call: 1291u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
@@ -53737,7 +53821,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu118_78),
+                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu118_80),
                 record: None,
             },
         ],
@@ -53751,7 +53835,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1429u32,
+        wire: 1431u32,
         call: 1291u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
@@ -53788,7 +53872,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu126_79),
+                len: Some(&LEN_cudnnGetFilterNdDescriptor__cu126_81),
                 record: None,
             },
         ],
@@ -53802,7 +53886,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1430u32,
+        wire: 1432u32,
         call: 1292u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
@@ -53831,7 +53915,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1431u32,
+        wire: 1433u32,
         call: 1292u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
@@ -53860,7 +53944,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1432u32,
+        wire: 1434u32,
         call: 1293u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
@@ -53935,7 +54019,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1433u32,
+        wire: 1435u32,
         call: 1293u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
@@ -54010,7 +54094,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1434u32,
+        wire: 1436u32,
         call: 1294u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
@@ -54057,7 +54141,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1435u32,
+        wire: 1437u32,
         call: 1294u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
@@ -54104,7 +54188,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1436u32,
+        wire: 1438u32,
         call: 1295u32,
         name: "cudnnGetLastErrorString",
         form: None,
@@ -54115,7 +54199,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cudnnGetLastErrorString_80),
+                len: Some(&LEN_cudnnGetLastErrorString_82),
                 record: None,
             },
             Wire::Val {
@@ -54133,7 +54217,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1437u32,
+        wire: 1439u32,
         call: 1296u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
@@ -54154,7 +54238,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1438u32,
+        wire: 1440u32,
         call: 1296u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
@@ -54175,7 +54259,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1439u32,
+        wire: 1441u32,
         call: 1297u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
@@ -54252,7 +54336,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1440u32,
+        wire: 1442u32,
         call: 1297u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
@@ -54329,7 +54413,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1441u32,
+        wire: 1443u32,
         call: 1298u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
@@ -54398,7 +54482,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1442u32,
+        wire: 1444u32,
         call: 1298u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
@@ -54467,7 +54551,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1443u32,
+        wire: 1445u32,
         call: 1299u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
@@ -54520,7 +54604,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1444u32,
+        wire: 1446u32,
         call: 1299u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
@@ -54573,7 +54657,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1445u32,
+        wire: 1447u32,
         call: 1300u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
@@ -54614,7 +54698,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1446u32,
+        wire: 1448u32,
         call: 1300u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
@@ -54655,7 +54739,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1447u32,
+        wire: 1449u32,
         call: 1301u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
@@ -54726,7 +54810,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1448u32,
+        wire: 1450u32,
         call: 1301u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
@@ -54797,7 +54881,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1449u32,
+        wire: 1451u32,
         call: 1302u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
@@ -54843,7 +54927,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1450u32,
+        wire: 1452u32,
         call: 1302u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
@@ -54889,7 +54973,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
+        wire: 1453u32,
         call: 1303u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
@@ -54952,7 +55036,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
+        wire: 1454u32,
         call: 1303u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
@@ -55015,7 +55099,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
+        wire: 1455u32,
         call: 1304u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
@@ -55052,7 +55136,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
+        wire: 1456u32,
         call: 1304u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
@@ -55089,7 +55173,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
+        wire: 1457u32,
         call: 1305u32,
         name: "cudnnGetProperty",
         form: None,
@@ -55118,7 +55202,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
+        wire: 1458u32,
         call: 1305u32,
         name: "cudnnGetProperty",
         form: None,
@@ -55147,7 +55231,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1457u32,
+        wire: 1459u32,
         call: 1306u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
@@ -55180,7 +55264,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1458u32,
+        wire: 1460u32,
         call: 1307u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
@@ -55213,7 +55297,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1459u32,
+        wire: 1461u32,
         call: 1308u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
@@ -55242,7 +55326,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1460u32,
+        wire: 1462u32,
         call: 1309u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
@@ -55275,7 +55359,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1461u32,
+        wire: 1463u32,
         call: 1310u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
@@ -55308,7 +55392,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1462u32,
+        wire: 1464u32,
         call: 1311u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
@@ -55337,7 +55421,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1463u32,
+        wire: 1465u32,
         call: 1312u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
@@ -55366,7 +55450,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1464u32,
+        wire: 1466u32,
         call: 1313u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
@@ -55407,7 +55491,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1465u32,
+        wire: 1467u32,
         call: 1314u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
@@ -55454,7 +55538,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1466u32,
+        wire: 1468u32,
         call: 1314u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
@@ -55501,7 +55585,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
-        wire: 1467u32,
+        wire: 1469u32,
         call: 1315u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
@@ -55561,7 +55645,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
-        wire: 1468u32,
+        wire: 1470u32,
         call: 1315u32,
         name: "cudnnGetRNNWeightParams",
         form: None,
@@ -55621,7 +55705,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1469u32,
+        wire: 1471u32,
         call: 1316u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
@@ -55654,7 +55738,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1470u32,
+        wire: 1472u32,
         call: 1316u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
@@ -55687,7 +55771,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1471u32,
+        wire: 1473u32,
         call: 1317u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
@@ -55740,7 +55824,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1472u32,
+        wire: 1474u32,
         call: 1317u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
@@ -55793,7 +55877,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1473u32,
+        wire: 1475u32,
         call: 1318u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
@@ -55834,7 +55918,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1474u32,
+        wire: 1476u32,
         call: 1318u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
@@ -55875,7 +55959,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1475u32,
+        wire: 1477u32,
         call: 1319u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
@@ -55916,7 +56000,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1476u32,
+        wire: 1478u32,
         call: 1319u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
@@ -55957,7 +56041,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1477u32,
+        wire: 1479u32,
         call: 1320u32,
         name: "cudnnGetStream",
         form: Some("call"),
@@ -55984,7 +56068,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1478u32,
+        wire: 1480u32,
         call: 1320u32,
         name: "cudnnGetStream",
         form: Some("call"),
@@ -56011,7 +56095,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1479u32,
+        wire: 1481u32,
         call: 1321u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
@@ -56083,7 +56167,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1480u32,
+        wire: 1482u32,
         call: 1321u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
@@ -56155,7 +56239,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1481u32,
+        wire: 1483u32,
         call: 1322u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
@@ -56186,13 +56270,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_81),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_83),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_82),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_84),
                 record: None,
             },
         ],
@@ -56206,7 +56290,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1482u32,
+        wire: 1484u32,
         call: 1322u32,
         name: "cudnnGetTensorNdDescriptor",
         form: None,
@@ -56237,13 +56321,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_83),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_85),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_84),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_86),
                 record: None,
             },
         ],
@@ -56257,7 +56341,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1483u32,
+        wire: 1485u32,
         call: 1323u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
@@ -56286,7 +56370,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1484u32,
+        wire: 1486u32,
         call: 1323u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
@@ -56315,7 +56399,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1485u32,
+        wire: 1487u32,
         call: 1324u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
@@ -56372,7 +56456,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1486u32,
+        wire: 1488u32,
         call: 1324u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
@@ -56429,7 +56513,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1487u32,
+        wire: 1489u32,
         call: 1325u32,
         name: "cudnnGetVersion",
         form: Some("call"),
@@ -56450,7 +56534,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1488u32,
+        wire: 1490u32,
         call: 1325u32,
         name: "cudnnGetVersion",
         form: Some("call"),
@@ -56471,7 +56555,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1489u32,
+        wire: 1491u32,
         call: 1326u32,
         name: "cudnnGraphVersionCheck",
         form: None,
@@ -56489,7 +56573,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1490u32,
+        wire: 1492u32,
         call: 1327u32,
         name: "cudnnInitTransformDest",
         form: None,
@@ -56526,7 +56610,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1491u32,
+        wire: 1493u32,
         call: 1327u32,
         name: "cudnnInitTransformDest",
         form: None,
@@ -56563,7 +56647,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1492u32,
+        wire: 1494u32,
         call: 1328u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
@@ -56586,7 +56670,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_85),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_87),
                 record: None,
             },
             Wire::Handle {
@@ -56607,7 +56691,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_86),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu118_88),
                 record: None,
             },
             Wire::Handle {
@@ -56626,7 +56710,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1493u32,
+        wire: 1495u32,
         call: 1328u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
@@ -56649,7 +56733,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_87),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_89),
                 record: None,
             },
             Wire::Handle {
@@ -56670,7 +56754,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_88),
+                len: Some(&LEN_cudnnLRNCrossChannelBackward__cu126_90),
                 record: None,
             },
             Wire::Handle {
@@ -56689,7 +56773,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1494u32,
+        wire: 1496u32,
         call: 1329u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
@@ -56712,7 +56796,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_89),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_91),
                 record: None,
             },
             Wire::Handle {
@@ -56723,7 +56807,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_90),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu118_92),
                 record: None,
             },
             Wire::Handle {
@@ -56742,7 +56826,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1495u32,
+        wire: 1497u32,
         call: 1329u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
@@ -56765,7 +56849,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_91),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_93),
                 record: None,
             },
             Wire::Handle {
@@ -56776,7 +56860,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_92),
+                len: Some(&LEN_cudnnLRNCrossChannelForward__cu126_94),
                 record: None,
             },
             Wire::Handle {
@@ -56795,7 +56879,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1496u32,
+        wire: 1498u32,
         call: 1330u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
@@ -56832,7 +56916,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1497u32,
+        wire: 1499u32,
         call: 1330u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
@@ -56869,7 +56953,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1498u32,
+        wire: 1500u32,
         call: 1331u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
@@ -56887,7 +56971,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1499u32,
+        wire: 1501u32,
         call: 1332u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
@@ -56905,7 +56989,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1500u32,
+        wire: 1502u32,
         call: 1333u32,
         name: "cudnnOpsVersionCheck",
         form: None,
@@ -56923,7 +57007,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1501u32,
+        wire: 1503u32,
         call: 1334u32,
         name: "cudnnPoolingBackward",
         form: None,
@@ -56942,7 +57026,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu118_93),
+                len: Some(&LEN_cudnnPoolingBackward__cu118_95),
                 record: None,
             },
             Wire::Handle {
@@ -56963,7 +57047,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu118_94),
+                len: Some(&LEN_cudnnPoolingBackward__cu118_96),
                 record: None,
             },
             Wire::Handle {
@@ -56982,7 +57066,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1502u32,
+        wire: 1504u32,
         call: 1334u32,
         name: "cudnnPoolingBackward",
         form: None,
@@ -57001,7 +57085,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu126_95),
+                len: Some(&LEN_cudnnPoolingBackward__cu126_97),
                 record: None,
             },
             Wire::Handle {
@@ -57022,7 +57106,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingBackward__cu126_96),
+                len: Some(&LEN_cudnnPoolingBackward__cu126_98),
                 record: None,
             },
             Wire::Handle {
@@ -57041,7 +57125,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1503u32,
+        wire: 1505u32,
         call: 1335u32,
         name: "cudnnPoolingForward",
         form: None,
@@ -57060,7 +57144,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu118_97),
+                len: Some(&LEN_cudnnPoolingForward__cu118_99),
                 record: None,
             },
             Wire::Handle {
@@ -57071,7 +57155,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu118_98),
+                len: Some(&LEN_cudnnPoolingForward__cu118_100),
                 record: None,
             },
             Wire::Handle {
@@ -57090,7 +57174,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1504u32,
+        wire: 1506u32,
         call: 1335u32,
         name: "cudnnPoolingForward",
         form: None,
@@ -57109,7 +57193,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu126_99),
+                len: Some(&LEN_cudnnPoolingForward__cu126_101),
                 record: None,
             },
             Wire::Handle {
@@ -57120,7 +57204,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnPoolingForward__cu126_100),
+                len: Some(&LEN_cudnnPoolingForward__cu126_102),
                 record: None,
             },
             Wire::Handle {
@@ -57139,7 +57223,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1505u32,
+        wire: 1507u32,
         call: 1336u32,
         name: "cudnnQueryRuntimeError",
         form: None,
@@ -57176,7 +57260,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1506u32,
+        wire: 1508u32,
         call: 1336u32,
         name: "cudnnQueryRuntimeError",
         form: None,
@@ -57213,7 +57297,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1507u32,
+        wire: 1509u32,
         call: 1337u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
@@ -57281,7 +57365,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1508u32,
+        wire: 1510u32,
         call: 1337u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
@@ -57349,7 +57433,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1509u32,
+        wire: 1511u32,
         call: 1338u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
@@ -57406,7 +57490,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1510u32,
+        wire: 1512u32,
         call: 1339u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
@@ -57468,7 +57552,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1511u32,
+        wire: 1513u32,
         call: 1339u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
@@ -57530,7 +57614,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1512u32,
+        wire: 1514u32,
         call: 1340u32,
         name: "cudnnRNNForward",
         form: None,
@@ -57599,7 +57683,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1513u32,
+        wire: 1515u32,
         call: 1340u32,
         name: "cudnnRNNForward",
         form: None,
@@ -57668,7 +57752,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1514u32,
+        wire: 1516u32,
         call: 1341u32,
         name: "cudnnRNNGetClip",
         form: None,
@@ -57719,7 +57803,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1515u32,
+        wire: 1517u32,
         call: 1342u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
@@ -57766,7 +57850,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1516u32,
+        wire: 1518u32,
         call: 1342u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
@@ -57813,7 +57897,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1517u32,
+        wire: 1519u32,
         call: 1343u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
@@ -57854,7 +57938,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1518u32,
+        wire: 1520u32,
         call: 1344u32,
         name: "cudnnRNNSetClip",
         form: None,
@@ -57897,7 +57981,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1519u32,
+        wire: 1521u32,
         call: 1345u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
@@ -57936,7 +58020,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1520u32,
+        wire: 1522u32,
         call: 1345u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
@@ -57975,7 +58059,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1521u32,
+        wire: 1523u32,
         call: 1346u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
@@ -58010,7 +58094,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1522u32,
+        wire: 1524u32,
         call: 1347u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
@@ -58050,7 +58134,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1523u32,
+        wire: 1525u32,
         call: 1347u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
@@ -58090,7 +58174,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1524u32,
+        wire: 1526u32,
         call: 1348u32,
         name: "cudnnScaleTensor",
         form: None,
@@ -58110,7 +58194,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnScaleTensor__cu118_101),
+                len: Some(&LEN_cudnnScaleTensor__cu118_103),
                 record: None,
             },
         ],
@@ -58124,7 +58208,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1525u32,
+        wire: 1527u32,
         call: 1348u32,
         name: "cudnnScaleTensor",
         form: None,
@@ -58144,7 +58228,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnScaleTensor__cu126_102),
+                len: Some(&LEN_cudnnScaleTensor__cu126_104),
                 record: None,
             },
         ],
@@ -58158,7 +58242,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1526u32,
+        wire: 1528u32,
         call: 1349u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
@@ -58193,7 +58277,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1527u32,
+        wire: 1529u32,
         call: 1349u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
@@ -58228,7 +58312,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1528u32,
+        wire: 1530u32,
         call: 1350u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
@@ -58255,7 +58339,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1529u32,
+        wire: 1531u32,
         call: 1350u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
@@ -58282,7 +58366,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1530u32,
+        wire: 1532u32,
         call: 1351u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
@@ -58306,7 +58390,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1531u32,
+        wire: 1533u32,
         call: 1352u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
@@ -58345,7 +58429,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1532u32,
+        wire: 1534u32,
         call: 1353u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
@@ -58444,7 +58528,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1533u32,
+        wire: 1535u32,
         call: 1353u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
@@ -58543,7 +58627,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1534u32,
+        wire: 1536u32,
         call: 1354u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
@@ -58570,7 +58654,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1535u32,
+        wire: 1537u32,
         call: 1354u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
@@ -58597,7 +58681,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1536u32,
+        wire: 1538u32,
         call: 1355u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
@@ -58632,7 +58716,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1537u32,
+        wire: 1539u32,
         call: 1355u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
@@ -58667,7 +58751,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1538u32,
+        wire: 1540u32,
         call: 1356u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
@@ -58706,7 +58790,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1539u32,
+        wire: 1541u32,
         call: 1356u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
@@ -58745,7 +58829,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1540u32,
+        wire: 1542u32,
         call: 1357u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
@@ -58784,7 +58868,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1541u32,
+        wire: 1543u32,
         call: 1358u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
@@ -58839,7 +58923,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1542u32,
+        wire: 1544u32,
         call: 1358u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
@@ -58894,7 +58978,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1543u32,
+        wire: 1545u32,
         call: 1359u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
@@ -58921,7 +59005,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1544u32,
+        wire: 1546u32,
         call: 1359u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
@@ -58948,7 +59032,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
+        wire: 1547u32,
         call: 1360u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
@@ -58975,7 +59059,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
+        wire: 1548u32,
         call: 1360u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
@@ -59002,7 +59086,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1547u32,
+        wire: 1549u32,
         call: 1361u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
@@ -59021,19 +59105,19 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_103),
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_104),
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 4u32,
                 len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_105),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_106),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu118_107),
                 record: None,
             },
             Wire::Val {
@@ -59055,7 +59139,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1548u32,
+        wire: 1550u32,
         call: 1361u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
@@ -59074,19 +59158,19 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_106),
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 4u32,
-                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_107),
-                record: None,
-            },
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 4u32,
                 len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_108),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_109),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cudnnSetConvolutionNdDescriptor__cu126_110),
                 record: None,
             },
             Wire::Val {
@@ -59108,7 +59192,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1549u32,
+        wire: 1551u32,
         call: 1362u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
@@ -59135,7 +59219,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1550u32,
+        wire: 1552u32,
         call: 1362u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
@@ -59162,7 +59246,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
+        wire: 1553u32,
         call: 1363u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
@@ -59202,7 +59286,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
+        wire: 1554u32,
         call: 1363u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
@@ -59242,7 +59326,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1553u32,
+        wire: 1555u32,
         call: 1364u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
@@ -59289,7 +59373,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1554u32,
+        wire: 1556u32,
         call: 1364u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
@@ -59336,7 +59420,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
+        wire: 1557u32,
         call: 1365u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
@@ -59363,7 +59447,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu118_109),
+                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu118_111),
                 record: None,
             },
         ],
@@ -59377,7 +59461,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
+        wire: 1558u32,
         call: 1365u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
@@ -59404,7 +59488,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu126_110),
+                len: Some(&LEN_cudnnSetFilterNdDescriptor__cu126_112),
                 record: None,
             },
         ],
@@ -59418,7 +59502,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1557u32,
+        wire: 1559u32,
         call: 1366u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
@@ -59457,7 +59541,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1558u32,
+        wire: 1560u32,
         call: 1366u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
@@ -59496,7 +59580,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1559u32,
+        wire: 1561u32,
         call: 1367u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
@@ -59531,7 +59615,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1560u32,
+        wire: 1562u32,
         call: 1367u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
@@ -59566,7 +59650,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1561u32,
+        wire: 1563u32,
         call: 1368u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
@@ -59593,7 +59677,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1562u32,
+        wire: 1564u32,
         call: 1369u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
@@ -59648,7 +59732,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1563u32,
+        wire: 1565u32,
         call: 1369u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
@@ -59703,7 +59787,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1564u32,
+        wire: 1566u32,
         call: 1370u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
@@ -59734,7 +59818,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1565u32,
+        wire: 1567u32,
         call: 1371u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
@@ -59761,7 +59845,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1566u32,
+        wire: 1568u32,
         call: 1372u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
@@ -59796,13 +59880,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_111),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_113),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_112),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu118_114),
                 record: None,
             },
         ],
@@ -59816,7 +59900,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1567u32,
+        wire: 1569u32,
         call: 1372u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
@@ -59851,13 +59935,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_113),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_115),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_114),
+                len: Some(&LEN_cudnnSetRNNDataDescriptor__cu126_116),
                 record: None,
             },
         ],
@@ -59871,7 +59955,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1568u32,
+        wire: 1570u32,
         call: 1373u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
@@ -59930,7 +60014,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1569u32,
+        wire: 1571u32,
         call: 1374u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
@@ -60009,7 +60093,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1570u32,
+        wire: 1572u32,
         call: 1374u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
@@ -60088,7 +60172,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1571u32,
+        wire: 1573u32,
         call: 1375u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
@@ -60115,7 +60199,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1572u32,
+        wire: 1574u32,
         call: 1376u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
@@ -60142,7 +60226,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1573u32,
+        wire: 1575u32,
         call: 1377u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
@@ -60177,7 +60261,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1574u32,
+        wire: 1576u32,
         call: 1378u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
@@ -60220,7 +60304,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1575u32,
+        wire: 1577u32,
         call: 1378u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
@@ -60263,7 +60347,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1576u32,
+        wire: 1578u32,
         call: 1379u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
@@ -60290,7 +60374,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_115),
+                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu118_117),
                 record: None,
             },
         ],
@@ -60304,7 +60388,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1577u32,
+        wire: 1579u32,
         call: 1379u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
@@ -60331,7 +60415,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_116),
+                len: Some(&LEN_cudnnSetSpatialTransformerNdDescriptor__cu126_118),
                 record: None,
             },
         ],
@@ -60345,7 +60429,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1578u32,
+        wire: 1580u32,
         call: 1380u32,
         name: "cudnnSetStream",
         form: Some("call"),
@@ -60372,7 +60456,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1579u32,
+        wire: 1581u32,
         call: 1380u32,
         name: "cudnnSetStream",
         form: Some("call"),
@@ -60399,7 +60483,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1580u32,
+        wire: 1582u32,
         call: 1381u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
@@ -60446,7 +60530,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1581u32,
+        wire: 1583u32,
         call: 1381u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
@@ -60493,7 +60577,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1582u32,
+        wire: 1584u32,
         call: 1382u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
@@ -60552,7 +60636,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1583u32,
+        wire: 1585u32,
         call: 1382u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
@@ -60611,7 +60695,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1584u32,
+        wire: 1586u32,
         call: 1383u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
@@ -60634,13 +60718,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_117),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_119),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_118),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu118_120),
                 record: None,
             },
         ],
@@ -60654,7 +60738,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1585u32,
+        wire: 1587u32,
         call: 1383u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
@@ -60677,13 +60761,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_119),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_121),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_120),
+                len: Some(&LEN_cudnnSetTensorNdDescriptor__cu126_122),
                 record: None,
             },
         ],
@@ -60697,7 +60781,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1586u32,
+        wire: 1588u32,
         call: 1384u32,
         name: "cudnnSoftmaxBackward",
         form: None,
@@ -60720,7 +60804,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu118_121),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu118_123),
                 record: None,
             },
             Wire::Handle {
@@ -60736,7 +60820,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu118_122),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu118_124),
                 record: None,
             },
             Wire::Handle {
@@ -60755,7 +60839,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1587u32,
+        wire: 1589u32,
         call: 1384u32,
         name: "cudnnSoftmaxBackward",
         form: None,
@@ -60778,7 +60862,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu126_123),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu126_125),
                 record: None,
             },
             Wire::Handle {
@@ -60794,7 +60878,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxBackward__cu126_124),
+                len: Some(&LEN_cudnnSoftmaxBackward__cu126_126),
                 record: None,
             },
             Wire::Handle {
@@ -60813,7 +60897,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1588u32,
+        wire: 1590u32,
         call: 1385u32,
         name: "cudnnSoftmaxForward",
         form: None,
@@ -60836,7 +60920,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu118_125),
+                len: Some(&LEN_cudnnSoftmaxForward__cu118_127),
                 record: None,
             },
             Wire::Handle {
@@ -60847,7 +60931,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu118_126),
+                len: Some(&LEN_cudnnSoftmaxForward__cu118_128),
                 record: None,
             },
             Wire::Handle {
@@ -60866,7 +60950,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1589u32,
+        wire: 1591u32,
         call: 1385u32,
         name: "cudnnSoftmaxForward",
         form: None,
@@ -60889,7 +60973,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu126_127),
+                len: Some(&LEN_cudnnSoftmaxForward__cu126_129),
                 record: None,
             },
             Wire::Handle {
@@ -60900,7 +60984,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSoftmaxForward__cu126_128),
+                len: Some(&LEN_cudnnSoftmaxForward__cu126_130),
                 record: None,
             },
             Wire::Handle {
@@ -60919,7 +61003,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
+        wire: 1592u32,
         call: 1386u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
@@ -60948,7 +61032,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
+        wire: 1593u32,
         call: 1386u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
@@ -60977,7 +61061,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
+        wire: 1594u32,
         call: 1387u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
@@ -61006,7 +61090,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
+        wire: 1595u32,
         call: 1387u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
@@ -61035,7 +61119,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
+        wire: 1596u32,
         call: 1388u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
@@ -61054,28 +61138,6 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_129),
-                record: None,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_130),
-                record: None,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_131),
                 record: None,
             },
@@ -61084,11 +61146,33 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Device,
-            Wire::Device,
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_132),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_133),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu118_134),
                 record: None,
             },
             Wire::Device,
@@ -61103,7 +61187,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
+        wire: 1597u32,
         call: 1388u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
@@ -61122,28 +61206,6 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_133),
-                record: None,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_134),
-                record: None,
-            },
-            Wire::Handle {
-                kind: 73u16,
-                destroy: false,
-            },
-            Wire::Device,
-            Wire::Buf {
-                dir: Dir::In,
-                elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_135),
                 record: None,
             },
@@ -61152,11 +61214,33 @@ pub mod cudnn {
                 destroy: false,
             },
             Wire::Device,
-            Wire::Device,
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
                 len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_136),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_137),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 73u16,
+                destroy: false,
+            },
+            Wire::Device,
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cudnnSpatialTfSamplerBackward__cu126_138),
                 record: None,
             },
             Wire::Device,
@@ -61171,7 +61255,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
+        wire: 1598u32,
         call: 1389u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
@@ -61190,7 +61274,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_137),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_139),
                 record: None,
             },
             Wire::Handle {
@@ -61202,7 +61286,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_138),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu118_140),
                 record: None,
             },
             Wire::Handle {
@@ -61221,7 +61305,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
+        wire: 1599u32,
         call: 1389u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
@@ -61240,7 +61324,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_139),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_141),
                 record: None,
             },
             Wire::Handle {
@@ -61252,7 +61336,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_140),
+                len: Some(&LEN_cudnnSpatialTfSamplerForward__cu126_142),
                 record: None,
             },
             Wire::Handle {
@@ -61271,7 +61355,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1598u32,
+        wire: 1600u32,
         call: 1390u32,
         name: "cudnnTransformTensor",
         form: None,
@@ -61286,7 +61370,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu118_141),
+                len: Some(&LEN_cudnnTransformTensor__cu118_143),
                 record: None,
             },
             Wire::Handle {
@@ -61297,7 +61381,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu118_142),
+                len: Some(&LEN_cudnnTransformTensor__cu118_144),
                 record: None,
             },
             Wire::Handle {
@@ -61316,7 +61400,7 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1599u32,
+        wire: 1601u32,
         call: 1390u32,
         name: "cudnnTransformTensor",
         form: None,
@@ -61331,7 +61415,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu126_143),
+                len: Some(&LEN_cudnnTransformTensor__cu126_145),
                 record: None,
             },
             Wire::Handle {
@@ -61342,7 +61426,7 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cudnnTransformTensor__cu126_144),
+                len: Some(&LEN_cudnnTransformTensor__cu126_146),
                 record: None,
             },
             Wire::Handle {
@@ -61367,7 +61451,7 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1801u32,
+        wire: 1803u32,
         call: 1592u32,
         name: "cufftCreate",
         form: None,
@@ -61392,7 +61476,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1802u32,
+        wire: 1804u32,
         call: 1593u32,
         name: "cufftDestroy",
         form: None,
@@ -61415,7 +61499,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1803u32,
+        wire: 1805u32,
         call: 1594u32,
         name: "cufftResetPlanProperty",
         form: None,
@@ -61442,7 +61526,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1804u32,
+        wire: 1806u32,
         call: 1595u32,
         name: "cufftSetAutoAllocation",
         form: None,
@@ -61469,7 +61553,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1805u32,
+        wire: 1807u32,
         call: 1596u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
@@ -61500,7 +61584,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1806u32,
+        wire: 1808u32,
         call: 1597u32,
         name: "cufftSetStream",
         form: None,
@@ -61527,7 +61611,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1807u32,
+        wire: 1809u32,
         call: 1598u32,
         name: "cufftSetWorkArea",
         form: None,
@@ -61551,7 +61635,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1808u32,
+        wire: 1810u32,
         call: 1599u32,
         name: "cufftXtClearCallback",
         form: None,
@@ -61578,7 +61662,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1809u32,
+        wire: 1811u32,
         call: 1600u32,
         name: "cufftXtExec",
         form: None,
@@ -61607,7 +61691,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1810u32,
+        wire: 1812u32,
         call: 1601u32,
         name: "cufftXtMakePlanMany",
         form: None,
@@ -61690,7 +61774,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1811u32,
+        wire: 1813u32,
         call: 1602u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
@@ -61721,7 +61805,7 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1812u32,
+        wire: 1814u32,
         call: 1603u32,
         name: "cufftXtSetDistribution",
         form: None,
@@ -61759,7 +61843,7 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1813u32,
+        wire: 1815u32,
         call: 1604u32,
         name: "curandCreateGenerator",
         form: None,
@@ -61786,7 +61870,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1814u32,
+        wire: 1816u32,
         call: 1605u32,
         name: "curandCreateGeneratorHost",
         form: None,
@@ -61813,7 +61897,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1815u32,
+        wire: 1817u32,
         call: 1606u32,
         name: "curandCreatePoissonDistribution",
         form: None,
@@ -61840,7 +61924,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1816u32,
+        wire: 1818u32,
         call: 1607u32,
         name: "curandDestroyDistribution",
         form: None,
@@ -61863,7 +61947,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1817u32,
+        wire: 1819u32,
         call: 1608u32,
         name: "curandDestroyGenerator",
         form: None,
@@ -61886,7 +61970,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1818u32,
+        wire: 1820u32,
         call: 1609u32,
         name: "curandGenerateSeeds",
         form: None,
@@ -61909,7 +61993,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1819u32,
+        wire: 1821u32,
         call: 1610u32,
         name: "curandSetGeneratorOffset",
         form: None,
@@ -61936,7 +62020,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1820u32,
+        wire: 1822u32,
         call: 1611u32,
         name: "curandSetGeneratorOrdering",
         form: None,
@@ -61963,7 +62047,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1821u32,
+        wire: 1823u32,
         call: 1612u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
@@ -61990,7 +62074,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1822u32,
+        wire: 1824u32,
         call: 1613u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
@@ -62017,7 +62101,7 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1823u32,
+        wire: 1825u32,
         call: 1614u32,
         name: "curandSetStream",
         form: None,
@@ -62056,7 +62140,7 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2127u32,
+        wire: 2129u32,
         call: 1918u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
@@ -62093,7 +62177,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2128u32,
+        wire: 2130u32,
         call: 1919u32,
         name: "cusolverDnCgeqrf",
         form: None,
@@ -62136,7 +62220,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2129u32,
+        wire: 2131u32,
         call: 1920u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
@@ -62178,7 +62262,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2130u32,
+        wire: 2132u32,
         call: 1921u32,
         name: "cusolverDnCgesvd",
         form: None,
@@ -62240,7 +62324,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2131u32,
+        wire: 2133u32,
         call: 1922u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
@@ -62277,7 +62361,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2132u32,
+        wire: 2134u32,
         call: 1923u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
@@ -62364,7 +62448,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2133u32,
+        wire: 2135u32,
         call: 1924u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
@@ -62445,7 +62529,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2134u32,
+        wire: 2136u32,
         call: 1925u32,
         name: "cusolverDnCgesvdj",
         form: None,
@@ -62510,7 +62594,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2135u32,
+        wire: 2137u32,
         call: 1926u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
@@ -62575,7 +62659,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2136u32,
+        wire: 2138u32,
         call: 1927u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
@@ -62640,7 +62724,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2137u32,
+        wire: 2139u32,
         call: 1928u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
@@ -62705,7 +62789,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2138u32,
+        wire: 2140u32,
         call: 1929u32,
         name: "cusolverDnCgetrf",
         form: None,
@@ -62744,7 +62828,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2139u32,
+        wire: 2141u32,
         call: 1930u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
@@ -62786,7 +62870,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2140u32,
+        wire: 2142u32,
         call: 1931u32,
         name: "cusolverDnCgetrs",
         form: None,
@@ -62833,7 +62917,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2141u32,
+        wire: 2143u32,
         call: 1932u32,
         name: "cusolverDnCheevd",
         form: None,
@@ -62880,7 +62964,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2142u32,
+        wire: 2144u32,
         call: 1933u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
@@ -62927,7 +63011,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2143u32,
+        wire: 2145u32,
         call: 1934u32,
         name: "cusolverDnCheevj",
         form: None,
@@ -62978,7 +63062,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2144u32,
+        wire: 2146u32,
         call: 1935u32,
         name: "cusolverDnCheevjBatched",
         form: None,
@@ -63033,7 +63117,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2145u32,
+        wire: 2147u32,
         call: 1936u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
@@ -63088,7 +63172,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2146u32,
+        wire: 2148u32,
         call: 1937u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
@@ -63139,7 +63223,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2147u32,
+        wire: 2149u32,
         call: 1938u32,
         name: "cusolverDnChegvd",
         form: None,
@@ -63195,7 +63279,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2148u32,
+        wire: 2150u32,
         call: 1939u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
@@ -63251,7 +63335,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2149u32,
+        wire: 2151u32,
         call: 1940u32,
         name: "cusolverDnChegvj",
         form: None,
@@ -63311,7 +63395,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2150u32,
+        wire: 2152u32,
         call: 1941u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
@@ -63371,7 +63455,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2151u32,
+        wire: 2153u32,
         call: 1942u32,
         name: "cusolverDnClaswp",
         form: None,
@@ -63416,7 +63500,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2152u32,
+        wire: 2154u32,
         call: 1943u32,
         name: "cusolverDnClauum",
         form: None,
@@ -63458,7 +63542,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2153u32,
+        wire: 2155u32,
         call: 1944u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
@@ -63500,7 +63584,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2154u32,
+        wire: 2156u32,
         call: 1945u32,
         name: "cusolverDnCpotrf",
         form: None,
@@ -63542,7 +63626,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2155u32,
+        wire: 2157u32,
         call: 1946u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
@@ -63583,7 +63667,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2156u32,
+        wire: 2158u32,
         call: 1947u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
@@ -63625,7 +63709,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2157u32,
+        wire: 2159u32,
         call: 1948u32,
         name: "cusolverDnCpotri",
         form: None,
@@ -63667,7 +63751,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2158u32,
+        wire: 2160u32,
         call: 1949u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
@@ -63709,7 +63793,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2159u32,
+        wire: 2161u32,
         call: 1950u32,
         name: "cusolverDnCpotrs",
         form: None,
@@ -63755,7 +63839,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2160u32,
+        wire: 2162u32,
         call: 1951u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
@@ -63805,7 +63889,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2161u32,
+        wire: 2163u32,
         call: 1952u32,
         name: "cusolverDnCreate",
         form: None,
@@ -63828,7 +63912,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2162u32,
+        wire: 2164u32,
         call: 1953u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
@@ -63851,7 +63935,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2163u32,
+        wire: 2165u32,
         call: 1954u32,
         name: "cusolverDnCreateParams",
         form: None,
@@ -63874,7 +63958,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2164u32,
+        wire: 2166u32,
         call: 1955u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
@@ -63897,7 +63981,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2165u32,
+        wire: 2167u32,
         call: 1956u32,
         name: "cusolverDnCsytrf",
         form: None,
@@ -63940,7 +64024,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2166u32,
+        wire: 2168u32,
         call: 1957u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
@@ -63978,7 +64062,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2167u32,
+        wire: 2169u32,
         call: 1958u32,
         name: "cusolverDnCsytri",
         form: None,
@@ -64021,7 +64105,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2168u32,
+        wire: 2170u32,
         call: 1959u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
@@ -64064,7 +64148,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2169u32,
+        wire: 2171u32,
         call: 1960u32,
         name: "cusolverDnCungbr",
         form: None,
@@ -64115,7 +64199,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2170u32,
+        wire: 2172u32,
         call: 1961u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
@@ -64166,7 +64250,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2171u32,
+        wire: 2173u32,
         call: 1962u32,
         name: "cusolverDnCungqr",
         form: None,
@@ -64213,7 +64297,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2172u32,
+        wire: 2174u32,
         call: 1963u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
@@ -64260,7 +64344,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2173u32,
+        wire: 2175u32,
         call: 1964u32,
         name: "cusolverDnCungtr",
         form: None,
@@ -64303,7 +64387,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2174u32,
+        wire: 2176u32,
         call: 1965u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
@@ -64346,7 +64430,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2175u32,
+        wire: 2177u32,
         call: 1966u32,
         name: "cusolverDnCunmqr",
         form: None,
@@ -64406,7 +64490,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2176u32,
+        wire: 2178u32,
         call: 1967u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
@@ -64466,7 +64550,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2177u32,
+        wire: 2179u32,
         call: 1968u32,
         name: "cusolverDnCunmtr",
         form: None,
@@ -64526,7 +64610,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2178u32,
+        wire: 2180u32,
         call: 1969u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
@@ -64586,7 +64670,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2179u32,
+        wire: 2181u32,
         call: 1970u32,
         name: "cusolverDnDestroy",
         form: None,
@@ -64609,7 +64693,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2180u32,
+        wire: 2182u32,
         call: 1971u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
@@ -64632,7 +64716,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2181u32,
+        wire: 2183u32,
         call: 1972u32,
         name: "cusolverDnDestroyParams",
         form: None,
@@ -64655,7 +64739,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2182u32,
+        wire: 2184u32,
         call: 1973u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
@@ -64678,7 +64762,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2183u32,
+        wire: 2185u32,
         call: 1974u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
@@ -64715,7 +64799,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2184u32,
+        wire: 2186u32,
         call: 1975u32,
         name: "cusolverDnDgeqrf",
         form: None,
@@ -64758,7 +64842,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2185u32,
+        wire: 2187u32,
         call: 1976u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
@@ -64800,7 +64884,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2186u32,
+        wire: 2188u32,
         call: 1977u32,
         name: "cusolverDnDgesvd",
         form: None,
@@ -64862,7 +64946,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2187u32,
+        wire: 2189u32,
         call: 1978u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
@@ -64899,7 +64983,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2188u32,
+        wire: 2190u32,
         call: 1979u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
@@ -64986,7 +65070,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2189u32,
+        wire: 2191u32,
         call: 1980u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
@@ -65067,7 +65151,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2190u32,
+        wire: 2192u32,
         call: 1981u32,
         name: "cusolverDnDgesvdj",
         form: None,
@@ -65132,7 +65216,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2191u32,
+        wire: 2193u32,
         call: 1982u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
@@ -65197,7 +65281,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2192u32,
+        wire: 2194u32,
         call: 1983u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
@@ -65262,7 +65346,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2193u32,
+        wire: 2195u32,
         call: 1984u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
@@ -65327,7 +65411,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2194u32,
+        wire: 2196u32,
         call: 1985u32,
         name: "cusolverDnDgetrf",
         form: None,
@@ -65366,7 +65450,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2195u32,
+        wire: 2197u32,
         call: 1986u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
@@ -65408,7 +65492,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2196u32,
+        wire: 2198u32,
         call: 1987u32,
         name: "cusolverDnDgetrs",
         form: None,
@@ -65455,7 +65539,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2197u32,
+        wire: 2199u32,
         call: 1988u32,
         name: "cusolverDnDlaswp",
         form: None,
@@ -65500,7 +65584,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2198u32,
+        wire: 2200u32,
         call: 1989u32,
         name: "cusolverDnDlauum",
         form: None,
@@ -65542,7 +65626,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2199u32,
+        wire: 2201u32,
         call: 1990u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
@@ -65584,7 +65668,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2200u32,
+        wire: 2202u32,
         call: 1991u32,
         name: "cusolverDnDorgbr",
         form: None,
@@ -65635,7 +65719,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2201u32,
+        wire: 2203u32,
         call: 1992u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
@@ -65686,7 +65770,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2202u32,
+        wire: 2204u32,
         call: 1993u32,
         name: "cusolverDnDorgqr",
         form: None,
@@ -65733,7 +65817,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2203u32,
+        wire: 2205u32,
         call: 1994u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
@@ -65780,7 +65864,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2204u32,
+        wire: 2206u32,
         call: 1995u32,
         name: "cusolverDnDorgtr",
         form: None,
@@ -65823,7 +65907,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2205u32,
+        wire: 2207u32,
         call: 1996u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
@@ -65866,7 +65950,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2206u32,
+        wire: 2208u32,
         call: 1997u32,
         name: "cusolverDnDormqr",
         form: None,
@@ -65926,7 +66010,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2207u32,
+        wire: 2209u32,
         call: 1998u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
@@ -65986,7 +66070,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2208u32,
+        wire: 2210u32,
         call: 1999u32,
         name: "cusolverDnDormtr",
         form: None,
@@ -66046,7 +66130,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2209u32,
+        wire: 2211u32,
         call: 2000u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
@@ -66106,7 +66190,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2210u32,
+        wire: 2212u32,
         call: 2001u32,
         name: "cusolverDnDpotrf",
         form: None,
@@ -66148,7 +66232,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2211u32,
+        wire: 2213u32,
         call: 2002u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
@@ -66189,7 +66273,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2212u32,
+        wire: 2214u32,
         call: 2003u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
@@ -66231,7 +66315,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2213u32,
+        wire: 2215u32,
         call: 2004u32,
         name: "cusolverDnDpotri",
         form: None,
@@ -66273,7 +66357,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2214u32,
+        wire: 2216u32,
         call: 2005u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
@@ -66315,7 +66399,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2215u32,
+        wire: 2217u32,
         call: 2006u32,
         name: "cusolverDnDpotrs",
         form: None,
@@ -66361,7 +66445,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2216u32,
+        wire: 2218u32,
         call: 2007u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
@@ -66411,7 +66495,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2217u32,
+        wire: 2219u32,
         call: 2008u32,
         name: "cusolverDnDsyevd",
         form: None,
@@ -66458,7 +66542,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2218u32,
+        wire: 2220u32,
         call: 2009u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
@@ -66505,7 +66589,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2219u32,
+        wire: 2221u32,
         call: 2010u32,
         name: "cusolverDnDsyevj",
         form: None,
@@ -66556,7 +66640,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2220u32,
+        wire: 2222u32,
         call: 2011u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
@@ -66611,7 +66695,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2221u32,
+        wire: 2223u32,
         call: 2012u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
@@ -66666,7 +66750,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2222u32,
+        wire: 2224u32,
         call: 2013u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
@@ -66717,7 +66801,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2223u32,
+        wire: 2225u32,
         call: 2014u32,
         name: "cusolverDnDsygvd",
         form: None,
@@ -66773,7 +66857,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2224u32,
+        wire: 2226u32,
         call: 2015u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
@@ -66829,7 +66913,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2225u32,
+        wire: 2227u32,
         call: 2016u32,
         name: "cusolverDnDsygvj",
         form: None,
@@ -66889,7 +66973,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2226u32,
+        wire: 2228u32,
         call: 2017u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
@@ -66949,7 +67033,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2227u32,
+        wire: 2229u32,
         call: 2018u32,
         name: "cusolverDnDsytrf",
         form: None,
@@ -66992,7 +67076,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2228u32,
+        wire: 2230u32,
         call: 2019u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
@@ -67030,7 +67114,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2229u32,
+        wire: 2231u32,
         call: 2020u32,
         name: "cusolverDnDsytri",
         form: None,
@@ -67073,7 +67157,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2230u32,
+        wire: 2232u32,
         call: 2021u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
@@ -67116,7 +67200,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2231u32,
+        wire: 2233u32,
         call: 2022u32,
         name: "cusolverDnGetStream",
         form: None,
@@ -67143,7 +67227,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2232u32,
+        wire: 2234u32,
         call: 2023u32,
         name: "cusolverDnGetrs",
         form: None,
@@ -67202,7 +67286,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2233u32,
+        wire: 2235u32,
         call: 2024u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
@@ -67225,7 +67309,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2234u32,
+        wire: 2236u32,
         call: 2025u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
@@ -67248,7 +67332,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2235u32,
+        wire: 2237u32,
         call: 2026u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
@@ -67271,7 +67355,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2236u32,
+        wire: 2238u32,
         call: 2027u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
@@ -67294,7 +67378,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2237u32,
+        wire: 2239u32,
         call: 2028u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
@@ -67317,7 +67401,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2238u32,
+        wire: 2240u32,
         call: 2029u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
@@ -67340,7 +67424,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2239u32,
+        wire: 2241u32,
         call: 2030u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
@@ -67363,7 +67447,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2240u32,
+        wire: 2242u32,
         call: 2031u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
@@ -67390,7 +67474,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2241u32,
+        wire: 2243u32,
         call: 2032u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
@@ -67417,7 +67501,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2242u32,
+        wire: 2244u32,
         call: 2033u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
@@ -67444,7 +67528,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2243u32,
+        wire: 2245u32,
         call: 2034u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
@@ -67471,7 +67555,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2244u32,
+        wire: 2246u32,
         call: 2035u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
@@ -67498,7 +67582,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2245u32,
+        wire: 2247u32,
         call: 2036u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
@@ -67529,7 +67613,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2246u32,
+        wire: 2248u32,
         call: 2037u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
@@ -67556,7 +67640,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2247u32,
+        wire: 2249u32,
         call: 2038u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
@@ -67583,7 +67667,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2248u32,
+        wire: 2250u32,
         call: 2039u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
@@ -67601,7 +67685,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2249u32,
+        wire: 2251u32,
         call: 2040u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
@@ -67624,7 +67708,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2250u32,
+        wire: 2252u32,
         call: 2041u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
@@ -67647,7 +67731,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2251u32,
+        wire: 2253u32,
         call: 2042u32,
         name: "cusolverDnPotrs",
         form: None,
@@ -67705,7 +67789,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2252u32,
+        wire: 2254u32,
         call: 2043u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
@@ -67736,7 +67820,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2253u32,
+        wire: 2255u32,
         call: 2044u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
@@ -67763,7 +67847,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2254u32,
+        wire: 2256u32,
         call: 2045u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
@@ -67790,7 +67874,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2255u32,
+        wire: 2257u32,
         call: 2046u32,
         name: "cusolverDnSetMathMode",
         form: None,
@@ -67817,7 +67901,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2256u32,
+        wire: 2258u32,
         call: 2047u32,
         name: "cusolverDnSetStream",
         form: None,
@@ -67844,7 +67928,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2257u32,
+        wire: 2259u32,
         call: 2048u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
@@ -67881,7 +67965,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2258u32,
+        wire: 2260u32,
         call: 2049u32,
         name: "cusolverDnSgeqrf",
         form: None,
@@ -67924,7 +68008,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2259u32,
+        wire: 2261u32,
         call: 2050u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
@@ -67966,7 +68050,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2260u32,
+        wire: 2262u32,
         call: 2051u32,
         name: "cusolverDnSgesvd",
         form: None,
@@ -68028,7 +68112,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2261u32,
+        wire: 2263u32,
         call: 2052u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
@@ -68065,7 +68149,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2262u32,
+        wire: 2264u32,
         call: 2053u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
@@ -68152,7 +68236,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2263u32,
+        wire: 2265u32,
         call: 2054u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
@@ -68233,7 +68317,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2264u32,
+        wire: 2266u32,
         call: 2055u32,
         name: "cusolverDnSgesvdj",
         form: None,
@@ -68298,7 +68382,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2265u32,
+        wire: 2267u32,
         call: 2056u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
@@ -68363,7 +68447,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2266u32,
+        wire: 2268u32,
         call: 2057u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
@@ -68428,7 +68512,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2267u32,
+        wire: 2269u32,
         call: 2058u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
@@ -68493,7 +68577,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2268u32,
+        wire: 2270u32,
         call: 2059u32,
         name: "cusolverDnSgetrf",
         form: None,
@@ -68532,7 +68616,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2269u32,
+        wire: 2271u32,
         call: 2060u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
@@ -68574,7 +68658,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2270u32,
+        wire: 2272u32,
         call: 2061u32,
         name: "cusolverDnSgetrs",
         form: None,
@@ -68621,7 +68705,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2271u32,
+        wire: 2273u32,
         call: 2062u32,
         name: "cusolverDnSlaswp",
         form: None,
@@ -68666,7 +68750,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2272u32,
+        wire: 2274u32,
         call: 2063u32,
         name: "cusolverDnSlauum",
         form: None,
@@ -68708,7 +68792,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2273u32,
+        wire: 2275u32,
         call: 2064u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
@@ -68750,7 +68834,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2274u32,
+        wire: 2276u32,
         call: 2065u32,
         name: "cusolverDnSorgbr",
         form: None,
@@ -68801,7 +68885,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2275u32,
+        wire: 2277u32,
         call: 2066u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
@@ -68852,7 +68936,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2276u32,
+        wire: 2278u32,
         call: 2067u32,
         name: "cusolverDnSorgqr",
         form: None,
@@ -68899,7 +68983,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2277u32,
+        wire: 2279u32,
         call: 2068u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
@@ -68946,7 +69030,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2278u32,
+        wire: 2280u32,
         call: 2069u32,
         name: "cusolverDnSorgtr",
         form: None,
@@ -68989,7 +69073,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2279u32,
+        wire: 2281u32,
         call: 2070u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
@@ -69032,7 +69116,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2280u32,
+        wire: 2282u32,
         call: 2071u32,
         name: "cusolverDnSormqr",
         form: None,
@@ -69092,7 +69176,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2281u32,
+        wire: 2283u32,
         call: 2072u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
@@ -69152,7 +69236,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2282u32,
+        wire: 2284u32,
         call: 2073u32,
         name: "cusolverDnSormtr",
         form: None,
@@ -69212,7 +69296,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2283u32,
+        wire: 2285u32,
         call: 2074u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
@@ -69272,7 +69356,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2284u32,
+        wire: 2286u32,
         call: 2075u32,
         name: "cusolverDnSpotrf",
         form: None,
@@ -69314,7 +69398,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2285u32,
+        wire: 2287u32,
         call: 2076u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
@@ -69355,7 +69439,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2286u32,
+        wire: 2288u32,
         call: 2077u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
@@ -69397,7 +69481,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2287u32,
+        wire: 2289u32,
         call: 2078u32,
         name: "cusolverDnSpotri",
         form: None,
@@ -69439,7 +69523,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2288u32,
+        wire: 2290u32,
         call: 2079u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
@@ -69481,7 +69565,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2289u32,
+        wire: 2291u32,
         call: 2080u32,
         name: "cusolverDnSpotrs",
         form: None,
@@ -69527,7 +69611,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2290u32,
+        wire: 2292u32,
         call: 2081u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
@@ -69577,7 +69661,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2291u32,
+        wire: 2293u32,
         call: 2082u32,
         name: "cusolverDnSsyevd",
         form: None,
@@ -69624,7 +69708,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2292u32,
+        wire: 2294u32,
         call: 2083u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
@@ -69671,7 +69755,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2293u32,
+        wire: 2295u32,
         call: 2084u32,
         name: "cusolverDnSsyevj",
         form: None,
@@ -69722,7 +69806,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2294u32,
+        wire: 2296u32,
         call: 2085u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
@@ -69777,7 +69861,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2295u32,
+        wire: 2297u32,
         call: 2086u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
@@ -69832,7 +69916,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
+        wire: 2298u32,
         call: 2087u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
@@ -69883,7 +69967,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2297u32,
+        wire: 2299u32,
         call: 2088u32,
         name: "cusolverDnSsygvd",
         form: None,
@@ -69939,7 +70023,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
+        wire: 2300u32,
         call: 2089u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
@@ -69995,7 +70079,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2299u32,
+        wire: 2301u32,
         call: 2090u32,
         name: "cusolverDnSsygvj",
         form: None,
@@ -70055,7 +70139,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
+        wire: 2302u32,
         call: 2091u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
@@ -70115,7 +70199,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2301u32,
+        wire: 2303u32,
         call: 2092u32,
         name: "cusolverDnSsytrf",
         form: None,
@@ -70158,7 +70242,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
+        wire: 2304u32,
         call: 2093u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
@@ -70196,7 +70280,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2303u32,
+        wire: 2305u32,
         call: 2094u32,
         name: "cusolverDnSsytri",
         form: None,
@@ -70239,7 +70323,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
+        wire: 2306u32,
         call: 2095u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
@@ -70282,7 +70366,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2305u32,
+        wire: 2307u32,
         call: 2096u32,
         name: "cusolverDnXgeev",
         form: None,
@@ -70373,7 +70457,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
+        wire: 2308u32,
         call: 2097u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
@@ -70460,7 +70544,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2307u32,
+        wire: 2309u32,
         call: 2098u32,
         name: "cusolverDnXgeqrf",
         form: None,
@@ -70529,7 +70613,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2308u32,
+        wire: 2310u32,
         call: 2099u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
@@ -70594,7 +70678,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2309u32,
+        wire: 2311u32,
         call: 2100u32,
         name: "cusolverDnXgesvd",
         form: None,
@@ -70689,7 +70773,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2310u32,
+        wire: 2312u32,
         call: 2101u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
@@ -70780,7 +70864,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2311u32,
+        wire: 2313u32,
         call: 2102u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
@@ -70807,7 +70891,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2312u32,
+        wire: 2314u32,
         call: 2103u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
@@ -70834,7 +70918,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2313u32,
+        wire: 2315u32,
         call: 2104u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
@@ -70861,7 +70945,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2314u32,
+        wire: 2316u32,
         call: 2105u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
@@ -70952,7 +71036,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2315u32,
+        wire: 2317u32,
         call: 2106u32,
         name: "cusolverDnXgetrf",
         form: None,
@@ -71017,7 +71101,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2316u32,
+        wire: 2318u32,
         call: 2107u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
@@ -71077,7 +71161,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2317u32,
+        wire: 2319u32,
         call: 2108u32,
         name: "cusolverDnXgetrs",
         form: None,
@@ -71136,7 +71220,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2318u32,
+        wire: 2320u32,
         call: 2109u32,
         name: "cusolverDnXpotrf",
         form: None,
@@ -71200,7 +71284,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2319u32,
+        wire: 2321u32,
         call: 2110u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
@@ -71260,7 +71344,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2320u32,
+        wire: 2322u32,
         call: 2111u32,
         name: "cusolverDnXpotrs",
         form: None,
@@ -71318,7 +71402,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2321u32,
+        wire: 2323u32,
         call: 2112u32,
         name: "cusolverDnXsyevBatched",
         form: None,
@@ -71395,7 +71479,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2322u32,
+        wire: 2324u32,
         call: 2113u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
@@ -71468,7 +71552,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2323u32,
+        wire: 2325u32,
         call: 2114u32,
         name: "cusolverDnXsyevd",
         form: None,
@@ -71541,7 +71625,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2324u32,
+        wire: 2326u32,
         call: 2115u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
@@ -71610,7 +71694,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2325u32,
+        wire: 2327u32,
         call: 2116u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
@@ -71637,7 +71721,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2326u32,
+        wire: 2328u32,
         call: 2117u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
@@ -71664,7 +71748,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2327u32,
+        wire: 2329u32,
         call: 2118u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
@@ -71691,7 +71775,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2328u32,
+        wire: 2330u32,
         call: 2119u32,
         name: "cusolverDnXsytrs",
         form: None,
@@ -71761,7 +71845,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2329u32,
+        wire: 2331u32,
         call: 2120u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
@@ -71827,7 +71911,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2330u32,
+        wire: 2332u32,
         call: 2121u32,
         name: "cusolverDnXtrtri",
         form: None,
@@ -71887,7 +71971,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2331u32,
+        wire: 2333u32,
         call: 2122u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
@@ -71943,7 +72027,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2332u32,
+        wire: 2334u32,
         call: 2123u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
@@ -71980,7 +72064,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2333u32,
+        wire: 2335u32,
         call: 2124u32,
         name: "cusolverDnZgeqrf",
         form: None,
@@ -72023,7 +72107,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2334u32,
+        wire: 2336u32,
         call: 2125u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
@@ -72065,7 +72149,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2335u32,
+        wire: 2337u32,
         call: 2126u32,
         name: "cusolverDnZgesvd",
         form: None,
@@ -72127,7 +72211,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
+        wire: 2338u32,
         call: 2127u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
@@ -72164,7 +72248,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2337u32,
+        wire: 2339u32,
         call: 2128u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
@@ -72251,7 +72335,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2338u32,
+        wire: 2340u32,
         call: 2129u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
@@ -72332,7 +72416,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2339u32,
+        wire: 2341u32,
         call: 2130u32,
         name: "cusolverDnZgesvdj",
         form: None,
@@ -72397,7 +72481,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2340u32,
+        wire: 2342u32,
         call: 2131u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
@@ -72462,7 +72546,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2341u32,
+        wire: 2343u32,
         call: 2132u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
@@ -72527,7 +72611,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2342u32,
+        wire: 2344u32,
         call: 2133u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
@@ -72592,7 +72676,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2343u32,
+        wire: 2345u32,
         call: 2134u32,
         name: "cusolverDnZgetrf",
         form: None,
@@ -72631,7 +72715,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2344u32,
+        wire: 2346u32,
         call: 2135u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
@@ -72673,7 +72757,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2345u32,
+        wire: 2347u32,
         call: 2136u32,
         name: "cusolverDnZgetrs",
         form: None,
@@ -72720,7 +72804,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2346u32,
+        wire: 2348u32,
         call: 2137u32,
         name: "cusolverDnZheevd",
         form: None,
@@ -72767,7 +72851,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2347u32,
+        wire: 2349u32,
         call: 2138u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
@@ -72814,7 +72898,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2348u32,
+        wire: 2350u32,
         call: 2139u32,
         name: "cusolverDnZheevj",
         form: None,
@@ -72865,7 +72949,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2349u32,
+        wire: 2351u32,
         call: 2140u32,
         name: "cusolverDnZheevjBatched",
         form: None,
@@ -72920,7 +73004,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2350u32,
+        wire: 2352u32,
         call: 2141u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
@@ -72975,7 +73059,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2351u32,
+        wire: 2353u32,
         call: 2142u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
@@ -73026,7 +73110,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2352u32,
+        wire: 2354u32,
         call: 2143u32,
         name: "cusolverDnZhegvd",
         form: None,
@@ -73082,7 +73166,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2353u32,
+        wire: 2355u32,
         call: 2144u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
@@ -73138,7 +73222,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2354u32,
+        wire: 2356u32,
         call: 2145u32,
         name: "cusolverDnZhegvj",
         form: None,
@@ -73198,7 +73282,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2355u32,
+        wire: 2357u32,
         call: 2146u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
@@ -73258,7 +73342,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2356u32,
+        wire: 2358u32,
         call: 2147u32,
         name: "cusolverDnZlaswp",
         form: None,
@@ -73303,7 +73387,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2357u32,
+        wire: 2359u32,
         call: 2148u32,
         name: "cusolverDnZlauum",
         form: None,
@@ -73345,7 +73429,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2358u32,
+        wire: 2360u32,
         call: 2149u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
@@ -73387,7 +73471,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2359u32,
+        wire: 2361u32,
         call: 2150u32,
         name: "cusolverDnZpotrf",
         form: None,
@@ -73429,7 +73513,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2360u32,
+        wire: 2362u32,
         call: 2151u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
@@ -73470,7 +73554,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2361u32,
+        wire: 2363u32,
         call: 2152u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
@@ -73512,7 +73596,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2362u32,
+        wire: 2364u32,
         call: 2153u32,
         name: "cusolverDnZpotri",
         form: None,
@@ -73554,7 +73638,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2363u32,
+        wire: 2365u32,
         call: 2154u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
@@ -73596,7 +73680,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2364u32,
+        wire: 2366u32,
         call: 2155u32,
         name: "cusolverDnZpotrs",
         form: None,
@@ -73642,7 +73726,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2365u32,
+        wire: 2367u32,
         call: 2156u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
@@ -73692,7 +73776,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2366u32,
+        wire: 2368u32,
         call: 2157u32,
         name: "cusolverDnZsytrf",
         form: None,
@@ -73735,7 +73819,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
+        wire: 2369u32,
         call: 2158u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
@@ -73773,7 +73857,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2368u32,
+        wire: 2370u32,
         call: 2159u32,
         name: "cusolverDnZsytri",
         form: None,
@@ -73816,7 +73900,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
+        wire: 2371u32,
         call: 2160u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
@@ -73859,7 +73943,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2370u32,
+        wire: 2372u32,
         call: 2161u32,
         name: "cusolverDnZungbr",
         form: None,
@@ -73910,7 +73994,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
+        wire: 2373u32,
         call: 2162u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
@@ -73961,7 +74045,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2372u32,
+        wire: 2374u32,
         call: 2163u32,
         name: "cusolverDnZungqr",
         form: None,
@@ -74008,7 +74092,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2373u32,
+        wire: 2375u32,
         call: 2164u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
@@ -74055,7 +74139,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2374u32,
+        wire: 2376u32,
         call: 2165u32,
         name: "cusolverDnZungtr",
         form: None,
@@ -74098,7 +74182,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2375u32,
+        wire: 2377u32,
         call: 2166u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
@@ -74141,7 +74225,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2376u32,
+        wire: 2378u32,
         call: 2167u32,
         name: "cusolverDnZunmqr",
         form: None,
@@ -74201,7 +74285,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
+        wire: 2379u32,
         call: 2168u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
@@ -74261,7 +74345,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2378u32,
+        wire: 2380u32,
         call: 2169u32,
         name: "cusolverDnZunmtr",
         form: None,
@@ -74321,7 +74405,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2379u32,
+        wire: 2381u32,
         call: 2170u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
@@ -74381,7 +74465,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2380u32,
+        wire: 2382u32,
         call: 2171u32,
         name: "cusolverRfAnalyze",
         form: None,
@@ -74404,7 +74488,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2381u32,
+        wire: 2383u32,
         call: 2172u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
@@ -74427,7 +74511,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2382u32,
+        wire: 2384u32,
         call: 2173u32,
         name: "cusolverRfBatchRefactor",
         form: None,
@@ -74450,7 +74534,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2383u32,
+        wire: 2385u32,
         call: 2174u32,
         name: "cusolverRfCreate",
         form: None,
@@ -74473,7 +74557,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2384u32,
+        wire: 2386u32,
         call: 2175u32,
         name: "cusolverRfDestroy",
         form: None,
@@ -74496,7 +74580,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2385u32,
+        wire: 2387u32,
         call: 2176u32,
         name: "cusolverRfRefactor",
         form: None,
@@ -74519,7 +74603,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2386u32,
+        wire: 2388u32,
         call: 2177u32,
         name: "cusolverRfSetAlgs",
         form: None,
@@ -74550,7 +74634,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2387u32,
+        wire: 2389u32,
         call: 2178u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
@@ -74581,7 +74665,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2388u32,
+        wire: 2390u32,
         call: 2179u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
@@ -74612,7 +74696,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2389u32,
+        wire: 2391u32,
         call: 2180u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
@@ -74639,7 +74723,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2390u32,
+        wire: 2392u32,
         call: 2181u32,
         name: "cusolverSpCreate",
         form: None,
@@ -74662,7 +74746,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2391u32,
+        wire: 2393u32,
         call: 2182u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
@@ -74685,7 +74769,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2392u32,
+        wire: 2394u32,
         call: 2183u32,
         name: "cusolverSpDestroy",
         form: None,
@@ -74708,7 +74792,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2393u32,
+        wire: 2395u32,
         call: 2184u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
@@ -74731,7 +74815,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2394u32,
+        wire: 2396u32,
         call: 2185u32,
         name: "cusolverSpGetStream",
         form: None,
@@ -74758,7 +74842,7 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2395u32,
+        wire: 2397u32,
         call: 2186u32,
         name: "cusolverSpSetStream",
         form: None,
@@ -74788,7 +74872,7 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1824u32,
+        wire: 1826u32,
         call: 1615u32,
         name: "cusparseAxpby",
         form: None,
@@ -74829,7 +74913,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1825u32,
+        wire: 1827u32,
         call: 1616u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
@@ -74868,7 +74952,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1826u32,
+        wire: 1828u32,
         call: 1617u32,
         name: "cusparseCbsr2csr",
         form: None,
@@ -74921,7 +75005,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1827u32,
+        wire: 1829u32,
         call: 1618u32,
         name: "cusparseCbsric02",
         form: None,
@@ -74976,7 +75060,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1828u32,
+        wire: 1830u32,
         call: 1619u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
@@ -75032,7 +75116,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1829u32,
+        wire: 1831u32,
         call: 1620u32,
         name: "cusparseCbsrilu02",
         form: None,
@@ -75087,7 +75171,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1830u32,
+        wire: 1832u32,
         call: 1621u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
@@ -75142,7 +75226,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1831u32,
+        wire: 1833u32,
         call: 1622u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
@@ -75198,7 +75282,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1832u32,
+        wire: 1834u32,
         call: 1623u32,
         name: "cusparseCbsrmm",
         form: None,
@@ -75280,7 +75364,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1833u32,
+        wire: 1835u32,
         call: 1624u32,
         name: "cusparseCbsrmv",
         form: None,
@@ -75346,7 +75430,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1834u32,
+        wire: 1836u32,
         call: 1625u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
@@ -75413,7 +75497,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1835u32,
+        wire: 1837u32,
         call: 1626u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
@@ -75481,7 +75565,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1836u32,
+        wire: 1838u32,
         call: 1627u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
@@ -75563,7 +75647,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1837u32,
+        wire: 1839u32,
         call: 1628u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
@@ -75622,7 +75706,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1838u32,
+        wire: 1840u32,
         call: 1629u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
@@ -75682,7 +75766,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1839u32,
+        wire: 1841u32,
         call: 1630u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
@@ -75748,7 +75832,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 1840u32,
+        wire: 1842u32,
         call: 1631u32,
         name: "cusparseCbsrxmv",
         form: None,
@@ -75820,7 +75904,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 1841u32,
+        wire: 1843u32,
         call: 1632u32,
         name: "cusparseCcsr2bsr",
         form: None,
@@ -75873,7 +75957,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 1842u32,
+        wire: 1844u32,
         call: 1633u32,
         name: "cusparseCcsr2csru",
         form: None,
@@ -75920,7 +76004,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 1843u32,
+        wire: 1845u32,
         call: 1634u32,
         name: "cusparseCcsr2gebsr",
         form: None,
@@ -75978,7 +76062,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1844u32,
+        wire: 1846u32,
         call: 1635u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
@@ -76034,7 +76118,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 1845u32,
+        wire: 1847u32,
         call: 1636u32,
         name: "cusparseCcsrgeam2",
         form: None,
@@ -76105,7 +76189,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1846u32,
+        wire: 1848u32,
         call: 1637u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
@@ -76181,7 +76265,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 1847u32,
+        wire: 1849u32,
         call: 1638u32,
         name: "cusparseCcsrgemm2",
         form: None,
@@ -76271,7 +76355,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1848u32,
+        wire: 1850u32,
         call: 1639u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
@@ -76356,7 +76440,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 1849u32,
+        wire: 1851u32,
         call: 1640u32,
         name: "cusparseCcsric02_analysis",
         form: None,
@@ -76403,7 +76487,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1850u32,
+        wire: 1852u32,
         call: 1641u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
@@ -76451,7 +76535,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1851u32,
+        wire: 1853u32,
         call: 1642u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
@@ -76498,7 +76582,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1852u32,
+        wire: 1854u32,
         call: 1643u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
@@ -76546,7 +76630,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1853u32,
+        wire: 1855u32,
         call: 1644u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
@@ -76619,7 +76703,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1854u32,
+        wire: 1856u32,
         call: 1645u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
@@ -76692,7 +76776,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1855u32,
+        wire: 1857u32,
         call: 1646u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
@@ -76743,7 +76827,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1856u32,
+        wire: 1858u32,
         call: 1647u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
@@ -76795,7 +76879,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1857u32,
+        wire: 1859u32,
         call: 1648u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
@@ -76853,7 +76937,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 1858u32,
+        wire: 1860u32,
         call: 1649u32,
         name: "cusparseCcsru2csr",
         form: None,
@@ -76900,7 +76984,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1859u32,
+        wire: 1861u32,
         call: 1650u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
@@ -76948,7 +77032,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 1860u32,
+        wire: 1862u32,
         call: 1651u32,
         name: "cusparseCgebsr2csr",
         form: None,
@@ -77005,7 +77089,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1861u32,
+        wire: 1863u32,
         call: 1652u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
@@ -77057,7 +77141,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1862u32,
+        wire: 1864u32,
         call: 1653u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
@@ -77127,7 +77211,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1863u32,
+        wire: 1865u32,
         call: 1654u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
@@ -77195,7 +77279,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 1864u32,
+        wire: 1866u32,
         call: 1655u32,
         name: "cusparseCgtsv2",
         form: None,
@@ -77250,7 +77334,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 1865u32,
+        wire: 1867u32,
         call: 1656u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
@@ -77305,7 +77389,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 1866u32,
+        wire: 1868u32,
         call: 1657u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
@@ -77329,7 +77413,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 1867u32,
+        wire: 1869u32,
         call: 1658u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
@@ -77353,7 +77437,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 1868u32,
+        wire: 1870u32,
         call: 1659u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
@@ -77377,7 +77461,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 1869u32,
+        wire: 1871u32,
         call: 1660u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
@@ -77401,7 +77485,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 1870u32,
+        wire: 1872u32,
         call: 1661u32,
         name: "cusparseConstrainedGeMM",
         form: None,
@@ -77459,7 +77543,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 1871u32,
+        wire: 1873u32,
         call: 1662u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
@@ -77522,7 +77606,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 1872u32,
+        wire: 1874u32,
         call: 1663u32,
         name: "cusparseCooSetPointers",
         form: None,
@@ -77548,7 +77632,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1873u32,
+        wire: 1875u32,
         call: 1664u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
@@ -77579,7 +77663,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1874u32,
+        wire: 1876u32,
         call: 1665u32,
         name: "cusparseCopyMatDescr",
         form: None,
@@ -77606,7 +77690,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 1875u32,
+        wire: 1877u32,
         call: 1666u32,
         name: "cusparseCreate",
         form: Some("call"),
@@ -77629,7 +77713,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 1876u32,
+        wire: 1878u32,
         call: 1667u32,
         name: "cusparseCreateBsr",
         form: None,
@@ -77695,7 +77779,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1877u32,
+        wire: 1879u32,
         call: 1668u32,
         name: "cusparseCreateBsric02Info",
         form: None,
@@ -77718,7 +77802,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1878u32,
+        wire: 1880u32,
         call: 1669u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
@@ -77741,7 +77825,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1879u32,
+        wire: 1881u32,
         call: 1670u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
@@ -77764,7 +77848,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1880u32,
+        wire: 1882u32,
         call: 1671u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
@@ -77787,7 +77871,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1881u32,
+        wire: 1883u32,
         call: 1672u32,
         name: "cusparseCreateColorInfo",
         form: None,
@@ -77810,7 +77894,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 1882u32,
+        wire: 1884u32,
         call: 1673u32,
         name: "cusparseCreateConstBsr",
         form: None,
@@ -77876,7 +77960,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 1883u32,
+        wire: 1885u32,
         call: 1674u32,
         name: "cusparseCreateConstCoo",
         form: None,
@@ -77926,7 +78010,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 1884u32,
+        wire: 1886u32,
         call: 1675u32,
         name: "cusparseCreateConstCsr",
         form: None,
@@ -77980,7 +78064,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 1885u32,
+        wire: 1887u32,
         call: 1676u32,
         name: "cusparseCreateConstDnMat",
         form: None,
@@ -78024,7 +78108,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 1886u32,
+        wire: 1888u32,
         call: 1677u32,
         name: "cusparseCreateConstDnVec",
         form: None,
@@ -78056,7 +78140,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 1887u32,
+        wire: 1889u32,
         call: 1678u32,
         name: "cusparseCreateCoo",
         form: None,
@@ -78106,7 +78190,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 1888u32,
+        wire: 1890u32,
         call: 1679u32,
         name: "cusparseCreateCooAoS",
         form: None,
@@ -78155,7 +78239,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 1889u32,
+        wire: 1891u32,
         call: 1680u32,
         name: "cusparseCreateCsr",
         form: None,
@@ -78209,7 +78293,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1890u32,
+        wire: 1892u32,
         call: 1681u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
@@ -78232,7 +78316,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1891u32,
+        wire: 1893u32,
         call: 1682u32,
         name: "cusparseCreateCsric02Info",
         form: None,
@@ -78255,7 +78339,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1892u32,
+        wire: 1894u32,
         call: 1683u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
@@ -78278,7 +78362,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1893u32,
+        wire: 1895u32,
         call: 1684u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
@@ -78301,7 +78385,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1894u32,
+        wire: 1896u32,
         call: 1685u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
@@ -78324,7 +78408,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1895u32,
+        wire: 1897u32,
         call: 1686u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
@@ -78347,7 +78431,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 1896u32,
+        wire: 1898u32,
         call: 1687u32,
         name: "cusparseCreateDnMat",
         form: None,
@@ -78391,7 +78475,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 1897u32,
+        wire: 1899u32,
         call: 1688u32,
         name: "cusparseCreateDnVec",
         form: None,
@@ -78423,7 +78507,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 1898u32,
+        wire: 1900u32,
         call: 1689u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
@@ -78451,7 +78535,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1899u32,
+        wire: 1901u32,
         call: 1690u32,
         name: "cusparseCreateMatDescr",
         form: None,
@@ -78474,7 +78558,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1900u32,
+        wire: 1902u32,
         call: 1691u32,
         name: "cusparseCreatePruneInfo",
         form: None,
@@ -78497,7 +78581,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 1901u32,
+        wire: 1903u32,
         call: 1692u32,
         name: "cusparseCsrSetPointers",
         form: None,
@@ -78523,7 +78607,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1902u32,
+        wire: 1904u32,
         call: 1693u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
@@ -78558,7 +78642,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 1903u32,
+        wire: 1905u32,
         call: 1694u32,
         name: "cusparseDbsr2csr",
         form: None,
@@ -78611,7 +78695,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 1904u32,
+        wire: 1906u32,
         call: 1695u32,
         name: "cusparseDbsric02",
         form: None,
@@ -78666,7 +78750,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1905u32,
+        wire: 1907u32,
         call: 1696u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
@@ -78722,7 +78806,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 1906u32,
+        wire: 1908u32,
         call: 1697u32,
         name: "cusparseDbsrilu02",
         form: None,
@@ -78777,7 +78861,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1907u32,
+        wire: 1909u32,
         call: 1698u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
@@ -78832,7 +78916,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1908u32,
+        wire: 1910u32,
         call: 1699u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
@@ -78888,7 +78972,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 1909u32,
+        wire: 1911u32,
         call: 1700u32,
         name: "cusparseDbsrmm",
         form: None,
@@ -78970,7 +79054,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 1910u32,
+        wire: 1912u32,
         call: 1701u32,
         name: "cusparseDbsrmv",
         form: None,
@@ -79036,7 +79120,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1911u32,
+        wire: 1913u32,
         call: 1702u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
@@ -79103,7 +79187,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1912u32,
+        wire: 1914u32,
         call: 1703u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
@@ -79171,7 +79255,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1913u32,
+        wire: 1915u32,
         call: 1704u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
@@ -79253,7 +79337,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1914u32,
+        wire: 1916u32,
         call: 1705u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
@@ -79312,7 +79396,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1915u32,
+        wire: 1917u32,
         call: 1706u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
@@ -79372,7 +79456,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1916u32,
+        wire: 1918u32,
         call: 1707u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
@@ -79438,7 +79522,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 1917u32,
+        wire: 1919u32,
         call: 1708u32,
         name: "cusparseDbsrxmv",
         form: None,
@@ -79510,7 +79594,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 1918u32,
+        wire: 1920u32,
         call: 1709u32,
         name: "cusparseDcsr2bsr",
         form: None,
@@ -79563,7 +79647,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 1919u32,
+        wire: 1921u32,
         call: 1710u32,
         name: "cusparseDcsr2csru",
         form: None,
@@ -79610,7 +79694,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 1920u32,
+        wire: 1922u32,
         call: 1711u32,
         name: "cusparseDcsr2gebsr",
         form: None,
@@ -79668,7 +79752,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1921u32,
+        wire: 1923u32,
         call: 1712u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
@@ -79724,7 +79808,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 1922u32,
+        wire: 1924u32,
         call: 1713u32,
         name: "cusparseDcsrgeam2",
         form: None,
@@ -79795,7 +79879,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1923u32,
+        wire: 1925u32,
         call: 1714u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
@@ -79871,7 +79955,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 1924u32,
+        wire: 1926u32,
         call: 1715u32,
         name: "cusparseDcsrgemm2",
         form: None,
@@ -79961,7 +80045,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1925u32,
+        wire: 1927u32,
         call: 1716u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
@@ -80046,7 +80130,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 1926u32,
+        wire: 1928u32,
         call: 1717u32,
         name: "cusparseDcsric02_analysis",
         form: None,
@@ -80093,7 +80177,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1927u32,
+        wire: 1929u32,
         call: 1718u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
@@ -80141,7 +80225,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1928u32,
+        wire: 1930u32,
         call: 1719u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
@@ -80188,7 +80272,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1929u32,
+        wire: 1931u32,
         call: 1720u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
@@ -80236,7 +80320,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1930u32,
+        wire: 1932u32,
         call: 1721u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
@@ -80309,7 +80393,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1931u32,
+        wire: 1933u32,
         call: 1722u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
@@ -80382,7 +80466,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1932u32,
+        wire: 1934u32,
         call: 1723u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
@@ -80433,7 +80517,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1933u32,
+        wire: 1935u32,
         call: 1724u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
@@ -80485,7 +80569,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1934u32,
+        wire: 1936u32,
         call: 1725u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
@@ -80543,7 +80627,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 1935u32,
+        wire: 1937u32,
         call: 1726u32,
         name: "cusparseDcsru2csr",
         form: None,
@@ -80590,7 +80674,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1936u32,
+        wire: 1938u32,
         call: 1727u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
@@ -80638,7 +80722,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 1937u32,
+        wire: 1939u32,
         call: 1728u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
@@ -80674,7 +80758,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 1938u32,
+        wire: 1940u32,
         call: 1729u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
@@ -80715,7 +80799,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 1939u32,
+        wire: 1941u32,
         call: 1730u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
@@ -80751,7 +80835,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1940u32,
+        wire: 1942u32,
         call: 1731u32,
         name: "cusparseDestroy",
         form: None,
@@ -80774,7 +80858,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1941u32,
+        wire: 1943u32,
         call: 1732u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
@@ -80797,7 +80881,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1942u32,
+        wire: 1944u32,
         call: 1733u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
@@ -80820,7 +80904,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1943u32,
+        wire: 1945u32,
         call: 1734u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
@@ -80843,7 +80927,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1944u32,
+        wire: 1946u32,
         call: 1735u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
@@ -80866,7 +80950,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1945u32,
+        wire: 1947u32,
         call: 1736u32,
         name: "cusparseDestroyColorInfo",
         form: None,
@@ -80889,7 +80973,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1946u32,
+        wire: 1948u32,
         call: 1737u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
@@ -80912,7 +80996,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1947u32,
+        wire: 1949u32,
         call: 1738u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
@@ -80935,7 +81019,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1948u32,
+        wire: 1950u32,
         call: 1739u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
@@ -80958,7 +81042,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1949u32,
+        wire: 1951u32,
         call: 1740u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
@@ -80981,7 +81065,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1950u32,
+        wire: 1952u32,
         call: 1741u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
@@ -81004,7 +81088,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1951u32,
+        wire: 1953u32,
         call: 1742u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
@@ -81027,7 +81111,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1952u32,
+        wire: 1954u32,
         call: 1743u32,
         name: "cusparseDestroyDnMat",
         form: None,
@@ -81050,7 +81134,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1953u32,
+        wire: 1955u32,
         call: 1744u32,
         name: "cusparseDestroyDnVec",
         form: None,
@@ -81073,7 +81157,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1954u32,
+        wire: 1956u32,
         call: 1745u32,
         name: "cusparseDestroyMatDescr",
         form: None,
@@ -81096,7 +81180,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1955u32,
+        wire: 1957u32,
         call: 1746u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
@@ -81119,7 +81203,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1956u32,
+        wire: 1958u32,
         call: 1747u32,
         name: "cusparseDestroySpMat",
         form: None,
@@ -81142,7 +81226,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1957u32,
+        wire: 1959u32,
         call: 1748u32,
         name: "cusparseDestroySpVec",
         form: None,
@@ -81165,7 +81249,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 1958u32,
+        wire: 1960u32,
         call: 1749u32,
         name: "cusparseDgebsr2csr",
         form: None,
@@ -81222,7 +81306,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1959u32,
+        wire: 1961u32,
         call: 1750u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
@@ -81274,7 +81358,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1960u32,
+        wire: 1962u32,
         call: 1751u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
@@ -81344,7 +81428,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1961u32,
+        wire: 1963u32,
         call: 1752u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
@@ -81412,7 +81496,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 1962u32,
+        wire: 1964u32,
         call: 1753u32,
         name: "cusparseDnMatGetValues",
         form: None,
@@ -81436,7 +81520,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1963u32,
+        wire: 1965u32,
         call: 1754u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
@@ -81467,7 +81551,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 1964u32,
+        wire: 1966u32,
         call: 1755u32,
         name: "cusparseDnMatSetValues",
         form: None,
@@ -81491,7 +81575,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 1965u32,
+        wire: 1967u32,
         call: 1756u32,
         name: "cusparseDnVecGetValues",
         form: None,
@@ -81515,7 +81599,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 1966u32,
+        wire: 1968u32,
         call: 1757u32,
         name: "cusparseDnVecSetValues",
         form: None,
@@ -81539,7 +81623,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 1967u32,
+        wire: 1969u32,
         call: 1758u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
@@ -81597,7 +81681,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1968u32,
+        wire: 1970u32,
         call: 1759u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
@@ -81660,7 +81744,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 1969u32,
+        wire: 1971u32,
         call: 1760u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
@@ -81721,7 +81805,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1970u32,
+        wire: 1972u32,
         call: 1761u32,
         name: "cusparseGather",
         form: None,
@@ -81752,7 +81836,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1971u32,
+        wire: 1973u32,
         call: 1762u32,
         name: "cusparseGetMatDiagType",
         form: None,
@@ -81778,7 +81862,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1972u32,
+        wire: 1974u32,
         call: 1763u32,
         name: "cusparseGetMatFillMode",
         form: None,
@@ -81804,7 +81888,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1973u32,
+        wire: 1975u32,
         call: 1764u32,
         name: "cusparseGetMatIndexBase",
         form: None,
@@ -81830,7 +81914,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1974u32,
+        wire: 1976u32,
         call: 1765u32,
         name: "cusparseGetMatType",
         form: None,
@@ -81856,7 +81940,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1975u32,
+        wire: 1977u32,
         call: 1766u32,
         name: "cusparseGetStream",
         form: None,
@@ -81883,7 +81967,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1976u32,
+        wire: 1978u32,
         call: 1767u32,
         name: "cusparseLoggerForceDisable",
         form: None,
@@ -81901,7 +81985,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1977u32,
+        wire: 1979u32,
         call: 1768u32,
         name: "cusparseLoggerSetLevel",
         form: None,
@@ -81924,7 +82008,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1978u32,
+        wire: 1980u32,
         call: 1769u32,
         name: "cusparseLoggerSetMask",
         form: None,
@@ -81947,7 +82031,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 1979u32,
+        wire: 1981u32,
         call: 1770u32,
         name: "cusparseSDDMM",
         form: None,
@@ -82009,7 +82093,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 1980u32,
+        wire: 1982u32,
         call: 1771u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
@@ -82076,7 +82160,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 1981u32,
+        wire: 1983u32,
         call: 1772u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
@@ -82138,7 +82222,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 1982u32,
+        wire: 1984u32,
         call: 1773u32,
         name: "cusparseSbsr2csr",
         form: None,
@@ -82191,7 +82275,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 1983u32,
+        wire: 1985u32,
         call: 1774u32,
         name: "cusparseSbsric02",
         form: None,
@@ -82246,7 +82330,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1984u32,
+        wire: 1986u32,
         call: 1775u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
@@ -82302,7 +82386,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 1985u32,
+        wire: 1987u32,
         call: 1776u32,
         name: "cusparseSbsrilu02",
         form: None,
@@ -82357,7 +82441,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1986u32,
+        wire: 1988u32,
         call: 1777u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
@@ -82412,7 +82496,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1987u32,
+        wire: 1989u32,
         call: 1778u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
@@ -82468,7 +82552,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 1988u32,
+        wire: 1990u32,
         call: 1779u32,
         name: "cusparseSbsrmm",
         form: None,
@@ -82550,7 +82634,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 1989u32,
+        wire: 1991u32,
         call: 1780u32,
         name: "cusparseSbsrmv",
         form: None,
@@ -82616,7 +82700,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1990u32,
+        wire: 1992u32,
         call: 1781u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
@@ -82683,7 +82767,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1991u32,
+        wire: 1993u32,
         call: 1782u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
@@ -82751,7 +82835,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1992u32,
+        wire: 1994u32,
         call: 1783u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
@@ -82833,7 +82917,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1993u32,
+        wire: 1995u32,
         call: 1784u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
@@ -82892,7 +82976,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1994u32,
+        wire: 1996u32,
         call: 1785u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
@@ -82952,7 +83036,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1995u32,
+        wire: 1997u32,
         call: 1786u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
@@ -83018,7 +83102,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 1996u32,
+        wire: 1998u32,
         call: 1787u32,
         name: "cusparseSbsrxmv",
         form: None,
@@ -83090,7 +83174,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1997u32,
+        wire: 1999u32,
         call: 1788u32,
         name: "cusparseScatter",
         form: None,
@@ -83121,7 +83205,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 1998u32,
+        wire: 2000u32,
         call: 1789u32,
         name: "cusparseScsr2bsr",
         form: None,
@@ -83174,7 +83258,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 1999u32,
+        wire: 2001u32,
         call: 1790u32,
         name: "cusparseScsr2csru",
         form: None,
@@ -83221,7 +83305,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2000u32,
+        wire: 2002u32,
         call: 1791u32,
         name: "cusparseScsr2gebsr",
         form: None,
@@ -83279,7 +83363,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2001u32,
+        wire: 2003u32,
         call: 1792u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
@@ -83335,7 +83419,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2002u32,
+        wire: 2004u32,
         call: 1793u32,
         name: "cusparseScsrgeam2",
         form: None,
@@ -83406,7 +83490,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2003u32,
+        wire: 2005u32,
         call: 1794u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
@@ -83482,7 +83566,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2004u32,
+        wire: 2006u32,
         call: 1795u32,
         name: "cusparseScsrgemm2",
         form: None,
@@ -83572,7 +83656,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2005u32,
+        wire: 2007u32,
         call: 1796u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
@@ -83657,7 +83741,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2006u32,
+        wire: 2008u32,
         call: 1797u32,
         name: "cusparseScsric02_analysis",
         form: None,
@@ -83704,7 +83788,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2007u32,
+        wire: 2009u32,
         call: 1798u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
@@ -83752,7 +83836,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2008u32,
+        wire: 2010u32,
         call: 1799u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
@@ -83799,7 +83883,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2009u32,
+        wire: 2011u32,
         call: 1800u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
@@ -83847,7 +83931,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2010u32,
+        wire: 2012u32,
         call: 1801u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
@@ -83920,7 +84004,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2011u32,
+        wire: 2013u32,
         call: 1802u32,
         name: "cusparseScsrsm2_solve",
         form: None,
@@ -83993,7 +84077,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2012u32,
+        wire: 2014u32,
         call: 1803u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
@@ -84044,7 +84128,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2013u32,
+        wire: 2015u32,
         call: 1804u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
@@ -84096,7 +84180,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2014u32,
+        wire: 2016u32,
         call: 1805u32,
         name: "cusparseScsrsv2_solve",
         form: None,
@@ -84154,7 +84238,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2015u32,
+        wire: 2017u32,
         call: 1806u32,
         name: "cusparseScsru2csr",
         form: None,
@@ -84201,7 +84285,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2016u32,
+        wire: 2018u32,
         call: 1807u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
@@ -84249,7 +84333,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2017u32,
+        wire: 2019u32,
         call: 1808u32,
         name: "cusparseSetColorAlgs",
         form: None,
@@ -84276,7 +84360,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2018u32,
+        wire: 2020u32,
         call: 1809u32,
         name: "cusparseSetMatDiagType",
         form: None,
@@ -84303,7 +84387,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2019u32,
+        wire: 2021u32,
         call: 1810u32,
         name: "cusparseSetMatFillMode",
         form: None,
@@ -84330,7 +84414,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2020u32,
+        wire: 2022u32,
         call: 1811u32,
         name: "cusparseSetMatIndexBase",
         form: None,
@@ -84357,7 +84441,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2021u32,
+        wire: 2023u32,
         call: 1812u32,
         name: "cusparseSetMatType",
         form: None,
@@ -84384,7 +84468,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2022u32,
+        wire: 2024u32,
         call: 1813u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
@@ -84411,7 +84495,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2023u32,
+        wire: 2025u32,
         call: 1814u32,
         name: "cusparseSetStream",
         form: None,
@@ -84438,7 +84522,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2024u32,
+        wire: 2026u32,
         call: 1815u32,
         name: "cusparseSgebsr2csr",
         form: None,
@@ -84495,7 +84579,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2025u32,
+        wire: 2027u32,
         call: 1816u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
@@ -84547,7 +84631,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2026u32,
+        wire: 2028u32,
         call: 1817u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
@@ -84617,7 +84701,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2027u32,
+        wire: 2029u32,
         call: 1818u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
@@ -84685,7 +84769,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2028u32,
+        wire: 2030u32,
         call: 1819u32,
         name: "cusparseSpGEMM_compute",
         form: None,
@@ -84757,7 +84841,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2029u32,
+        wire: 2031u32,
         call: 1820u32,
         name: "cusparseSpGEMM_copy",
         form: None,
@@ -84822,7 +84906,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2030u32,
+        wire: 2032u32,
         call: 1821u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
@@ -84845,7 +84929,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2031u32,
+        wire: 2033u32,
         call: 1822u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
@@ -84868,7 +84952,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2032u32,
+        wire: 2034u32,
         call: 1823u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
@@ -84940,7 +85024,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2033u32,
+        wire: 2035u32,
         call: 1824u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
@@ -85005,7 +85089,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2034u32,
+        wire: 2036u32,
         call: 1825u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
@@ -85063,7 +85147,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2035u32,
+        wire: 2037u32,
         call: 1826u32,
         name: "cusparseSpMM",
         form: None,
@@ -85125,7 +85209,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2036u32,
+        wire: 2038u32,
         call: 1827u32,
         name: "cusparseSpMMOp",
         form: None,
@@ -85149,7 +85233,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2037u32,
+        wire: 2039u32,
         call: 1828u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
@@ -85172,7 +85256,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2038u32,
+        wire: 2040u32,
         call: 1829u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
@@ -85239,7 +85323,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2039u32,
+        wire: 2041u32,
         call: 1830u32,
         name: "cusparseSpMM_preprocess",
         form: None,
@@ -85301,7 +85385,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2040u32,
+        wire: 2042u32,
         call: 1831u32,
         name: "cusparseSpMV",
         form: None,
@@ -85359,7 +85443,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2041u32,
+        wire: 2043u32,
         call: 1832u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
@@ -85422,7 +85506,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2042u32,
+        wire: 2044u32,
         call: 1833u32,
         name: "cusparseSpMV_preprocess",
         form: None,
@@ -85480,7 +85564,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2043u32,
+        wire: 2045u32,
         call: 1834u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
@@ -85512,7 +85596,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2044u32,
+        wire: 2046u32,
         call: 1835u32,
         name: "cusparseSpMatGetSize",
         form: None,
@@ -85553,7 +85637,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2045u32,
+        wire: 2047u32,
         call: 1836u32,
         name: "cusparseSpMatGetValues",
         form: None,
@@ -85577,7 +85661,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2046u32,
+        wire: 2048u32,
         call: 1837u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
@@ -85609,7 +85693,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2047u32,
+        wire: 2049u32,
         call: 1838u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
@@ -85636,7 +85720,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2048u32,
+        wire: 2050u32,
         call: 1839u32,
         name: "cusparseSpMatSetValues",
         form: None,
@@ -85660,7 +85744,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2049u32,
+        wire: 2051u32,
         call: 1840u32,
         name: "cusparseSpSM_analysis",
         form: None,
@@ -85721,7 +85805,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2050u32,
+        wire: 2052u32,
         call: 1841u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
@@ -85787,7 +85871,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2051u32,
+        wire: 2053u32,
         call: 1842u32,
         name: "cusparseSpSM_createDescr",
         form: None,
@@ -85810,7 +85894,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2052u32,
+        wire: 2054u32,
         call: 1843u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
@@ -85833,7 +85917,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2053u32,
+        wire: 2055u32,
         call: 1844u32,
         name: "cusparseSpSM_solve",
         form: None,
@@ -85893,7 +85977,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2054u32,
+        wire: 2056u32,
         call: 1845u32,
         name: "cusparseSpSV_analysis",
         form: None,
@@ -85950,7 +86034,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2055u32,
+        wire: 2057u32,
         call: 1846u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
@@ -86012,7 +86096,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2056u32,
+        wire: 2058u32,
         call: 1847u32,
         name: "cusparseSpSV_createDescr",
         form: None,
@@ -86035,7 +86119,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2057u32,
+        wire: 2059u32,
         call: 1848u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
@@ -86058,7 +86142,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2058u32,
+        wire: 2060u32,
         call: 1849u32,
         name: "cusparseSpSV_solve",
         form: None,
@@ -86114,7 +86198,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2059u32,
+        wire: 2061u32,
         call: 1850u32,
         name: "cusparseSpVecGetValues",
         form: None,
@@ -86138,7 +86222,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2060u32,
+        wire: 2062u32,
         call: 1851u32,
         name: "cusparseSpVecSetValues",
         form: None,
@@ -86162,7 +86246,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2061u32,
+        wire: 2063u32,
         call: 1852u32,
         name: "cusparseSparseToDense",
         form: None,
@@ -86198,7 +86282,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2062u32,
+        wire: 2064u32,
         call: 1853u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
@@ -86239,7 +86323,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2063u32,
+        wire: 2065u32,
         call: 1854u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
@@ -86297,7 +86381,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2064u32,
+        wire: 2066u32,
         call: 1855u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
@@ -86360,7 +86444,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2065u32,
+        wire: 2067u32,
         call: 1856u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
@@ -86421,7 +86505,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2066u32,
+        wire: 2068u32,
         call: 1857u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
@@ -86453,7 +86537,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2067u32,
+        wire: 2069u32,
         call: 1858u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
@@ -86485,7 +86569,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2068u32,
+        wire: 2070u32,
         call: 1859u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
@@ -86517,7 +86601,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2069u32,
+        wire: 2071u32,
         call: 1860u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
@@ -86549,7 +86633,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2070u32,
+        wire: 2072u32,
         call: 1861u32,
         name: "cusparseXcoo2csr",
         form: None,
@@ -86586,7 +86670,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2071u32,
+        wire: 2073u32,
         call: 1862u32,
         name: "cusparseXcoosortByColumn",
         form: None,
@@ -86625,7 +86709,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2072u32,
+        wire: 2074u32,
         call: 1863u32,
         name: "cusparseXcoosortByRow",
         form: None,
@@ -86664,7 +86748,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2073u32,
+        wire: 2075u32,
         call: 1864u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
@@ -86707,7 +86791,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2074u32,
+        wire: 2076u32,
         call: 1865u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
@@ -86762,7 +86846,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2075u32,
+        wire: 2077u32,
         call: 1866u32,
         name: "cusparseXcsr2coo",
         form: None,
@@ -86799,7 +86883,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2076u32,
+        wire: 2078u32,
         call: 1867u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
@@ -86859,7 +86943,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2077u32,
+        wire: 2079u32,
         call: 1868u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
@@ -86921,7 +87005,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2078u32,
+        wire: 2080u32,
         call: 1869u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
@@ -87001,7 +87085,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2079u32,
+        wire: 2081u32,
         call: 1870u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
@@ -87033,7 +87117,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2080u32,
+        wire: 2082u32,
         call: 1871u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
@@ -87065,7 +87149,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2081u32,
+        wire: 2083u32,
         call: 1872u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
@@ -87097,7 +87181,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2082u32,
+        wire: 2084u32,
         call: 1873u32,
         name: "cusparseXcsrsort",
         form: None,
@@ -87140,7 +87224,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2083u32,
+        wire: 2085u32,
         call: 1874u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
@@ -87183,7 +87267,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2084u32,
+        wire: 2086u32,
         call: 1875u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
@@ -87215,7 +87299,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2085u32,
+        wire: 2087u32,
         call: 1876u32,
         name: "cusparseXgebsr2csr",
         form: None,
@@ -87270,7 +87354,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2086u32,
+        wire: 2088u32,
         call: 1877u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
@@ -87342,7 +87426,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2087u32,
+        wire: 2089u32,
         call: 1878u32,
         name: "cusparseZbsr2csr",
         form: None,
@@ -87395,7 +87479,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2088u32,
+        wire: 2090u32,
         call: 1879u32,
         name: "cusparseZbsric02",
         form: None,
@@ -87450,7 +87534,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2089u32,
+        wire: 2091u32,
         call: 1880u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
@@ -87506,7 +87590,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2090u32,
+        wire: 2092u32,
         call: 1881u32,
         name: "cusparseZbsrilu02",
         form: None,
@@ -87561,7 +87645,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2091u32,
+        wire: 2093u32,
         call: 1882u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
@@ -87616,7 +87700,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2092u32,
+        wire: 2094u32,
         call: 1883u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
@@ -87672,7 +87756,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2093u32,
+        wire: 2095u32,
         call: 1884u32,
         name: "cusparseZbsrmm",
         form: None,
@@ -87754,7 +87838,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2094u32,
+        wire: 2096u32,
         call: 1885u32,
         name: "cusparseZbsrmv",
         form: None,
@@ -87820,7 +87904,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2095u32,
+        wire: 2097u32,
         call: 1886u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
@@ -87887,7 +87971,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2096u32,
+        wire: 2098u32,
         call: 1887u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
@@ -87955,7 +88039,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2097u32,
+        wire: 2099u32,
         call: 1888u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
@@ -88037,7 +88121,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2098u32,
+        wire: 2100u32,
         call: 1889u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
@@ -88096,7 +88180,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2099u32,
+        wire: 2101u32,
         call: 1890u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
@@ -88156,7 +88240,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2100u32,
+        wire: 2102u32,
         call: 1891u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
@@ -88222,7 +88306,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2101u32,
+        wire: 2103u32,
         call: 1892u32,
         name: "cusparseZbsrxmv",
         form: None,
@@ -88294,7 +88378,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2102u32,
+        wire: 2104u32,
         call: 1893u32,
         name: "cusparseZcsr2bsr",
         form: None,
@@ -88347,7 +88431,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2103u32,
+        wire: 2105u32,
         call: 1894u32,
         name: "cusparseZcsr2csru",
         form: None,
@@ -88394,7 +88478,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2104u32,
+        wire: 2106u32,
         call: 1895u32,
         name: "cusparseZcsr2gebsr",
         form: None,
@@ -88452,7 +88536,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2105u32,
+        wire: 2107u32,
         call: 1896u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
@@ -88508,7 +88592,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2106u32,
+        wire: 2108u32,
         call: 1897u32,
         name: "cusparseZcsrgeam2",
         form: None,
@@ -88579,7 +88663,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2107u32,
+        wire: 2109u32,
         call: 1898u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
@@ -88655,7 +88739,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2108u32,
+        wire: 2110u32,
         call: 1899u32,
         name: "cusparseZcsrgemm2",
         form: None,
@@ -88745,7 +88829,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2109u32,
+        wire: 2111u32,
         call: 1900u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
@@ -88830,7 +88914,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2110u32,
+        wire: 2112u32,
         call: 1901u32,
         name: "cusparseZcsric02_analysis",
         form: None,
@@ -88877,7 +88961,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2111u32,
+        wire: 2113u32,
         call: 1902u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
@@ -88925,7 +89009,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2112u32,
+        wire: 2114u32,
         call: 1903u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
@@ -88972,7 +89056,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2113u32,
+        wire: 2115u32,
         call: 1904u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
@@ -89020,7 +89104,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2114u32,
+        wire: 2116u32,
         call: 1905u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
@@ -89093,7 +89177,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2115u32,
+        wire: 2117u32,
         call: 1906u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
@@ -89166,7 +89250,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2116u32,
+        wire: 2118u32,
         call: 1907u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
@@ -89217,7 +89301,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2117u32,
+        wire: 2119u32,
         call: 1908u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
@@ -89269,7 +89353,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2118u32,
+        wire: 2120u32,
         call: 1909u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
@@ -89327,7 +89411,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2119u32,
+        wire: 2121u32,
         call: 1910u32,
         name: "cusparseZcsru2csr",
         form: None,
@@ -89374,7 +89458,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2120u32,
+        wire: 2122u32,
         call: 1911u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
@@ -89422,7 +89506,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2121u32,
+        wire: 2123u32,
         call: 1912u32,
         name: "cusparseZgebsr2csr",
         form: None,
@@ -89479,7 +89563,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2122u32,
+        wire: 2124u32,
         call: 1913u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
@@ -89531,7 +89615,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2123u32,
+        wire: 2125u32,
         call: 1914u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
@@ -89601,7 +89685,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2124u32,
+        wire: 2126u32,
         call: 1915u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
@@ -89669,7 +89753,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2125u32,
+        wire: 2127u32,
         call: 1916u32,
         name: "cusparseZgtsv2",
         form: None,
@@ -89724,7 +89808,7 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2126u32,
+        wire: 2128u32,
         call: 1917u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
@@ -89782,7 +89866,7 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2454u32,
+        wire: 2456u32,
         call: 2243u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89807,7 +89891,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2455u32,
+        wire: 2457u32,
         call: 2243u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89832,7 +89916,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2456u32,
+        wire: 2458u32,
         call: 2243u32,
         name: "cusparseLtDestroy",
         form: None,
@@ -89857,7 +89941,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2457u32,
+        wire: 2459u32,
         call: 2244u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89882,7 +89966,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2458u32,
+        wire: 2460u32,
         call: 2244u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89907,7 +89991,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2459u32,
+        wire: 2461u32,
         call: 2244u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
@@ -89932,7 +90016,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2460u32,
+        wire: 2462u32,
         call: 2245u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
@@ -89957,7 +90041,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2461u32,
+        wire: 2463u32,
         call: 2246u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -89982,7 +90066,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2462u32,
+        wire: 2464u32,
         call: 2246u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -90007,7 +90091,7 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2463u32,
+        wire: 2465u32,
         call: 2246u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
@@ -101033,7 +101117,7 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2432u32,
+        wire: 2434u32,
         call: 2223u32,
         name: "ncclCommAbort",
         form: None,
@@ -101056,7 +101140,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2433u32,
+        wire: 2435u32,
         call: 2224u32,
         name: "ncclCommDestroy",
         form: None,
@@ -101079,7 +101163,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2434u32,
+        wire: 2436u32,
         call: 2225u32,
         name: "ncclCommFinalize",
         form: None,
@@ -101102,7 +101186,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2435u32,
+        wire: 2437u32,
         call: 2226u32,
         name: "ncclCommInitRank",
         form: None,
@@ -101134,7 +101218,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2436u32,
+        wire: 2438u32,
         call: 2227u32,
         name: "ncclCommRevoke",
         form: None,
@@ -101161,7 +101245,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2437u32,
+        wire: 2439u32,
         call: 2228u32,
         name: "ncclCommWindowDeregister",
         form: None,
@@ -101188,7 +101272,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2438u32,
+        wire: 2440u32,
         call: 2228u32,
         name: "ncclCommWindowDeregister",
         form: None,
@@ -101215,7 +101299,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2439u32,
+        wire: 2441u32,
         call: 2229u32,
         name: "ncclGroupEnd",
         form: None,
@@ -101233,7 +101317,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2440u32,
+        wire: 2442u32,
         call: 2230u32,
         name: "ncclGroupStart",
         form: None,
@@ -101251,7 +101335,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2441u32,
+        wire: 2443u32,
         call: 2231u32,
         name: "ncclRedOpDestroy",
         form: None,
@@ -101278,7 +101362,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2442u32,
+        wire: 2444u32,
         call: 2232u32,
         name: "ncclResetDebugInit",
         form: None,
@@ -101296,7 +101380,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2443u32,
+        wire: 2445u32,
         call: 2233u32,
         name: "pncclCommAbort",
         form: None,
@@ -101319,7 +101403,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2444u32,
+        wire: 2446u32,
         call: 2234u32,
         name: "pncclCommDestroy",
         form: None,
@@ -101342,7 +101426,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2445u32,
+        wire: 2447u32,
         call: 2235u32,
         name: "pncclCommFinalize",
         form: None,
@@ -101365,7 +101449,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2446u32,
+        wire: 2448u32,
         call: 2236u32,
         name: "pncclCommInitRank",
         form: None,
@@ -101397,7 +101481,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2447u32,
+        wire: 2449u32,
         call: 2237u32,
         name: "pncclCommRevoke",
         form: None,
@@ -101424,7 +101508,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2448u32,
+        wire: 2450u32,
         call: 2238u32,
         name: "pncclCommWindowDeregister",
         form: None,
@@ -101451,7 +101535,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2449u32,
+        wire: 2451u32,
         call: 2238u32,
         name: "pncclCommWindowDeregister",
         form: None,
@@ -101478,7 +101562,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2450u32,
+        wire: 2452u32,
         call: 2239u32,
         name: "pncclGroupEnd",
         form: None,
@@ -101496,7 +101580,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2451u32,
+        wire: 2453u32,
         call: 2240u32,
         name: "pncclGroupStart",
         form: None,
@@ -101514,7 +101598,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2452u32,
+        wire: 2454u32,
         call: 2241u32,
         name: "pncclRedOpDestroy",
         form: None,
@@ -101541,7 +101625,7 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2453u32,
+        wire: 2455u32,
         call: 2242u32,
         name: "pncclResetDebugInit",
         form: None,
@@ -101562,7 +101646,7 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2401u32,
+        wire: 2403u32,
         call: 2192u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
@@ -101585,7 +101669,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2402u32,
+        wire: 2404u32,
         call: 2193u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
@@ -101608,7 +101692,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2403u32,
+        wire: 2405u32,
         call: 2194u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
@@ -101631,7 +101715,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2404u32,
+        wire: 2406u32,
         call: 2195u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
@@ -101654,7 +101738,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2405u32,
+        wire: 2407u32,
         call: 2196u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
@@ -101677,7 +101761,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2406u32,
+        wire: 2408u32,
         call: 2197u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
@@ -101700,7 +101784,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2407u32,
+        wire: 2409u32,
         call: 2198u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
@@ -101723,7 +101807,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2408u32,
+        wire: 2410u32,
         call: 2199u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
@@ -101746,7 +101830,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2409u32,
+        wire: 2411u32,
         call: 2200u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
@@ -101769,7 +101853,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2410u32,
+        wire: 2412u32,
         call: 2201u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
@@ -101792,7 +101876,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2411u32,
+        wire: 2413u32,
         call: 2202u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
@@ -101821,7 +101905,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2412u32,
+        wire: 2414u32,
         call: 2203u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
@@ -101850,7 +101934,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2413u32,
+        wire: 2415u32,
         call: 2204u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
@@ -101879,7 +101963,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2414u32,
+        wire: 2416u32,
         call: 2205u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
@@ -101908,7 +101992,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2415u32,
+        wire: 2417u32,
         call: 2206u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
@@ -101937,7 +102021,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2416u32,
+        wire: 2418u32,
         call: 2207u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
@@ -101966,7 +102050,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2417u32,
+        wire: 2419u32,
         call: 2208u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
@@ -101995,7 +102079,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2418u32,
+        wire: 2420u32,
         call: 2209u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
@@ -102024,7 +102108,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2419u32,
+        wire: 2421u32,
         call: 2210u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
@@ -102053,7 +102137,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2420u32,
+        wire: 2422u32,
         call: 2211u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
@@ -102082,7 +102166,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2421u32,
+        wire: 2423u32,
         call: 2212u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
@@ -102111,7 +102195,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2422u32,
+        wire: 2424u32,
         call: 2213u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
@@ -102140,7 +102224,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2423u32,
+        wire: 2425u32,
         call: 2214u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
@@ -102169,7 +102253,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2424u32,
+        wire: 2426u32,
         call: 2215u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
@@ -102198,7 +102282,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2425u32,
+        wire: 2427u32,
         call: 2216u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
@@ -102227,7 +102311,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2426u32,
+        wire: 2428u32,
         call: 2217u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
@@ -102256,7 +102340,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2427u32,
+        wire: 2429u32,
         call: 2218u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
@@ -102285,7 +102369,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2428u32,
+        wire: 2430u32,
         call: 2219u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
@@ -102314,7 +102398,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2429u32,
+        wire: 2431u32,
         call: 2220u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
@@ -102343,7 +102427,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2430u32,
+        wire: 2432u32,
         call: 2221u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
@@ -102372,7 +102456,7 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2431u32,
+        wire: 2433u32,
         call: 2222u32,
         name: "nvJitLinkVersion",
         form: None,
@@ -102406,7 +102490,7 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1600u32,
+        wire: 1602u32,
         call: 1391u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
@@ -102429,7 +102513,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1601u32,
+        wire: 1603u32,
         call: 1392u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
@@ -102458,7 +102542,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1602u32,
+        wire: 1604u32,
         call: 1393u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
@@ -102485,7 +102569,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1603u32,
+        wire: 1605u32,
         call: 1394u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
@@ -102508,7 +102592,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1604u32,
+        wire: 1606u32,
         call: 1395u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
@@ -102531,7 +102615,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1605u32,
+        wire: 1607u32,
         call: 1396u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
@@ -102558,7 +102642,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1606u32,
+        wire: 1608u32,
         call: 1397u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
@@ -102589,7 +102673,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1607u32,
+        wire: 1609u32,
         call: 1398u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
@@ -102626,7 +102710,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1608u32,
+        wire: 1610u32,
         call: 1399u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
@@ -102661,7 +102745,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1609u32,
+        wire: 1611u32,
         call: 1400u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
@@ -102694,7 +102778,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1610u32,
+        wire: 1612u32,
         call: 1401u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
@@ -102723,7 +102807,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1611u32,
+        wire: 1613u32,
         call: 1402u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
@@ -102752,7 +102836,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1612u32,
+        wire: 1614u32,
         call: 1403u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
@@ -102781,7 +102865,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1613u32,
+        wire: 1615u32,
         call: 1404u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
@@ -102814,7 +102898,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1614u32,
+        wire: 1616u32,
         call: 1405u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
@@ -102843,7 +102927,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1615u32,
+        wire: 1617u32,
         call: 1406u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
@@ -102878,7 +102962,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1616u32,
+        wire: 1618u32,
         call: 1407u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
@@ -102907,7 +102991,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1617u32,
+        wire: 1619u32,
         call: 1408u32,
         name: "nvmlDeviceGetBrand",
         form: None,
@@ -102936,7 +103020,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1618u32,
+        wire: 1620u32,
         call: 1409u32,
         name: "nvmlDeviceGetBusType",
         form: None,
@@ -102965,7 +103049,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1619u32,
+        wire: 1621u32,
         call: 1410u32,
         name: "nvmlDeviceGetClock",
         form: None,
@@ -103002,7 +103086,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1620u32,
+        wire: 1622u32,
         call: 1411u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
@@ -103035,7 +103119,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1621u32,
+        wire: 1623u32,
         call: 1412u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
@@ -103064,7 +103148,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1622u32,
+        wire: 1624u32,
         call: 1413u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
@@ -103093,7 +103177,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1623u32,
+        wire: 1625u32,
         call: 1414u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
@@ -103128,7 +103212,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1624u32,
+        wire: 1626u32,
         call: 1415u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
@@ -103157,7 +103241,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1625u32,
+        wire: 1627u32,
         call: 1416u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
@@ -103186,7 +103270,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1626u32,
+        wire: 1628u32,
         call: 1417u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
@@ -103215,7 +103299,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1627u32,
+        wire: 1629u32,
         call: 1418u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
@@ -103244,7 +103328,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1628u32,
+        wire: 1630u32,
         call: 1419u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
@@ -103279,7 +103363,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1629u32,
+        wire: 1631u32,
         call: 1420u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
@@ -103312,7 +103396,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1630u32,
+        wire: 1632u32,
         call: 1421u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
@@ -103341,7 +103425,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1631u32,
+        wire: 1633u32,
         call: 1422u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
@@ -103368,7 +103452,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1632u32,
+        wire: 1634u32,
         call: 1423u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
@@ -103397,7 +103481,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1633u32,
+        wire: 1635u32,
         call: 1424u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
@@ -103426,7 +103510,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1634u32,
+        wire: 1636u32,
         call: 1425u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
@@ -103461,7 +103545,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1635u32,
+        wire: 1637u32,
         call: 1426u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
@@ -103496,7 +103580,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1636u32,
+        wire: 1638u32,
         call: 1427u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
@@ -103531,7 +103615,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1637u32,
+        wire: 1639u32,
         call: 1428u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
@@ -103564,7 +103648,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1638u32,
+        wire: 1640u32,
         call: 1429u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
@@ -103599,7 +103683,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1639u32,
+        wire: 1641u32,
         call: 1430u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
@@ -103628,7 +103712,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1640u32,
+        wire: 1642u32,
         call: 1431u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
@@ -103661,7 +103745,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1641u32,
+        wire: 1643u32,
         call: 1432u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
@@ -103690,7 +103774,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1642u32,
+        wire: 1644u32,
         call: 1433u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
@@ -103723,7 +103807,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1643u32,
+        wire: 1645u32,
         call: 1434u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
@@ -103758,7 +103842,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1644u32,
+        wire: 1646u32,
         call: 1435u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
@@ -103787,7 +103871,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1645u32,
+        wire: 1647u32,
         call: 1436u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
@@ -103818,7 +103902,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1646u32,
+        wire: 1648u32,
         call: 1437u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
@@ -103847,7 +103931,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1647u32,
+        wire: 1649u32,
         call: 1438u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
@@ -103880,7 +103964,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1648u32,
+        wire: 1650u32,
         call: 1439u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
@@ -103917,7 +104001,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1649u32,
+        wire: 1651u32,
         call: 1440u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
@@ -103946,7 +104030,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1650u32,
+        wire: 1652u32,
         call: 1441u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
@@ -103981,7 +104065,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1651u32,
+        wire: 1653u32,
         call: 1442u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
@@ -104016,7 +104100,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1652u32,
+        wire: 1654u32,
         call: 1443u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
@@ -104043,7 +104127,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1653u32,
+        wire: 1655u32,
         call: 1444u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
@@ -104070,7 +104154,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1654u32,
+        wire: 1656u32,
         call: 1445u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
@@ -104094,7 +104178,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1655u32,
+        wire: 1657u32,
         call: 1446u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
@@ -104118,7 +104202,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1656u32,
+        wire: 1658u32,
         call: 1447u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
@@ -104142,7 +104226,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1657u32,
+        wire: 1659u32,
         call: 1448u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
@@ -104166,7 +104250,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1658u32,
+        wire: 1660u32,
         call: 1449u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
@@ -104195,7 +104279,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1659u32,
+        wire: 1661u32,
         call: 1450u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
@@ -104224,7 +104308,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1660u32,
+        wire: 1662u32,
         call: 1451u32,
         name: "nvmlDeviceGetIndex",
         form: None,
@@ -104253,7 +104337,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1661u32,
+        wire: 1663u32,
         call: 1452u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
@@ -104282,7 +104366,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1662u32,
+        wire: 1664u32,
         call: 1453u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
@@ -104311,7 +104395,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1663u32,
+        wire: 1665u32,
         call: 1454u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
@@ -104346,7 +104430,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1664u32,
+        wire: 1666u32,
         call: 1455u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
@@ -104381,7 +104465,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1665u32,
+        wire: 1667u32,
         call: 1456u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
@@ -104414,7 +104498,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1666u32,
+        wire: 1668u32,
         call: 1457u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
@@ -104447,7 +104531,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1667u32,
+        wire: 1669u32,
         call: 1458u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
@@ -104476,7 +104560,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1668u32,
+        wire: 1670u32,
         call: 1459u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
@@ -104505,7 +104589,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1669u32,
+        wire: 1671u32,
         call: 1460u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
@@ -104534,7 +104618,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1670u32,
+        wire: 1672u32,
         call: 1461u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
@@ -104569,7 +104653,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1671u32,
+        wire: 1673u32,
         call: 1462u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
@@ -104598,7 +104682,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1672u32,
+        wire: 1674u32,
         call: 1463u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
@@ -104627,7 +104711,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1673u32,
+        wire: 1675u32,
         call: 1464u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
@@ -104658,7 +104742,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1674u32,
+        wire: 1676u32,
         call: 1465u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
@@ -104693,7 +104777,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1675u32,
+        wire: 1677u32,
         call: 1466u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
@@ -104736,7 +104820,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1676u32,
+        wire: 1678u32,
         call: 1467u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
@@ -104771,7 +104855,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1677u32,
+        wire: 1679u32,
         call: 1468u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
@@ -104800,7 +104884,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1678u32,
+        wire: 1680u32,
         call: 1469u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
@@ -104829,7 +104913,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1679u32,
+        wire: 1681u32,
         call: 1470u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
@@ -104858,7 +104942,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1680u32,
+        wire: 1682u32,
         call: 1471u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
@@ -104887,7 +104971,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1681u32,
+        wire: 1683u32,
         call: 1472u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
@@ -104916,7 +105000,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1682u32,
+        wire: 1684u32,
         call: 1473u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
@@ -104945,7 +105029,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1683u32,
+        wire: 1685u32,
         call: 1474u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
@@ -104982,7 +105066,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1684u32,
+        wire: 1686u32,
         call: 1475u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
@@ -105015,7 +105099,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1685u32,
+        wire: 1687u32,
         call: 1476u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
@@ -105048,7 +105132,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1686u32,
+        wire: 1688u32,
         call: 1477u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
@@ -105081,7 +105165,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1687u32,
+        wire: 1689u32,
         call: 1478u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
@@ -105116,7 +105200,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1688u32,
+        wire: 1690u32,
         call: 1479u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
@@ -105153,7 +105237,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1689u32,
+        wire: 1691u32,
         call: 1480u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
@@ -105182,7 +105266,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1690u32,
+        wire: 1692u32,
         call: 1481u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
@@ -105211,7 +105295,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1691u32,
+        wire: 1693u32,
         call: 1482u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
@@ -105240,7 +105324,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1692u32,
+        wire: 1694u32,
         call: 1483u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
@@ -105269,7 +105353,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1693u32,
+        wire: 1695u32,
         call: 1484u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
@@ -105298,7 +105382,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1694u32,
+        wire: 1696u32,
         call: 1485u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
@@ -105327,7 +105411,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1695u32,
+        wire: 1697u32,
         call: 1486u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
@@ -105356,7 +105440,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1696u32,
+        wire: 1698u32,
         call: 1487u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
@@ -105391,7 +105475,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1697u32,
+        wire: 1699u32,
         call: 1488u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
@@ -105420,7 +105504,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1698u32,
+        wire: 1700u32,
         call: 1489u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
@@ -105449,7 +105533,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1699u32,
+        wire: 1701u32,
         call: 1490u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
@@ -105478,7 +105562,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1700u32,
+        wire: 1702u32,
         call: 1491u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
@@ -105507,7 +105591,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1701u32,
+        wire: 1703u32,
         call: 1492u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
@@ -105536,7 +105620,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1702u32,
+        wire: 1704u32,
         call: 1493u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
@@ -105583,7 +105667,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1703u32,
+        wire: 1705u32,
         call: 1494u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
@@ -105612,7 +105696,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1704u32,
+        wire: 1706u32,
         call: 1495u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
@@ -105641,7 +105725,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1705u32,
+        wire: 1707u32,
         call: 1496u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
@@ -105670,7 +105754,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1706u32,
+        wire: 1708u32,
         call: 1497u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
@@ -105699,7 +105783,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1707u32,
+        wire: 1709u32,
         call: 1498u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
@@ -105728,7 +105812,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1708u32,
+        wire: 1710u32,
         call: 1499u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
@@ -105761,7 +105845,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1709u32,
+        wire: 1711u32,
         call: 1500u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
@@ -105794,7 +105878,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1710u32,
+        wire: 1712u32,
         call: 1501u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
@@ -105827,7 +105911,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1711u32,
+        wire: 1713u32,
         call: 1502u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
@@ -105860,7 +105944,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1712u32,
+        wire: 1714u32,
         call: 1503u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
@@ -105897,7 +105981,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1713u32,
+        wire: 1715u32,
         call: 1504u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
@@ -105926,7 +106010,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1714u32,
+        wire: 1716u32,
         call: 1505u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
@@ -105959,7 +106043,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1715u32,
+        wire: 1717u32,
         call: 1506u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
@@ -105988,7 +106072,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1716u32,
+        wire: 1718u32,
         call: 1507u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
@@ -106017,7 +106101,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1717u32,
+        wire: 1719u32,
         call: 1508u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
@@ -106050,7 +106134,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1718u32,
+        wire: 1720u32,
         call: 1509u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
@@ -106081,7 +106165,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1719u32,
+        wire: 1721u32,
         call: 1510u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
@@ -106104,7 +106188,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1720u32,
+        wire: 1722u32,
         call: 1511u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
@@ -106127,7 +106211,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1721u32,
+        wire: 1723u32,
         call: 1512u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
@@ -106150,7 +106234,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1722u32,
+        wire: 1724u32,
         call: 1513u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
@@ -106177,7 +106261,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1723u32,
+        wire: 1725u32,
         call: 1514u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
@@ -106208,7 +106292,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1724u32,
+        wire: 1726u32,
         call: 1515u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
@@ -106239,7 +106323,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1725u32,
+        wire: 1727u32,
         call: 1516u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
@@ -106266,7 +106350,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1726u32,
+        wire: 1728u32,
         call: 1517u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
@@ -106297,7 +106381,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1727u32,
+        wire: 1729u32,
         call: 1518u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
@@ -106324,7 +106408,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1728u32,
+        wire: 1730u32,
         call: 1519u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
@@ -106351,7 +106435,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1729u32,
+        wire: 1731u32,
         call: 1520u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
@@ -106378,7 +106462,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1730u32,
+        wire: 1732u32,
         call: 1521u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
@@ -106401,7 +106485,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1731u32,
+        wire: 1733u32,
         call: 1522u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
@@ -106432,7 +106516,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1732u32,
+        wire: 1734u32,
         call: 1523u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
@@ -106459,7 +106543,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1733u32,
+        wire: 1735u32,
         call: 1524u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
@@ -106488,7 +106572,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1734u32,
+        wire: 1736u32,
         call: 1525u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
@@ -106519,7 +106603,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1735u32,
+        wire: 1737u32,
         call: 1526u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
@@ -106546,7 +106630,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1736u32,
+        wire: 1738u32,
         call: 1527u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
@@ -106577,7 +106661,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1737u32,
+        wire: 1739u32,
         call: 1528u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
@@ -106608,7 +106692,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1738u32,
+        wire: 1740u32,
         call: 1529u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
@@ -106635,7 +106719,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1739u32,
+        wire: 1741u32,
         call: 1530u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
@@ -106666,7 +106750,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1740u32,
+        wire: 1742u32,
         call: 1531u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
@@ -106693,7 +106777,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1741u32,
+        wire: 1743u32,
         call: 1532u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
@@ -106720,7 +106804,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1742u32,
+        wire: 1744u32,
         call: 1533u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
@@ -106751,7 +106835,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1743u32,
+        wire: 1745u32,
         call: 1534u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
@@ -106784,7 +106868,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1744u32,
+        wire: 1746u32,
         call: 1535u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
@@ -106811,7 +106895,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1745u32,
+        wire: 1747u32,
         call: 1536u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
@@ -106838,7 +106922,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1746u32,
+        wire: 1748u32,
         call: 1537u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
@@ -106865,7 +106949,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1747u32,
+        wire: 1749u32,
         call: 1538u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
@@ -106898,7 +106982,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1748u32,
+        wire: 1750u32,
         call: 1539u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
@@ -106929,7 +107013,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1749u32,
+        wire: 1751u32,
         call: 1540u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
@@ -106958,7 +107042,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1750u32,
+        wire: 1752u32,
         call: 1541u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
@@ -106985,7 +107069,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1751u32,
+        wire: 1753u32,
         call: 1542u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
@@ -107008,7 +107092,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1752u32,
+        wire: 1754u32,
         call: 1543u32,
         name: "nvmlEventSetCreate",
         form: None,
@@ -107031,7 +107115,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1753u32,
+        wire: 1755u32,
         call: 1544u32,
         name: "nvmlEventSetFree",
         form: None,
@@ -107054,7 +107138,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1754u32,
+        wire: 1756u32,
         call: 1545u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
@@ -107079,7 +107163,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1755u32,
+        wire: 1757u32,
         call: 1546u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
@@ -107108,7 +107192,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1756u32,
+        wire: 1758u32,
         call: 1547u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
@@ -107139,7 +107223,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1757u32,
+        wire: 1759u32,
         call: 1548u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
@@ -107168,7 +107252,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1758u32,
+        wire: 1760u32,
         call: 1549u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
@@ -107191,7 +107275,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1759u32,
+        wire: 1761u32,
         call: 1550u32,
         name: "nvmlGpmSampleFree",
         form: None,
@@ -107214,7 +107298,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1760u32,
+        wire: 1762u32,
         call: 1551u32,
         name: "nvmlGpmSampleGet",
         form: None,
@@ -107241,7 +107325,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1761u32,
+        wire: 1763u32,
         call: 1552u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
@@ -107268,7 +107352,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1762u32,
+        wire: 1764u32,
         call: 1553u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
@@ -107299,7 +107383,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1763u32,
+        wire: 1765u32,
         call: 1554u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
@@ -107336,7 +107420,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1764u32,
+        wire: 1766u32,
         call: 1555u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
@@ -107359,7 +107443,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1765u32,
+        wire: 1767u32,
         call: 1556u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
@@ -107390,7 +107474,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1766u32,
+        wire: 1768u32,
         call: 1557u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
@@ -107423,7 +107507,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1767u32,
+        wire: 1769u32,
         call: 1558u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
@@ -107460,7 +107544,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1768u32,
+        wire: 1770u32,
         call: 1559u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
@@ -107489,7 +107573,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1769u32,
+        wire: 1771u32,
         call: 1560u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
@@ -107514,7 +107598,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1770u32,
+        wire: 1772u32,
         call: 1561u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
@@ -107539,7 +107623,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1771u32,
+        wire: 1773u32,
         call: 1562u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
@@ -107564,7 +107648,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1772u32,
+        wire: 1774u32,
         call: 1563u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
@@ -107589,7 +107673,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1773u32,
+        wire: 1775u32,
         call: 1564u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
@@ -107612,7 +107696,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1774u32,
+        wire: 1776u32,
         call: 1565u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
@@ -107635,7 +107719,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1775u32,
+        wire: 1777u32,
         call: 1566u32,
         name: "nvmlUnitGetCount",
         form: None,
@@ -107660,7 +107744,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1776u32,
+        wire: 1778u32,
         call: 1567u32,
         name: "nvmlUnitGetDevices",
         form: None,
@@ -107693,7 +107777,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1777u32,
+        wire: 1779u32,
         call: 1568u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
@@ -107720,7 +107804,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1778u32,
+        wire: 1780u32,
         call: 1569u32,
         name: "nvmlUnitGetTemperature",
         form: None,
@@ -107753,7 +107837,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1779u32,
+        wire: 1781u32,
         call: 1570u32,
         name: "nvmlUnitSetLedState",
         form: None,
@@ -107780,7 +107864,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1780u32,
+        wire: 1782u32,
         call: 1571u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
@@ -107803,7 +107887,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1781u32,
+        wire: 1783u32,
         call: 1572u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
@@ -107832,7 +107916,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1782u32,
+        wire: 1784u32,
         call: 1573u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
@@ -107861,7 +107945,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1783u32,
+        wire: 1785u32,
         call: 1574u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
@@ -107890,7 +107974,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1784u32,
+        wire: 1786u32,
         call: 1575u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
@@ -107919,7 +108003,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1785u32,
+        wire: 1787u32,
         call: 1576u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
@@ -107948,7 +108032,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1786u32,
+        wire: 1788u32,
         call: 1577u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
@@ -107977,7 +108061,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1787u32,
+        wire: 1789u32,
         call: 1578u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
@@ -108006,7 +108090,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1788u32,
+        wire: 1790u32,
         call: 1579u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
@@ -108035,7 +108119,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1789u32,
+        wire: 1791u32,
         call: 1580u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
@@ -108062,7 +108146,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1790u32,
+        wire: 1792u32,
         call: 1581u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
@@ -108095,7 +108179,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1791u32,
+        wire: 1793u32,
         call: 1582u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
@@ -108130,7 +108214,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1792u32,
+        wire: 1794u32,
         call: 1583u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
@@ -108159,7 +108243,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1793u32,
+        wire: 1795u32,
         call: 1584u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
@@ -108188,7 +108272,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1794u32,
+        wire: 1796u32,
         call: 1585u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
@@ -108217,7 +108301,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1795u32,
+        wire: 1797u32,
         call: 1586u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
@@ -108246,7 +108330,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1796u32,
+        wire: 1798u32,
         call: 1587u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
@@ -108275,7 +108359,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1797u32,
+        wire: 1799u32,
         call: 1588u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
@@ -108308,7 +108392,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1798u32,
+        wire: 1800u32,
         call: 1589u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
@@ -108337,7 +108421,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1799u32,
+        wire: 1801u32,
         call: 1590u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
@@ -108366,7 +108450,7 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1800u32,
+        wire: 1802u32,
         call: 1591u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
@@ -108409,7 +108493,7 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2396u32,
+        wire: 2398u32,
         call: 2187u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
@@ -108434,7 +108518,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2397u32,
+        wire: 2399u32,
         call: 2188u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
@@ -108459,7 +108543,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2398u32,
+        wire: 2400u32,
         call: 2189u32,
         name: "nvrtcGetSupportedArchs",
         form: Some("call"),
@@ -108484,7 +108568,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2399u32,
+        wire: 2401u32,
         call: 2190u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
@@ -108507,7 +108591,7 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2400u32,
+        wire: 2402u32,
         call: 2191u32,
         name: "nvrtcVersion",
         form: None,

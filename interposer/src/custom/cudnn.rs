@@ -16,7 +16,7 @@
 //! call: the graph's finalize at the latest, which fails natively too when a part of it did.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
@@ -66,86 +66,132 @@ fn host_value_records(pointers: &[u64]) -> Option<Vec<u8>> {
     any.then_some(records)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The calls of one cuDNN major version that the hand-written functions make.
+pub struct Forms {
+    set: &'static CallDesc,
+    set_descriptors: &'static CallDesc,
+    set_hostvalues: &'static CallDesc,
+    get: &'static CallDesc,
+    fill: &'static CallDesc,
+    refill: &'static CallDesc,
+    create: &'static CallDesc,
+    create_named: &'static CallDesc,
+    finalize: &'static CallDesc,
+    finalize_async: &'static CallDesc,
+    destroy: &'static CallDesc,
+    /// The descriptor types the client names: those of the version's headers (a server
+    /// library without one fails the create; the failure comes back at the next waiting call).
+    named: std::ops::RangeInclusive<u32>,
+    bad_param: u32,
+}
+
+/// cuDNN 8 (descriptor types up to CUDNN_BACKEND_OPERATION_RNG_DESCRIPTOR).
+static V8: Forms = Forms {
+    set: &calls::cudnnBackendSetAttribute__cu118__call,
+    set_descriptors: &calls::cudnnBackendSetAttribute__cu118__descriptors,
+    set_hostvalues: &calls::cudnnBackendSetAttribute__cu118__hostvalues,
+    get: &calls::cudnnBackendGetAttribute__cu118__call,
+    fill: &calls::cudnnBackendGetAttribute__cu118__descriptors,
+    refill: &calls::cudnnBackendGetAttribute__cu118__refill,
+    create: &calls::cudnnBackendCreateDescriptor__cu118__call,
+    create_named: &calls::cudnnBackendCreateDescriptor__cu118__named,
+    finalize: &calls::cudnnBackendFinalize__cu118__call,
+    finalize_async: &calls::cudnnBackendFinalize__cu118__async,
+    destroy: &calls::cudnnBackendDestroyDescriptor__cu118__call,
+    named: 0..=33,
+    bad_param: BAD_PARAM_V8,
+};
+
+/// cuDNN 9 (descriptor types up to CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, which
+/// torch's attention uses).
+static V9: Forms = Forms {
+    set: &calls::cudnnBackendSetAttribute__cu126__call,
+    set_descriptors: &calls::cudnnBackendSetAttribute__cu126__descriptors,
+    set_hostvalues: &calls::cudnnBackendSetAttribute__cu126__hostvalues,
+    get: &calls::cudnnBackendGetAttribute__cu126__call,
+    fill: &calls::cudnnBackendGetAttribute__cu126__descriptors,
+    refill: &calls::cudnnBackendGetAttribute__cu126__refill,
+    create: &calls::cudnnBackendCreateDescriptor__cu126__call,
+    create_named: &calls::cudnnBackendCreateDescriptor__cu126__named,
+    finalize: &calls::cudnnBackendFinalize__cu126__call,
+    finalize_async: &calls::cudnnBackendFinalize__cu126__async,
+    destroy: &calls::cudnnBackendDestroyDescriptor__cu126__call,
+    named: 0..=41,
+    bad_param: BAD_PARAM_V9,
+};
+
 fn set_attribute(
-    (desc, descriptors, hostvalues): (&'static CallDesc, &'static CallDesc, &'static CallDesc),
+    f: &'static Forms,
     descriptor: *mut c_void,
     name: u32,
     ty: u32,
     count: i64,
     elements: *mut c_void,
-    bad_param: u32,
 ) -> u32 {
-    crate::guard::ffi("cudnnBackendSetAttribute", bad_param, || {
-        forget_answers(descriptor as u64);
+    crate::guard::ffi("cudnnBackendSetAttribute", f.bad_param, || {
+        tracing::trace!(
+            "set: descriptor {:#x} type {:?}, attribute {name}, type {ty}, {count} elements",
+            descriptor as u64,
+            type_of(descriptor as u64)
+        );
+        forget_answers(f, descriptor as u64);
         let forward = |elements: u64| {
             let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements];
             // SAFETY: `elements` holds `count` elements of the attribute type (the caller's
             // array or our copy of it).
-            unsafe { crate::runtime::call(desc, &args) as u32 }
+            unsafe { crate::runtime::call(f.set, &args) as u32 }
         };
         if elements.is_null() || count <= 0 {
             return forward(elements as u64);
         }
         if ty == TYPE_BACKEND_DESCRIPTOR {
-            let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements as u64];
+            let Ok(len) = usize::try_from(count) else { return f.bad_param };
             // SAFETY: `count` descriptors at `elements` (the API contract).
-            return unsafe { crate::runtime::call(descriptors, &args) as u32 };
+            let values = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
+            replay(|r| values.iter().for_each(|v| _ = r.fresh.remove(v)));
+            let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements as u64];
+            // SAFETY: as above.
+            return unsafe { crate::runtime::call(f.set_descriptors, &args) as u32 };
         }
         if name != VARIANT_PACK_DATA_POINTERS || ty != TYPE_VOID_PTR {
             return forward(elements as u64);
         }
-        let Ok(len) = usize::try_from(count) else { return bad_param };
+        let Ok(len) = usize::try_from(count) else { return f.bad_param };
         // SAFETY: cudnnBackendSetAttribute's contract: `count` pointers at `elements`.
         let pointers = unsafe { std::slice::from_raw_parts(elements as *const u64, len) };
         let Some(records) = host_value_records(pointers) else { return forward(elements as u64) };
         let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, records.as_ptr() as u64];
         // SAFETY: `count` records of HOST_VALUE_RECORD bytes, ours.
-        unsafe { crate::runtime::call(hostvalues, &args) as u32 }
+        unsafe { crate::runtime::call(f.set_hostvalues, &args) as u32 }
     })
 }
 
-macro_rules! set_attribute_variant {
-    ($name:ident, $desc:ident, $descriptors:ident, $hostvalues:ident, $bad_param:expr) => {
-        pub unsafe fn $name(
-            descriptor: *mut c_void,
-            attributeName: u32,
-            attributeType: u32,
-            elementCount: i64,
-            arrayOfElements: *mut c_void,
-        ) -> u32 {
-            let forms = (&calls::$desc, &calls::$descriptors, &calls::$hostvalues);
-            let (n, t) = (attributeName, attributeType);
-            set_attribute(forms, descriptor, n, t, elementCount, arrayOfElements, $bad_param)
-        }
-    };
+pub unsafe fn cudnnBackendSetAttribute__cu118(
+    d: *mut c_void,
+    name: u32,
+    ty: u32,
+    n: i64,
+    elements: *mut c_void,
+) -> u32 {
+    set_attribute(&V8, d, name, ty, n, elements)
 }
 
-set_attribute_variant!(
-    cudnnBackendSetAttribute__cu118,
-    cudnnBackendSetAttribute__cu118__call,
-    cudnnBackendSetAttribute__cu118__descriptors,
-    cudnnBackendSetAttribute__cu118__hostvalues,
-    BAD_PARAM_V8
-);
-set_attribute_variant!(
-    cudnnBackendSetAttribute__cu126,
-    cudnnBackendSetAttribute__cu126__call,
-    cudnnBackendSetAttribute__cu126__descriptors,
-    cudnnBackendSetAttribute__cu126__hostvalues,
-    BAD_PARAM_V9
-);
-
-/// The descriptor types of cuDNN 8.9 (POINTWISE ..= OPERATION_RNG; the values are the same
-/// in cuDNN 9): the client names these. A newer type is created with a reply, so a server
-/// library without it says so at once.
-const NAMED_TYPES: std::ops::RangeInclusive<u32> = 0..=33;
+pub unsafe fn cudnnBackendSetAttribute__cu126(
+    d: *mut c_void,
+    name: u32,
+    ty: u32,
+    n: i64,
+    elements: *mut c_void,
+) -> u32 {
+    set_attribute(&V9, d, name, ty, n, elements)
+}
 
 /// Whether a finalize of a descriptor of type `ty` waits for its status: ENGINE, ENGINECFG,
-/// ENGINEHEUR, EXECUTION_PLAN, INTERMEDIATE_INFO, KNOB_INFO, LAYOUT_INFO and
-/// OPERATIONGRAPH, whose failure a caller acts on (the frontend moves to the next engine).
+/// ENGINEHEUR, EXECUTION_PLAN, INTERMEDIATE_INFO, KNOB_INFO, LAYOUT_INFO, OPERATIONGRAPH,
+/// KERNEL_CACHE and DEVICEPROP, whose failure a caller acts on (the frontend moves to the
+/// next engine). Tensors, operations and variant packs go without waiting.
 fn finalize_waits(ty: u32) -> bool {
-    matches!(ty, 2..=6 | 8 | 9 | 15)
+    matches!(ty, 2..=6 | 8 | 9 | 15 | 34 | 38)
 }
 
 /// The type of each descriptor the client named, until it is destroyed.
@@ -156,111 +202,96 @@ fn types() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u32>>> {
 }
 
 /// The type of a descriptor the client named (None: one the library made, or not one).
-fn type_of(descriptor: *mut c_void) -> Option<u32> {
-    types().as_ref().and_then(|t| t.get(&(descriptor as u64)).copied())
+fn type_of(descriptor: u64) -> Option<u32> {
+    types().as_ref().and_then(|t| t.get(&descriptor).copied())
 }
 
-fn create_descriptor(
-    call: &'static CallDesc,
-    named: &'static CallDesc,
-    ty: u32,
-    out: *mut c_void,
-    bad_param: u32,
-) -> u32 {
-    crate::guard::ffi("cudnnBackendCreateDescriptor", bad_param, || {
+fn create_descriptor(f: &'static Forms, ty: u32, out: *mut c_void) -> u32 {
+    crate::guard::ffi("cudnnBackendCreateDescriptor", f.bad_param, || {
         if out.is_null() {
-            return bad_param;
+            return f.bad_param;
         }
-        if !NAMED_TYPES.contains(&ty) {
+        if !f.named.contains(&ty) {
             tracing::trace!("create: descriptor type {ty} waits");
             // SAFETY: `out` receives one descriptor.
-            return unsafe { crate::runtime::call(call, &[u64::from(ty), out as u64]) as u32 };
+            return unsafe { crate::runtime::call(f.create, &[u64::from(ty), out as u64]) as u32 };
         }
         // SAFETY: `out` receives one descriptor, the client's name for it.
-        let s = unsafe { crate::runtime::call(named, &[u64::from(ty), out as u64]) as u32 };
+        let s = unsafe { crate::runtime::call(f.create_named, &[u64::from(ty), out as u64]) as u32 };
         if s == 0 {
             // SAFETY: written by the call above (the caller's descriptor pointer, non-null).
             let name = unsafe { std::ptr::read_unaligned(out as *const u64) };
             types().get_or_insert_with(HashMap::new).insert(name, ty);
+            replay(|r| r.fresh.insert(name));
         }
         s
     })
 }
 
-fn finalize(call: &'static CallDesc, deferred: &'static CallDesc, descriptor: *mut c_void, bad_param: u32) -> u32 {
-    crate::guard::ffi("cudnnBackendFinalize", bad_param, || {
-        forget_answers(descriptor as u64);
-        let ty = type_of(descriptor);
-        let desc = match ty {
-            Some(ty) if !finalize_waits(ty) => deferred,
-            _ => call,
+pub unsafe fn cudnnBackendCreateDescriptor__cu118(ty: u32, descriptor: *mut c_void) -> u32 {
+    create_descriptor(&V8, ty, descriptor)
+}
+
+pub unsafe fn cudnnBackendCreateDescriptor__cu126(ty: u32, descriptor: *mut c_void) -> u32 {
+    create_descriptor(&V9, ty, descriptor)
+}
+
+/// A finalize whose status steers the caller waits; what the program asked last time of a
+/// descriptor of this type after its finalize (a plan's workspace size, the heuristics'
+/// results and everything asked of them) rides along in the same round trip.
+fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
+    crate::guard::ffi("cudnnBackendFinalize", f.bad_param, || {
+        let d = descriptor as u64;
+        forget_answers(f, d);
+        replay(|r| r.fresh.remove(&d));
+        let ty = type_of(d);
+        let waits = ty.is_none_or(finalize_waits);
+        tracing::trace!("finalize: descriptor type {ty:?}, waits: {waits}");
+        let Some(ty) = ty.filter(|_| waits) else {
+            let desc = if waits { f.finalize } else { f.finalize_async };
+            // SAFETY: a value.
+            return unsafe { crate::runtime::call(desc, &[d]) as u32 };
         };
-        tracing::trace!("finalize: descriptor type {ty:?}, waits: {}", desc.waits());
-        // SAFETY: a value.
-        unsafe { crate::runtime::call(desc, &[descriptor as u64]) as u32 }
+        let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(f.finalize) as u32 };
+        let plan = replay(|r| r.plan(ty, 0, &mut PLAN_MAX.clone()));
+        let mut ahead = Vec::new();
+        plan.materialize(f, &conn, d, &mut ahead);
+        let status = batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize", |s| s == 0);
+        if status == 0 {
+            replay(|r| _ = r.known.entry(d).or_default());
+        }
+        status
     })
 }
 
-fn destroy_descriptor(call: &'static CallDesc, descriptor: *mut c_void, bad_param: u32) -> u32 {
-    crate::guard::ffi("cudnnBackendDestroyDescriptor", bad_param, || {
-        forget_answers(descriptor as u64);
+pub unsafe fn cudnnBackendFinalize__cu118(descriptor: *mut c_void) -> u32 {
+    finalize(&V8, descriptor)
+}
+
+pub unsafe fn cudnnBackendFinalize__cu126(descriptor: *mut c_void) -> u32 {
+    finalize(&V9, descriptor)
+}
+
+fn destroy_descriptor(f: &'static Forms, descriptor: *mut c_void) -> u32 {
+    crate::guard::ffi("cudnnBackendDestroyDescriptor", f.bad_param, || {
+        let d = descriptor as u64;
+        forget_answers(f, d);
+        replay(|r| r.fresh.remove(&d));
         if let Some(t) = types().as_mut() {
-            t.remove(&(descriptor as u64));
+            t.remove(&d);
         }
         // SAFETY: a value.
-        unsafe { crate::runtime::call(call, &[descriptor as u64]) as u32 }
+        unsafe { crate::runtime::call(f.destroy, &[d]) as u32 }
     })
 }
 
 pub unsafe fn cudnnBackendDestroyDescriptor__cu118(descriptor: *mut c_void) -> u32 {
-    destroy_descriptor(&calls::cudnnBackendDestroyDescriptor__cu118__call, descriptor, BAD_PARAM_V8)
+    destroy_descriptor(&V8, descriptor)
 }
 
 pub unsafe fn cudnnBackendDestroyDescriptor__cu126(descriptor: *mut c_void) -> u32 {
-    destroy_descriptor(&calls::cudnnBackendDestroyDescriptor__cu126__call, descriptor, BAD_PARAM_V9)
+    destroy_descriptor(&V9, descriptor)
 }
-
-macro_rules! create_variant {
-    ($name:ident, $call:ident, $named:ident, $bad_param:expr) => {
-        pub unsafe fn $name(ty: u32, descriptor: *mut c_void) -> u32 {
-            create_descriptor(&calls::$call, &calls::$named, ty, descriptor, $bad_param)
-        }
-    };
-}
-
-create_variant!(
-    cudnnBackendCreateDescriptor__cu118,
-    cudnnBackendCreateDescriptor__cu118__call,
-    cudnnBackendCreateDescriptor__cu118__named,
-    BAD_PARAM_V8
-);
-create_variant!(
-    cudnnBackendCreateDescriptor__cu126,
-    cudnnBackendCreateDescriptor__cu126__call,
-    cudnnBackendCreateDescriptor__cu126__named,
-    BAD_PARAM_V9
-);
-
-macro_rules! finalize_variant {
-    ($name:ident, $call:ident, $deferred:ident, $bad_param:expr) => {
-        pub unsafe fn $name(descriptor: *mut c_void) -> u32 {
-            finalize(&calls::$call, &calls::$deferred, descriptor, $bad_param)
-        }
-    };
-}
-
-finalize_variant!(
-    cudnnBackendFinalize__cu118,
-    cudnnBackendFinalize__cu118__call,
-    cudnnBackendFinalize__cu118__async,
-    BAD_PARAM_V8
-);
-finalize_variant!(
-    cudnnBackendFinalize__cu126,
-    cudnnBackendFinalize__cu126__call,
-    cudnnBackendFinalize__cu126__async,
-    BAD_PARAM_V9
-);
 
 /// CUDNN_TYPE_BACKEND_DESCRIPTOR (the same in cuDNN 8 and 9).
 const TYPE_BACKEND_DESCRIPTOR: u32 = 15;
@@ -274,26 +305,277 @@ struct Answer {
     bytes: Vec<u8>,
 }
 
-/// A Get's question: (attribute, attribute type, requested elements).
+/// A Get's question: (attribute, attribute type, requested elements; 0 asks the count).
 type Query = (u32, u32, i64);
 
-/// Most queries learned per descriptor type, most elements whose answers one fill asks
-/// for, and the largest array a learned query may ask for.
-const LEARNED_MAX: usize = 8;
-const PREFETCH_MAX: usize = 64;
-const REQUESTED_MAX: i64 = 64;
+/// A Get of descriptors: (attribute, requested descriptors, their descriptor type).
+type FillQuery = (u32, i64, u32);
 
-/// Answers for descriptors a Get of descriptors filled (torch's frontend fills an engine
-/// from each engine configuration, then asks the engine for its notes and index): what the
-/// program asked of them is learned per descriptor type, and asked again of the next
-/// descriptors of that type in the same round trip as their fill. Only the same question
-/// about the same, unchanged descriptor is answered from here: a Get has no side effects,
-/// and a filled descriptor changes only by a new fill, a Set, a Finalize or its destroy,
-/// each of which drops its answers.
+/// `*elementCount` before a fill: the library leaves it for some attributes (an engine
+/// configuration's engine), and a successful fill then filled every requested descriptor.
+const UNWRITTEN: i64 = i64::MIN;
+
+/// How many of `requested` descriptors a fill that answered `status` and `count` filled.
+fn filled_by(status: u32, count: i64, requested: usize) -> usize {
+    match (status, count) {
+        (0, UNWRITTEN) => requested,
+        (0, n) => usize::try_from(n).unwrap_or(0).min(requested),
+        _ => 0,
+    }
+}
+
+/// A fill the client made ahead of the program, into descriptors of its own ("shadows")
+/// made like the program makes its own: the same call on the same, unchanged source. When
+/// the program asks it, its answer is this one's, the program's descriptors are filled by
+/// the same call sent without waiting, and what was asked of each shadow becomes known of
+/// the program's descriptor in its place.
+struct Twin {
+    query: FillQuery,
+    status: u32,
+    count: i64,
+    shadows: Vec<u64>,
+}
+
+/// What is known of a descriptor that does not change until a Set, Finalize, fill or its
+/// destroy: answers to questions, and fills made ahead.
+#[derive(Default)]
+struct Known {
+    answers: Vec<(Query, Answer)>,
+    twins: Vec<Twin>,
+}
+
+/// Most questions and fills learned per descriptor type, and most calls made ahead of one
+/// waiting call.
+const LEARNED_MAX: usize = 8;
+const PLAN_MAX: usize = 1024;
+/// The largest array a learned question may ask for, and the most descriptors a learned
+/// fill may make.
+const REQUESTED_MAX: i64 = 64;
+/// How deep fills made ahead nest (heuristics -> configurations -> engines, knobs).
+const DEPTH_MAX: usize = 3;
+
+/// The program's questions about descriptors whose answers cannot change (filled by a Get,
+/// or finalized with a wait), learned per descriptor type and asked of the next descriptors
+/// of that type in the round trip that fills or finalizes them. torch's frontend, building a
+/// cuDNN graph, finalizes the heuristics, asks for their count and configurations, then of
+/// each configuration its engine, the engine's notes and index, its knobs: all of it rides
+/// with the heuristics' finalize, and the program's own calls are answered here. Only the
+/// same question about the same, unchanged descriptor is answered from here: a Get has no
+/// side effects, and a descriptor changes only by a fill, a Set, a Finalize or its destroy,
+/// each of which drops what is known (and the shadows made for it).
 #[derive(Default)]
 struct Replay {
     learned: HashMap<u32, Vec<Query>>,
-    filled: HashMap<u64, Vec<(Query, Answer)>>,
+    /// (fill, descriptors it filled last time) per source descriptor type.
+    learned_fills: HashMap<u32, Vec<(FillQuery, i64)>>,
+    known: HashMap<u64, Known>,
+    /// Descriptors the program created and has not used yet: a fill into them is the same
+    /// call as a fill into shadows just created.
+    fresh: HashSet<u64>,
+}
+
+/// The calls to make ahead for a descriptor of one type: its learned questions, and its
+/// learned fills with the plan of each descriptor they are expected to fill.
+#[derive(Default)]
+struct Plan {
+    queries: Vec<Query>,
+    fills: Vec<(FillQuery, Vec<Plan>)>,
+}
+
+impl Replay {
+    fn plan(&self, ty: u32, depth: usize, budget: &mut usize) -> Plan {
+        let mut plan = Plan::default();
+        for &q in self.learned.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
+            if *budget == 0 {
+                return plan;
+            }
+            *budget -= 1;
+            plan.queries.push(q);
+        }
+        if depth >= DEPTH_MAX {
+            return plan;
+        }
+        for &(fq, last) in self.learned_fills.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
+            let cost = fq.1 as usize + 1;
+            if *budget < cost {
+                break;
+            }
+            *budget -= cost;
+            let nested = (0..last.clamp(0, fq.1)).map(|_| self.plan(fq.2, depth + 1, budget)).collect();
+            plan.fills.push((fq, nested));
+        }
+        plan
+    }
+
+    /// Drop what is known of `d`; the shadows made for it, to destroy, go to `out`.
+    fn drop_known(&mut self, d: u64, out: &mut Vec<u64>) {
+        if let Some(k) = self.known.remove(&d) {
+            for twin in k.twins {
+                for s in twin.shadows {
+                    self.drop_known(s, out);
+                    out.push(s);
+                }
+            }
+        }
+    }
+
+    fn learn(&mut self, ty: u32, query: Query) {
+        let learned = self.learned.entry(ty).or_default();
+        if !learned.contains(&query) && learned.len() < LEARNED_MAX && query.2 <= REQUESTED_MAX {
+            learned.push(query);
+        }
+    }
+
+    fn learn_fill(&mut self, ty: u32, query: FillQuery, count: i64) {
+        let learned = self.learned_fills.entry(ty).or_default();
+        if let Some((_, last)) = learned.iter_mut().find(|(q, _)| *q == query) {
+            *last = count;
+        } else if learned.len() < LEARNED_MAX && query.1 <= REQUESTED_MAX {
+            learned.push((query, count));
+        }
+    }
+}
+
+/// A call made ahead: a question, or a fill into shadows (created before the batch).
+enum Ahead {
+    Query(Asked),
+    Fill { source: u64, query: FillQuery, shadows: Vec<u64>, count: Box<i64> },
+}
+
+impl Ahead {
+    fn args(&mut self) -> [u64; 6] {
+        match self {
+            Ahead::Query(a) => a.args(),
+            Ahead::Fill { source, query: (name, requested, _), shadows, count } => [
+                *source,
+                u64::from(*name),
+                u64::from(TYPE_BACKEND_DESCRIPTOR),
+                *requested as u64,
+                &mut **count as *mut i64 as u64,
+                shadows.as_ptr() as u64,
+            ],
+        }
+    }
+
+    fn desc(&self, f: &Forms) -> &'static CallDesc {
+        match self {
+            Ahead::Query(_) => f.get,
+            Ahead::Fill { .. } => f.fill,
+        }
+    }
+}
+
+impl Plan {
+    /// The calls of this plan for `descriptor`, in order; shadows are created on the way
+    /// (named, without waiting).
+    fn materialize(&self, f: &'static Forms, conn: &crate::conn::Conn, descriptor: u64, out: &mut Vec<Ahead>) {
+        for &q in &self.queries {
+            out.extend(Asked::new(f.get, descriptor, q).map(Ahead::Query));
+        }
+        for &(query, ref nested) in &self.fills {
+            let mut shadows = Vec::with_capacity(query.1 as usize);
+            for _ in 0..query.1 {
+                let mut name = 0u64;
+                // SAFETY: `name` receives the client's name for the new descriptor.
+                let s = unsafe {
+                    crate::runtime::call_on(conn, f.create_named, &[u64::from(query.2), &mut name as *mut u64 as u64])
+                };
+                if s != 0 || name == 0 {
+                    break;
+                }
+                shadows.push(name);
+            }
+            if shadows.len() != query.1 as usize {
+                // Not all were made: the fill cannot be the program's; unmake the rest.
+                destroy_all(f, conn, &shadows);
+                continue;
+            }
+            out.push(Ahead::Fill { source: descriptor, query, shadows: shadows.clone(), count: Box::new(UNWRITTEN) });
+            for (plan, &s) in nested.iter().zip(&shadows) {
+                plan.materialize(f, conn, s, out);
+            }
+        }
+    }
+}
+
+fn destroy_all(f: &Forms, conn: &crate::conn::Conn, descriptors: &[u64]) {
+    for &d in descriptors {
+        // SAFETY: a value; sent without waiting.
+        unsafe { crate::runtime::call_on(conn, f.destroy, &[d]) };
+    }
+}
+
+/// Send the program's waiting call `primary` (the args of `desc`) with the calls made ahead,
+/// in one round trip; keep what they answered (when `keep` accepts the primary's status).
+/// Returns the primary's status, or a deferred failure of an earlier call.
+fn batch(
+    f: &'static Forms,
+    conn: &crate::conn::Conn,
+    desc: &'static CallDesc,
+    primary: &[u64],
+    mut ahead: Vec<Ahead>,
+    name: &'static str,
+    keep: impl FnOnce(u32) -> bool,
+) -> u32 {
+    let mut args: Vec<[u64; 6]> = ahead.iter_mut().map(Ahead::args).collect();
+    let mut calls: Vec<(&'static CallDesc, &[u64])> = vec![(desc, primary)];
+    calls.extend(ahead.iter().zip(&mut args).map(|(a, args)| (a.desc(f), &args[..])));
+    if ahead.is_empty() {
+        tracing::trace!("{name}: nothing to ask ahead");
+    } else {
+        tracing::trace!("{name}: {} calls ahead", ahead.len());
+    }
+    // SAFETY: the program's arguments (its contract) and our buffers, alive until every
+    // reply has landed.
+    let Some(rets) = (unsafe { crate::runtime::call_all(conn, &calls, name) }) else {
+        return crate::runtime::unavailable(desc) as u32;
+    };
+    let mut status = rets[0] as u32;
+    if status == 0
+        && let Some(deferred) = conn.take_deferred(desc.library)
+    {
+        status = deferred as u32;
+    }
+    if !keep(rets[0] as u32) {
+        let shadows: Vec<u64> = ahead
+            .iter()
+            .flat_map(|a| if let Ahead::Fill { shadows, .. } = a { shadows.clone() } else { vec![] })
+            .collect();
+        destroy_all(f, conn, &shadows);
+        return status;
+    }
+    replay(|r| {
+        for (a, &ret) in ahead.into_iter().zip(&rets[1..]) {
+            match a {
+                // Only a success is kept: another answer is asked again when the program asks.
+                Ahead::Query(asked) if ret == 0 => {
+                    let (d, q) = (asked.descriptor, asked.query);
+                    r.known.entry(d).or_default().answers.push((q, asked.answer(0)));
+                }
+                Ahead::Query(_) => {}
+                Ahead::Fill { source, query, shadows, count } => {
+                    let twin = Twin { query, status: ret as u32, count: *count, shadows };
+                    r.known.entry(source).or_default().twins.push(twin);
+                }
+            }
+        }
+    });
+    status
+}
+
+/// Drop what is known of `descriptor` (it is being changed or destroyed), and destroy the
+/// shadows made for it.
+fn forget_answers(f: &'static Forms, descriptor: u64) {
+    if !crate::runtime::is_client_name(descriptor) {
+        return;
+    }
+    let mut shadows = Vec::new();
+    replay(|r| r.drop_known(descriptor, &mut shadows));
+    if !shadows.is_empty()
+        && let Ok(conn) = crate::conn::get()
+    {
+        destroy_all(f, &conn, &shadows);
+    }
 }
 
 static REPLAY: Mutex<Option<Replay>> = Mutex::new(None);
@@ -302,22 +584,17 @@ fn replay<T>(f: impl FnOnce(&mut Replay) -> T) -> T {
     f(REPLAY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(Replay::default))
 }
 
-/// Drop what is known of `descriptor` (it is being changed or destroyed).
-fn forget_answers(descriptor: u64) {
-    if crate::runtime::is_client_name(descriptor) {
-        replay(|r| r.filled.remove(&descriptor));
-    }
-}
-
 /// Write an answer to the caller as the library would: the status, and on success
 /// `*elementCount` and the elements it wrote (at most `requested`).
 fn deliver(a: &Answer, requested: i64, count_out: *mut c_void, elements: *mut c_void) -> u32 {
     if a.status == 0 {
         let per = a.bytes.len() / requested.max(1) as usize;
-        let n = usize::try_from(a.count).unwrap_or(0).min(requested as usize) * per;
-        // SAFETY: the caller's array holds the elements the library writes natively
-        // (count <= requested); `bytes` holds `requested` elements.
-        unsafe { std::ptr::copy_nonoverlapping(a.bytes.as_ptr(), elements as *mut u8, n) };
+        let n = usize::try_from(a.count).unwrap_or(0).min(requested.max(0) as usize) * per;
+        if n > 0 && !elements.is_null() {
+            // SAFETY: the caller's array holds the elements the library writes natively
+            // (count <= requested); `bytes` holds `requested` elements.
+            unsafe { std::ptr::copy_nonoverlapping(a.bytes.as_ptr(), elements as *mut u8, n) };
+        }
         if !count_out.is_null() {
             // SAFETY: the caller's int64_t*, checked non-null.
             unsafe { std::ptr::write_unaligned(count_out as *mut i64, a.count) };
@@ -327,7 +604,7 @@ fn deliver(a: &Answer, requested: i64, count_out: *mut c_void, elements: *mut c_
 }
 
 /// A Get of `query` on `descriptor` into buffers of ours: the call's arguments and the
-/// buffers (the count, the array) the reply lands in.
+/// buffers (the count, the array) the reply lands in. A count question passes no array.
 struct Asked {
     descriptor: u64,
     query: Query,
@@ -344,7 +621,8 @@ impl Asked {
     fn args(&mut self) -> [u64; 6] {
         let (name, ty, requested) = self.query;
         let count = &mut *self.count as *mut i64 as u64;
-        [self.descriptor, u64::from(name), u64::from(ty), requested as u64, count, self.bytes.as_mut_ptr() as u64]
+        let array = if requested > 0 { self.bytes.as_mut_ptr() as u64 } else { 0 };
+        [self.descriptor, u64::from(name), u64::from(ty), requested as u64, count, array]
     }
 
     fn answer(self, status: u32) -> Answer {
@@ -357,132 +635,184 @@ impl Asked {
 /// server's answer lands in a buffer of ours first; forwarding the array both ways would
 /// write back bytes past those elements that were read before the round trip, and memory
 /// beyond a short array may have changed meanwhile (another thread's heap).
-#[allow(clippy::too_many_arguments)]
 fn get_attribute(
-    call: &'static CallDesc,
-    descriptors: &'static CallDesc,
+    f: &'static Forms,
     descriptor: *mut c_void,
-    name: u32,
-    ty: u32,
-    requested: i64,
+    (name, ty, requested): Query,
     count_out: *mut c_void,
     elements: *mut c_void,
-    bad_param: u32,
 ) -> u32 {
-    crate::guard::ffi("cudnnBackendGetAttribute", bad_param, || {
+    crate::guard::ffi("cudnnBackendGetAttribute", f.bad_param, || {
         let d = descriptor as u64;
-        let head = [d, u64::from(name), u64::from(ty), requested as u64];
-        let (status, count) = if elements.is_null() || requested <= 0 {
+        let count_question = elements.is_null() && requested <= 0;
+        let (status, count) = if !count_question && (elements.is_null() || requested <= 0) {
+            // An array without a request, or a request without an array: the library says
+            // what it means (nothing is written to the array).
             let mut count: i64 = 0;
-            let args = [head[0], head[1], head[2], head[3], &mut count as *mut i64 as u64, elements as u64];
-            // SAFETY: `count` receives one int64; the array is NULL or never touched.
-            let s = unsafe { crate::runtime::call(call, &args) as u32 };
+            let args = [d, u64::from(name), u64::from(ty), requested as u64, &mut count as *mut i64 as u64, 0];
+            // SAFETY: `count` receives one int64; no array travels.
+            let s = unsafe { crate::runtime::call(f.get, &args) as u32 };
             if s == 0 && !count_out.is_null() {
                 // SAFETY: the caller's int64_t*, checked non-null.
                 unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
             }
             (s, count)
-        } else if ty == TYPE_BACKEND_DESCRIPTOR {
-            let s = fill(call, descriptors, head, count_out, elements);
-            (s, -1)
+        } else if ty == TYPE_BACKEND_DESCRIPTOR && !count_question {
+            (fill(f, d, (name, requested), count_out, elements), -1)
         } else {
-            let query = (name, ty, requested);
+            let query = (name, ty, if count_question { 0 } else { requested });
             let known = replay(|r| {
-                let answers = r.filled.get(&d)?;
+                let answers = &r.known.get(&d)?.answers;
                 if let Some((_, a)) = answers.iter().find(|(q, _)| *q == query) {
                     return Some(Some(a.clone()));
                 }
-                // A question about a filled descriptor: ask it of the next ones of its type.
-                if let Some(t) = type_of(descriptor).filter(|_| requested <= REQUESTED_MAX) {
-                    let learned = r.learned.entry(t).or_default();
-                    if !learned.contains(&query) && learned.len() < LEARNED_MAX {
-                        learned.push(query);
-                    }
+                // A question about a descriptor that cannot change: ask it of the next ones.
+                if let Some(t) = type_of(d) {
+                    r.learn(t, query);
                 }
                 Some(None)
             });
             if let Some(Some(a)) = known {
                 crate::trace::local("cudnnBackendGetAttribute");
-                (deliver(&a, requested, count_out, elements), a.count)
+                (deliver(&a, query.2, count_out, elements), a.count)
             } else {
-                let Some(mut asked) = Asked::new(call, d, query) else { return bad_param };
+                let Some(mut asked) = Asked::new(f.get, d, query) else { return f.bad_param };
                 // SAFETY: our buffers, of the wire form's lengths for these arguments.
-                let s = unsafe { crate::runtime::call(call, &asked.args()) as u32 };
+                let s = unsafe { crate::runtime::call(f.get, &asked.args()) as u32 };
                 let a = asked.answer(s);
                 // Only a success is the library's answer here: a failure may be the deferred
                 // status of an earlier call, reported by this one.
                 if known.is_some() && s == 0 {
-                    replay(|r| r.filled.get_mut(&d).map(|v| v.push((query, a.clone()))));
+                    replay(|r| r.known.get_mut(&d).map(|k| k.answers.push((query, a.clone()))));
                 }
-                (deliver(&a, requested, count_out, elements), a.count)
+                (deliver(&a, query.2, count_out, elements), a.count)
             }
         };
         tracing::trace!(
-            "get: descriptor type {:?}, attribute {name}, type {ty}, requested {requested} -> {status}, {count}",
-            type_of(descriptor)
+            "get: descriptor {d:#x} type {:?}, attribute {name}, type {ty}, requested {requested} -> {status}, {count}",
+            type_of(d)
         );
         status
     })
 }
 
 /// A Get of descriptors: the library fills descriptors the caller made (names the worker
-/// maps; the array is only read). The questions learned for the filled descriptors' types
-/// go in the same round trip.
+/// maps; the array is only read). A fill made ahead into shadows answers it when the
+/// caller's descriptors are fresh ones of the shadows' type; else it goes to the server
+/// with the questions learned for the filled descriptors' type.
 fn fill(
-    call: &'static CallDesc,
-    descriptors: &'static CallDesc,
-    head: [u64; 4],
+    f: &'static Forms,
+    source: u64,
+    (name, requested): (u32, i64),
     count_out: *mut c_void,
     elements: *mut c_void,
 ) -> u32 {
-    let requested = head[3] as usize;
+    let Ok(len) = usize::try_from(requested) else { return f.bad_param };
     // SAFETY: the caller's array of `requested` descriptors (the API contract).
-    let targets = unsafe { std::slice::from_raw_parts(elements as *const u64, requested) }.to_vec();
+    let targets = unsafe { std::slice::from_raw_parts(elements as *const u64, len) }.to_vec();
+    let target_types: Vec<Option<u32>> = targets.iter().map(|&t| type_of(t)).collect();
+    let source_type = type_of(source);
+    let same_type = target_types.first().copied().flatten().filter(|t| target_types.iter().all(|x| *x == Some(*t)));
+    let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(f.fill) as u32 };
+    // The fill made ahead, when it is this one.
+    let twin = replay(|r| {
+        let u = same_type?;
+        if !targets.iter().all(|t| r.fresh.contains(t)) {
+            return None;
+        }
+        let known = r.known.get_mut(&source)?;
+        let at = known.twins.iter().position(|t| t.query == (name, requested, u) && t.status == 0)?;
+        let twin = known.twins.remove(at);
+        let filled = filled_by(twin.status, twin.count, len);
+        for (i, (&shadow, &target)) in twin.shadows.iter().zip(&targets).enumerate() {
+            r.fresh.remove(&target);
+            if i < filled {
+                let k = r.known.remove(&shadow).unwrap_or_default();
+                r.known.insert(target, k);
+            }
+        }
+        let mut unmade = Vec::new();
+        for &shadow in &twin.shadows[filled.min(twin.shadows.len())..] {
+            r.drop_known(shadow, &mut unmade);
+        }
+        if let Some(t) = source_type {
+            r.learn_fill(t, (name, requested, u), filled as i64);
+        }
+        Some((twin, unmade))
+    });
+    if let Some((twin, unmade)) = twin {
+        // The program's descriptors are filled by the same call, without waiting.
+        let mut scratch = 0i64;
+        let args = [
+            source,
+            u64::from(name),
+            u64::from(TYPE_BACKEND_DESCRIPTOR),
+            requested as u64,
+            &mut scratch as *mut i64 as u64,
+            elements as u64,
+        ];
+        // SAFETY: the caller's array of `requested` descriptors; nothing comes back.
+        unsafe { crate::runtime::call_on(&conn, f.refill, &args) };
+        destroy_all(f, &conn, &twin.shadows);
+        destroy_all(f, &conn, &unmade);
+        crate::trace::local("cudnnBackendGetAttribute");
+        tracing::trace!(
+            "fill: attribute {name}, {requested} of type {same_type:?}: answered by a fill made ahead (count {})",
+            twin.count
+        );
+        if !count_out.is_null() && twin.count != UNWRITTEN {
+            // SAFETY: the caller's int64_t*, checked non-null.
+            unsafe { std::ptr::write_unaligned(count_out as *mut i64, twin.count) };
+        }
+        return twin.status;
+    }
     for &t in &targets {
-        forget_answers(t);
+        forget_answers(f, t);
     }
-    let mut asked: Vec<Asked> = replay(|r| {
-        let mut asked = Vec::new();
-        for &t in targets.iter().take(PREFETCH_MAX).filter(|&&t| crate::runtime::is_client_name(t)) {
-            let Some(ty) = type_of(t as *mut c_void) else { continue };
-            for &q in r.learned.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
-                asked.extend(Asked::new(call, t, q));
-            }
+    let (plan, learns) = replay(|r| {
+        let learns = r.known.contains_key(&source) && targets.iter().all(|t| r.fresh.contains(t));
+        for t in &targets {
+            r.fresh.remove(t);
         }
-        asked
+        let mut budget = PLAN_MAX;
+        let plans: Vec<(u64, Plan)> = targets
+            .iter()
+            .zip(&target_types)
+            .filter_map(|(&t, ty)| Some((t, r.plan((*ty)?, 1, &mut budget))))
+            .collect();
+        (plans, learns)
     });
-    let mut count: i64 = 0;
-    let primary = [head[0], head[1], head[2], head[3], &mut count as *mut i64 as u64, elements as u64];
-    let mut args: Vec<[u64; 6]> = vec![primary];
-    args.extend(asked.iter_mut().map(Asked::args));
-    let batch: Vec<(&'static CallDesc, &[u64])> =
-        args.iter().enumerate().map(|(i, a)| (if i == 0 { descriptors } else { call }, a.as_slice())).collect();
-    let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(descriptors) as u32 };
-    // SAFETY: the caller's array and our buffers, alive until every reply has landed.
-    let Some(rets) = (unsafe { crate::runtime::call_all(&conn, &batch, "cudnnBackendGetAttribute") }) else {
-        return crate::runtime::unavailable(descriptors) as u32;
-    };
-    let mut status = rets[0] as u32;
-    if status != 0 {
-        return status;
+    let mut ahead = Vec::new();
+    for (t, p) in &plan {
+        p.materialize(f, &conn, *t, &mut ahead);
     }
-    // The fill is the program's call: a deferred failure of an earlier call surfaces here.
-    if let Some(deferred) = conn.take_deferred(descriptors.library) {
-        status = deferred as u32;
-    }
-    let filled = usize::try_from(count).unwrap_or(0).min(requested);
+    let mut count: i64 = UNWRITTEN;
+    let primary = [
+        source,
+        u64::from(name),
+        u64::from(TYPE_BACKEND_DESCRIPTOR),
+        requested as u64,
+        &mut count as *mut i64 as u64,
+        elements as u64,
+    ];
+    let status = batch(f, &conn, f.fill, &primary, ahead, "cudnnBackendGetAttribute", |s| s == 0);
+    let filled = filled_by(status, count, len);
+    tracing::trace!("fill: attribute {name}, {requested} of type {same_type:?}: count {count}, status {status}");
     replay(|r| {
+        // Only what was filled is known; questions asked of the rest are dropped.
+        let mut stale = Vec::new();
+        for &t in &targets[filled..] {
+            r.drop_known(t, &mut stale);
+        }
         for &t in targets.iter().take(filled).filter(|&&t| crate::runtime::is_client_name(t)) {
-            r.filled.insert(t, Vec::new());
+            r.known.entry(t).or_default();
         }
-        for (a, &ret) in asked.into_iter().zip(&rets[1..]) {
-            if let Some(answers) = r.filled.get_mut(&a.descriptor) {
-                let query = a.query;
-                answers.push((query, a.answer(ret as u32)));
-            }
+        if let (true, Some(t), Some(u), 0) = (learns, source_type, same_type, status) {
+            r.learn_fill(t, (name, requested, u), filled as i64);
         }
+        destroy_all(f, &conn, &stale);
     });
-    if status == 0 && !count_out.is_null() {
+    if status == 0 && !count_out.is_null() && count != UNWRITTEN {
         // SAFETY: the caller's int64_t*, checked non-null.
         unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
     }
@@ -500,35 +830,27 @@ fn array_len(desc: &CallDesc, head: &[u64; 4]) -> Option<usize> {
     }
 }
 
-macro_rules! get_attribute_variant {
-    ($name:ident, $call:ident, $descriptors:ident, $bad_param:expr) => {
-        pub unsafe fn $name(
-            descriptor: *mut c_void,
-            attributeName: u32,
-            attributeType: u32,
-            requestedElementCount: i64,
-            elementCount: *mut c_void,
-            arrayOfElements: *mut c_void,
-        ) -> u32 {
-            let (forms, (n, t, r)) =
-                ((&calls::$call, &calls::$descriptors), (attributeName, attributeType, requestedElementCount));
-            get_attribute(forms.0, forms.1, descriptor, n, t, r, elementCount, arrayOfElements, $bad_param)
-        }
-    };
+pub unsafe fn cudnnBackendGetAttribute__cu118(
+    d: *mut c_void,
+    name: u32,
+    ty: u32,
+    requested: i64,
+    count: *mut c_void,
+    elements: *mut c_void,
+) -> u32 {
+    get_attribute(&V8, d, (name, ty, requested), count, elements)
 }
 
-get_attribute_variant!(
-    cudnnBackendGetAttribute__cu118,
-    cudnnBackendGetAttribute__cu118__call,
-    cudnnBackendGetAttribute__cu118__descriptors,
-    BAD_PARAM_V8
-);
-get_attribute_variant!(
-    cudnnBackendGetAttribute__cu126,
-    cudnnBackendGetAttribute__cu126__call,
-    cudnnBackendGetAttribute__cu126__descriptors,
-    BAD_PARAM_V9
-);
+pub unsafe fn cudnnBackendGetAttribute__cu126(
+    d: *mut c_void,
+    name: u32,
+    ty: u32,
+    requested: i64,
+    count: *mut c_void,
+    elements: *mut c_void,
+) -> u32 {
+    get_attribute(&V9, d, (name, ty, requested), count, elements)
+}
 
 /// The library's versions, asked once per process.
 static VERSION: OnceLock<usize> = OnceLock::new();
