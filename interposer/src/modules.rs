@@ -3,8 +3,15 @@
 //! needs (only its cubin and PTX entries where the fat binary allows); the server loads it
 //! from its module cache or asks for the bytes. One round trip brings back every kernel of
 //! the module with its function handle and parameter layout.
+//!
+//! The client keeps a record of the modules each server has said it holds
+//! (`$XDG_CACHE_HOME/chidori/servers/<address>`, hashes in hex). A module the record lacks
+//! goes with its first load when it is small: one round trip on a fresh server, where asking
+//! first would take two; one the record has is asked for by hash, and no bytes travel.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -60,18 +67,26 @@ fn server_sm(conn: &Conn) -> u32 {
 pub fn load_image(conn: &Conn, image: &[u8]) -> Result<Arc<Loaded>, u32> {
     let hash: [u8; 32] = Sha256::digest(image).into();
     let start = Instant::now();
-    let mut reply = conn.service(&Service::LoadModule { hash }, &[]).map_err(|_| NO_DEVICE)?;
-    let mut uploaded = 0u64;
+    let held = server_holds(&conn.server, &hash);
+    let (mut reply, mut uploaded, mut trips) = if held == Some(false) && image.len() <= INLINE_MAX {
+        (conn.service(&Service::UploadModule { hash }, &[image]).map_err(|_| NO_DEVICE)?, image.len() as u64, 1)
+    } else {
+        (conn.service(&Service::LoadModule { hash }, &[]).map_err(|_| NO_DEVICE)?, 0, 1)
+    };
     if reply == ServiceReply::NeedUpload {
         if image.len() > (1 << 20) {
             tracing::info!("uploading a module of {} MiB (once: the server caches it)", image.len() >> 20);
         }
         reply = conn.service(&Service::UploadModule { hash }, &[image]).map_err(|_| NO_DEVICE)?;
         uploaded = image.len() as u64;
+        trips += 1;
     }
-    crate::trace::bytes("(module load)", 1 + u64::from(uploaded > 0), uploaded, 0, start.elapsed());
+    crate::trace::bytes("(module load)", trips, uploaded, 0, start.elapsed());
     match reply {
         ServiceReply::Module { library, module, kernels } => {
+            if held == Some(false) {
+                record_held(&conn.server, &hash);
+            }
             let fallback = nv_info_params(image);
             let kernels = kernels
                 .into_iter()
@@ -96,6 +111,73 @@ pub fn load_image(conn: &Conn, image: &[u8]) -> Result<Arc<Loaded>, u32> {
             Err(INVALID_IMAGE)
         }
     }
+}
+
+/// Modules up to this size go with their first load when the record lacks them.
+const INLINE_MAX: usize = 8 << 20;
+
+/// The modules the server at one address has said it holds, as recorded on this machine.
+struct Record {
+    server: String,
+    path: PathBuf,
+    held: HashSet<[u8; 32]>,
+}
+
+static RECORD: Mutex<Option<Option<Record>>> = Mutex::new(None);
+
+fn record_path(server: &str) -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let name: String =
+        server.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' }).collect();
+    let dir = base.join("chidori/servers");
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir.join(name))
+}
+
+fn with_record<T>(server: &str, f: impl FnOnce(&mut Record) -> T) -> Option<T> {
+    let mut slot = RECORD.lock().unwrap_or_else(|p| p.into_inner());
+    if slot.as_ref().is_none_or(|r| r.as_ref().is_some_and(|r| r.server != server)) {
+        *slot = Some(record_path(server).map(|path| {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let held = text.lines().filter_map(parse_hash).collect();
+            Record { server: server.to_owned(), path, held }
+        }));
+    }
+    slot.as_mut().and_then(|r| r.as_mut()).map(f)
+}
+
+fn parse_hash(line: &str) -> Option<[u8; 32]> {
+    let line = line.trim();
+    let mut out = [0u8; 32];
+    if line.len() != 64 {
+        return None;
+    }
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(line.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Whether the record says the server holds `hash` (None: no record can be kept here, so
+/// the client asks before sending bytes).
+fn server_holds(server: &str, hash: &[u8; 32]) -> Option<bool> {
+    with_record(server, |r| r.held.contains(hash))
+}
+
+fn record_held(server: &str, hash: &[u8; 32]) {
+    with_record(server, |r| {
+        if r.held.insert(*hash) {
+            let line: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(&r.path);
+            if let Err(e) = file.and_then(|mut f| writeln!(f, "{line}")) {
+                crate::log::once_owned(&format!("{}", r.path.display()), || {
+                    tracing::warn!("cannot record the server's modules in {}: {e}", r.path.display())
+                });
+            }
+        }
+    });
 }
 
 /// Parameter layouts from the image's cubins (used only when the driver gives none).
@@ -273,4 +355,19 @@ pub unsafe fn image_len(image: *const u8) -> usize {
     }
     // SAFETY: PTX is NUL-terminated text.
     unsafe { std::ffi::CStr::from_ptr(image.cast()) }.to_bytes_with_nul().len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_record_holds_hashes_in_hex_and_skips_what_is_not_one() {
+        let hash: [u8; 32] = Sha256::digest(b"module").into();
+        let line: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(parse_hash(&format!("{line}\n")), Some(hash));
+        assert_eq!(parse_hash(&line[..62]), None, "too short");
+        assert_eq!(parse_hash(&format!("{}zz", &line[..62])), None, "not hex");
+        assert_eq!(parse_hash(""), None);
+    }
 }
