@@ -11,8 +11,9 @@
 #   core     version matrix against the real GPU; 4-byte D2H round trip (median, p99 of
 #            10,000) and 1 GiB H2D/D2H, native and remote; GPU memory back after SIGKILL
 #   kernels  the CUDA suite: native, loopback, 70 ms WAN; the module cache's second run
-#   torch    `import torch` and the first result read back (round trips, fresh and warm
-#            module cache), the standard workloads and the torch suite, native and remote
+#   first    `import torch` and the first result read back (round trips, fresh and warm
+#            module cache); always first, also run by `torch`
+#   torch    the standard workloads and the torch suite, native and remote
 #   waits    every round trip in order, and cuDNN's descriptor traffic, for the workloads'
 #            70 ms arguments (CHIDORI_LOG trace), on loopback
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
@@ -67,6 +68,22 @@ trap finish EXIT
 trap 'exit 124' TERM INT
 sleep 1
 kill -0 $SERVE_PID 2>/dev/null || { echo "chidori serve did not start:"; cat "$LOGS/serve.log"; exit 1; }
+
+if want first || want torch; then
+  # `import torch` makes no call; the first result read back, on a fresh server (the fill
+  # kernel's module goes with its load) and again (the module cache has it). Runs before
+  # every other stage, so the server is fresh; the client's record of what the server
+  # holds is kept in a directory of its own for the round.
+  export XDG_CACHE_HOME=$B/client-cache
+  rm -rf "$XDG_CACHE_HOME"
+  "$CHIDORI" run --trace -s $SERVER -- python3 -c "import torch, torch.nn" > "$LOGS/import.txt" 2>&1
+  row "import torch" "$(grep -q TOTAL "$LOGS/import.txt" && grep TOTAL "$LOGS/import.txt" | tr -s ' ' || echo "no call")"
+  for n in 1 2; do
+    "$CHIDORI" run --trace -s $SERVER -- python3 -c "import torch; print(torch.ones(1, device='cuda').item())" \
+      > "$LOGS/first-$n.txt" 2>&1
+    row "first result (run $n)" "$(grep -q '^1.0' "$LOGS/first-$n.txt" && echo ok || echo FAILED); $(grep TOTAL "$LOGS/first-$n.txt" | awk '{print $2" calls, "$3" round trips"}'); $(grep -E '^\(module load\)' "$LOGS/first-$n.txt" | awk '{print $5" bytes uploaded"}')"
+  done
+fi
 
 nv() { "$NVCC" -arch=sm_90 -O2 -cudart shared -Xlinker -rpath -Xlinker /usr/local/cuda-13.0/lib64 "$@"; }
 
@@ -155,22 +172,13 @@ if want waits; then
     echo "== $name: $(grep -cE 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/waits-$name.err") round trips; the last 120, in order:"
     grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/waits-$name.err" | tail -120 | awk '{print $2}' | uniq -c | head -60
     echo "-- cuDNN gets (descriptor type, attribute, type, requested>0), finalizes and creates that wait:"
-    grep -E 'TRACE (get|finalize|create):' "$LOGS/waits-$name.err" \
-      | sed -E 's/requested [1-9][0-9]*/requested N/; s/-> .*//' | sort | uniq -c | sort -rn | head -40
+    grep -E "TRACE (get|set|finalize|create):" "$LOGS/waits-$name.err" \
+      | sed -E 's/descriptor 0x[0-9a-f]+ /descriptor /; s/requested [1-9][0-9]*/requested N/; s/[0-9]+ elements/N elements/; s/-> .*//' | sort | uniq -c | sort -rn | head -40
     row "waits $name" "$(grep -cE 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/waits-$name.err") round trips (waits-$name.err)"
   done
 fi
 
 if want torch; then
-  # `import torch` makes no call; the first result read back, on a fresh server (the fill
-  # kernel's module is uploaded) and again (the module cache has it).
-  "$CHIDORI" run --trace -s $SERVER -- python3 -c "import torch, torch.nn" > "$LOGS/import.txt" 2>&1
-  row "import torch" "$(grep -q TOTAL "$LOGS/import.txt" && grep TOTAL "$LOGS/import.txt" | tr -s ' ' || echo "no call")"
-  for n in 1 2; do
-    "$CHIDORI" run --trace -s $SERVER -- python3 -c "import torch; print(torch.ones(1, device='cuda').item())" \
-      > "$LOGS/first-$n.txt" 2>&1
-    row "first result (run $n)" "$(grep -q '^1.0' "$LOGS/first-$n.txt" && echo ok || echo FAILED); $(grep TOTAL "$LOGS/first-$n.txt" | awk '{print $2" calls, "$3" round trips"}')"
-  done
   # The standard workloads (QUICK=1: small sizes, a functional check), then the suite.
   quick=(); [[ ${QUICK:-0} == 1 ]] && quick=(--quick)
   timeout ${WORKLOAD_TIMEOUT:-400} python3 gpu/workloads.py --chidori "$CHIDORI" --server $SERVER \
