@@ -625,7 +625,7 @@ fn cudnn_engine_questions_ride_with_the_fill() {
 
 /// torch's frontend, building a cuDNN graph, finalizes the heuristics, asks their count,
 /// fills configurations, asks each its workspace, fills its engine and asks the engine's
-/// notes. The first build teaches the client those questions; in the next builds they all
+/// notes (their count without an array, then the notes). The first build teaches the client those questions; in the next builds they all
 /// ride with the heuristics' finalize (made ahead into the client's own descriptors) and the
 /// program's calls are answered from there, its descriptors filled without waiting.
 const CUDNN_HEURISTICS: &str = r#"
@@ -647,15 +647,17 @@ static int build(int label) {
     if (cudnnBackendCreateDescriptor(ENGINECFG, &cfgs[i])) return 13;
   if (cudnnBackendGetAttribute(heur, HEUR_RESULTS, DESCRIPTORS, n, &got, cfgs)) return 14;
   for (int i = 0; i < got; i++) {
-    long long k = -1, ws = 0, m = -1, notes_n = -1;
+    long long k = -1, ws = 0, m = -1, notes_n = -1, notes_asked = -1;
     desc_t engine = 0;
     int notes[4] = {0};
     int a = cudnnBackendGetAttribute(cfgs[i], CFG_WORKSPACE, INT64, 1, &k, &ws);
     if (cudnnBackendCreateDescriptor(ENGINE, &engine)) return 15;
     int b = cudnnBackendGetAttribute(cfgs[i], CFG_ENGINE, DESCRIPTORS, 1, &m, &engine);
-    int c = cudnnBackendGetAttribute(engine, NUMERICAL_NOTE, NOTE, 4, &notes_n, notes);
-    printf("%d: n=%lld got=%lld %d %d %d k=%lld ws=%llx m=%lld notes=%lld:%x,%x,%x\n", label, n, got, a, b, c, k,
-           (unsigned long long)ws, m, notes_n, notes[0], notes[1], notes[2]);
+    /* How many notes (no array), then the notes: as torch's frontend asks. */
+    int c = cudnnBackendGetAttribute(engine, NUMERICAL_NOTE, NOTE, 4, &notes_asked, 0);
+    int d = cudnnBackendGetAttribute(engine, NUMERICAL_NOTE, NOTE, 4, &notes_n, notes);
+    printf("%d: n=%lld got=%lld %d %d %d %d k=%lld ws=%llx m=%lld notes=%lld/%lld:%x,%x,%x\n", label, n, got, a, b, c, d,
+           k, (unsigned long long)ws, m, notes_asked, notes_n, notes[0], notes[1], notes[2]);
     if (cudnnBackendDestroyDescriptor(engine) || cudnnBackendDestroyDescriptor(cfgs[i])) return 16;
   }
   return cudnnBackendDestroyDescriptor(heur) ? 17 : 0;
@@ -679,13 +681,13 @@ fn cudnn_graph_builds_after_the_first_ride_with_the_heuristics() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
     // Every build sees the emulated library's answers, whether asked or made ahead.
-    let same = "n=1 got=1 0 0 0 k=1 ws=1111111111111111 m=1 notes=2:11111111,11111111,0";
+    let same = "n=1 got=1 0 0 0 0 k=1 ws=1111111111111111 m=1 notes=2/2:11111111,11111111,0";
     let expected: Vec<String> = (0..3).map(|i| format!("{i}: {same}")).collect();
     assert_eq!(stdout.lines().collect::<Vec<_>>(), expected, "{stderr}");
-    // The first build: its finalize and each of five questions (6); each later build: the
+    // The first build: its finalize and each of six questions (7); each later build: the
     // finalize with everything made ahead (1).
     let total = stderr.lines().find(|l| l.starts_with("TOTAL")).unwrap_or_else(|| panic!("{stderr}"));
-    assert_eq!(total.split_whitespace().nth(2), Some("8"), "{stderr}");
+    assert_eq!(total.split_whitespace().nth(2), Some("9"), "{stderr}");
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 

@@ -305,8 +305,10 @@ struct Answer {
     bytes: Vec<u8>,
 }
 
-/// A Get's question: (attribute, attribute type, requested elements; 0 asks the count).
-type Query = (u32, u32, i64);
+/// A Get's question: (attribute, attribute type, requested elements, whether an array
+/// travels). Without an array it asks the count (torch's frontend asks an engine's notes
+/// that way before it reads them).
+type Query = (u32, u32, i64, bool);
 
 /// A Get of descriptors: (attribute, requested descriptors, their descriptor type).
 type FillQuery = (u32, i64, u32);
@@ -552,7 +554,12 @@ fn batch(
                     let (d, q) = (asked.descriptor, asked.query);
                     r.known.entry(d).or_default().answers.push((q, asked.answer(0)));
                 }
-                Ahead::Query(_) => {}
+                Ahead::Query(asked) => {
+                    let (d, (attribute, ty, requested, _)) = (asked.descriptor, asked.query);
+                    tracing::trace!(
+                        "ahead: get of {d:#x}, attribute {attribute}, type {ty}, requested {requested} -> {ret}"
+                    );
+                }
                 Ahead::Fill { source, query, shadows, count } => {
                     let twin = Twin { query, status: ret as u32, count: *count, shadows };
                     r.known.entry(source).or_default().twins.push(twin);
@@ -615,13 +622,14 @@ struct Asked {
 impl Asked {
     fn new(call: &CallDesc, descriptor: u64, query: Query) -> Option<Asked> {
         let head = [descriptor, u64::from(query.0), u64::from(query.1), query.2 as u64];
-        Some(Asked { descriptor, query, count: Box::new(0), bytes: vec![0u8; array_len(call, &head)?] })
+        let len = if query.3 { array_len(call, &head)? } else { 0 };
+        Some(Asked { descriptor, query, count: Box::new(0), bytes: vec![0u8; len] })
     }
 
     fn args(&mut self) -> [u64; 6] {
-        let (name, ty, requested) = self.query;
+        let (name, ty, requested, with_array) = self.query;
         let count = &mut *self.count as *mut i64 as u64;
-        let array = if requested > 0 { self.bytes.as_mut_ptr() as u64 } else { 0 };
+        let array = if with_array && requested > 0 { self.bytes.as_mut_ptr() as u64 } else { 0 };
         [self.descriptor, u64::from(name), u64::from(ty), requested as u64, count, array]
     }
 
@@ -638,16 +646,15 @@ impl Asked {
 fn get_attribute(
     f: &'static Forms,
     descriptor: *mut c_void,
-    (name, ty, requested): Query,
+    (name, ty, requested): (u32, u32, i64),
     count_out: *mut c_void,
     elements: *mut c_void,
 ) -> u32 {
     crate::guard::ffi("cudnnBackendGetAttribute", f.bad_param, || {
         let d = descriptor as u64;
-        let count_question = elements.is_null() && requested <= 0;
-        let (status, count) = if !count_question && (elements.is_null() || requested <= 0) {
-            // An array without a request, or a request without an array: the library says
-            // what it means (nothing is written to the array).
+        let (status, count) = if !elements.is_null() && requested <= 0 {
+            // An array without a request: the library says what it means (nothing is
+            // written to the array).
             let mut count: i64 = 0;
             let args = [d, u64::from(name), u64::from(ty), requested as u64, &mut count as *mut i64 as u64, 0];
             // SAFETY: `count` receives one int64; no array travels.
@@ -657,10 +664,10 @@ fn get_attribute(
                 unsafe { std::ptr::write_unaligned(count_out as *mut i64, count) };
             }
             (s, count)
-        } else if ty == TYPE_BACKEND_DESCRIPTOR && !count_question {
+        } else if ty == TYPE_BACKEND_DESCRIPTOR && !elements.is_null() {
             (fill(f, d, (name, requested), count_out, elements), -1)
         } else {
-            let query = (name, ty, if count_question { 0 } else { requested });
+            let query = (name, ty, requested, !elements.is_null());
             let known = replay(|r| {
                 let answers = &r.known.get(&d)?.answers;
                 if let Some((_, a)) = answers.iter().find(|(q, _)| *q == query) {
