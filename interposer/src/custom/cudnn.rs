@@ -344,6 +344,25 @@ struct Twin {
 struct Known {
     answers: Vec<(Query, Answer)>,
     twins: Vec<Twin>,
+    /// Fills the program made from this descriptor, and how often (the frontend fills an
+    /// engine from a configuration once to read its notes and again to build the plan).
+    made: Vec<(FillQuery, u32)>,
+}
+
+impl Known {
+    /// Count one more fill of `query` by the program; which one it is (1, 2, ...).
+    fn made(&mut self, query: FillQuery) -> u32 {
+        match self.made.iter_mut().find(|(q, _)| *q == query) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                self.made.push((query, 1));
+                1
+            }
+        }
+    }
 }
 
 /// Most questions and fills learned per descriptor type, and most calls made ahead of one
@@ -353,8 +372,10 @@ const PLAN_MAX: usize = 1024;
 /// The largest array a learned question may ask for, and the most descriptors a learned
 /// fill may make.
 const REQUESTED_MAX: i64 = 64;
-/// How deep fills made ahead nest (heuristics -> configurations -> engines, knobs).
+/// How deep fills made ahead nest (heuristics -> configurations -> engines, knobs), and
+/// most fills of one kind made ahead from one descriptor.
 const DEPTH_MAX: usize = 3;
+const REPEAT_MAX: u32 = 4;
 
 /// The program's questions about descriptors whose answers cannot change (filled by a Get,
 /// or finalized with a wait), learned per descriptor type and asked of the next descriptors
@@ -369,7 +390,8 @@ const DEPTH_MAX: usize = 3;
 struct Replay {
     learned: HashMap<u32, Vec<Query>>,
     /// (fill, descriptors it filled last time) per source descriptor type.
-    learned_fills: HashMap<u32, Vec<(FillQuery, i64)>>,
+    /// (fill, descriptors it filled last time, most times one source was filled so).
+    learned_fills: HashMap<u32, Vec<(FillQuery, i64, u32)>>,
     known: HashMap<u64, Known>,
     /// Descriptors the program created and has not used yet: a fill into them is the same
     /// call as a fill into shadows just created.
@@ -397,14 +419,16 @@ impl Replay {
         if depth >= DEPTH_MAX {
             return plan;
         }
-        for &(fq, last) in self.learned_fills.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
-            let cost = fq.1 as usize + 1;
-            if *budget < cost {
-                break;
+        for &(fq, last, times) in self.learned_fills.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
+            for _ in 0..times.clamp(1, REPEAT_MAX) {
+                let cost = fq.1 as usize + 1;
+                if *budget < cost {
+                    return plan;
+                }
+                *budget -= cost;
+                let nested = (0..last.clamp(0, fq.1)).map(|_| self.plan(fq.2, depth + 1, budget)).collect();
+                plan.fills.push((fq, nested));
             }
-            *budget -= cost;
-            let nested = (0..last.clamp(0, fq.1)).map(|_| self.plan(fq.2, depth + 1, budget)).collect();
-            plan.fills.push((fq, nested));
         }
         plan
     }
@@ -428,12 +452,13 @@ impl Replay {
         }
     }
 
-    fn learn_fill(&mut self, ty: u32, query: FillQuery, count: i64) {
+    fn learn_fill(&mut self, ty: u32, query: FillQuery, count: i64, nth: u32) {
         let learned = self.learned_fills.entry(ty).or_default();
-        if let Some((_, last)) = learned.iter_mut().find(|(q, _)| *q == query) {
+        if let Some((_, last, times)) = learned.iter_mut().find(|(q, _, _)| *q == query) {
             *last = count;
+            *times = (*times).max(nth);
         } else if learned.len() < LEARNED_MAX && query.1 <= REQUESTED_MAX {
-            learned.push((query, count));
+            learned.push((query, count, nth));
         }
     }
 }
@@ -730,6 +755,7 @@ fn fill(
         let known = r.known.get_mut(&source)?;
         let at = known.twins.iter().position(|t| t.query == (name, requested, u) && t.status == 0)?;
         let twin = known.twins.remove(at);
+        let nth = known.made((name, requested, u));
         let filled = filled_by(twin.status, twin.count, len);
         for (i, (&shadow, &target)) in twin.shadows.iter().zip(&targets).enumerate() {
             r.fresh.remove(&target);
@@ -743,7 +769,7 @@ fn fill(
             r.drop_known(shadow, &mut unmade);
         }
         if let Some(t) = source_type {
-            r.learn_fill(t, (name, requested, u), filled as i64);
+            r.learn_fill(t, (name, requested, u), filled as i64, nth);
         }
         Some((twin, unmade))
     });
@@ -777,7 +803,11 @@ fn fill(
         forget_answers(f, t);
     }
     let (plan, learns) = replay(|r| {
-        let learns = r.known.contains_key(&source) && targets.iter().all(|t| r.fresh.contains(t));
+        let fresh = targets.iter().all(|t| r.fresh.contains(t));
+        let learns = match (r.known.get_mut(&source), same_type) {
+            (Some(k), Some(u)) if fresh => Some(k.made((name, requested, u))),
+            _ => None,
+        };
         for t in &targets {
             r.fresh.remove(t);
         }
@@ -814,8 +844,8 @@ fn fill(
         for &t in targets.iter().take(filled).filter(|&&t| crate::runtime::is_client_name(t)) {
             r.known.entry(t).or_default();
         }
-        if let (true, Some(t), Some(u), 0) = (learns, source_type, same_type, status) {
-            r.learn_fill(t, (name, requested, u), filled as i64);
+        if let (Some(nth), Some(t), Some(u), 0) = (learns, source_type, same_type, status) {
+            r.learn_fill(t, (name, requested, u), filled as i64, nth);
         }
         destroy_all(f, &conn, &stale);
     });
