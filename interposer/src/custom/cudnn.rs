@@ -253,7 +253,8 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
             return unsafe { crate::runtime::call(desc, &[d]) as u32 };
         };
         let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(f.finalize) as u32 };
-        let plan = replay(|r| r.plan(ty, 0, &mut PLAN_MAX.clone()));
+        let mut budget = PLAN_MAX;
+        let plan = replay(|r| r.plan(ty, 0, &mut budget));
         let mut ahead = Vec::new();
         plan.materialize(f, &conn, d, &mut ahead);
         let status = batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize", |s| s == 0);
