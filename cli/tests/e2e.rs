@@ -699,6 +699,57 @@ fn cudnn_graph_builds_after_the_first_ride_with_the_heuristics() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// A fill made ahead answers only the same call into fresh descriptors: a configuration the
+/// program already set an attribute of is filled by the server, as natively.
+const CUDNN_TWIN_FRESH: &str = r#"
+#include <stdio.h>
+typedef void *desc_t;
+int cudnnBackendCreateDescriptor(int type, desc_t *d);
+int cudnnBackendDestroyDescriptor(desc_t d);
+int cudnnBackendFinalize(desc_t d);
+int cudnnBackendSetAttribute(desc_t d, int name, int type, long long count, const void *elements);
+int cudnnBackendGetAttribute(desc_t d, int name, int type, long long requested, long long *count, void *elements);
+enum { ENGINECFG = 3, ENGINEHEUR = 4, DESCRIPTORS = 15, INT64 = 3, HEUR_RESULTS = 202, CFG_WORKSPACE = 303 };
+static int build(int label, int touch) {
+  desc_t heur = 0, cfg = 0;
+  long long n = -1, got = -1, k = -1, ws = 0, one = 1;
+  if (cudnnBackendCreateDescriptor(ENGINEHEUR, &heur) || cudnnBackendFinalize(heur)) return 10;
+  if (cudnnBackendGetAttribute(heur, HEUR_RESULTS, DESCRIPTORS, 0, &n, 0) || n != 1) return 11;
+  if (cudnnBackendCreateDescriptor(ENGINECFG, &cfg)) return 12;
+  if (touch && cudnnBackendSetAttribute(cfg, CFG_WORKSPACE, INT64, 1, &one)) return 13;
+  int a = cudnnBackendGetAttribute(heur, HEUR_RESULTS, DESCRIPTORS, 1, &got, &cfg);
+  int b = cudnnBackendGetAttribute(cfg, CFG_WORKSPACE, INT64, 1, &k, &ws);
+  printf("%d: %d %d got=%lld k=%lld ws=%llx\n", label, a, b, got, k, (unsigned long long)ws);
+  return cudnnBackendDestroyDescriptor(cfg) || cudnnBackendDestroyDescriptor(heur) ? 14 : 0;
+}
+int main(void) {
+  for (int i = 0; i < 3; i++) {
+    int rc = build(i, i == 1);
+    if (rc) return rc;
+  }
+  return 0;
+}
+"#;
+
+#[test]
+fn cudnn_fills_made_ahead_answer_only_fresh_descriptors() {
+    let server = server();
+    let exe = cudnn_program("cudnn-twin-fresh", CUDNN_TWIN_FRESH);
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    let expected: Vec<String> = (0..3).map(|i| format!("{i}: 0 0 got=1 k=1 ws=1111111111111111")).collect();
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), expected, "{stderr}");
+    // Build 0 learns (finalize, count, fill, workspace: 4); build 1 sets the configuration
+    // first, so its fill goes to the server (finalize with what is made ahead, the fill with
+    // the workspace question: 2); build 2 is answered from the finalize's round trip (1).
+    let total = stderr.lines().find(|l| l.starts_with("TOTAL")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(total.split_whitespace().nth(2), Some("7"), "{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// NVRTC programs live on the client: only the compile reaches the server (the emulated
 /// backend has no NVRTC, and says so in the program's log).
 const NVRTC: &str = r##"

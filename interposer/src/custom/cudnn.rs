@@ -135,6 +135,7 @@ fn set_attribute(
             type_of(descriptor as u64)
         );
         forget_answers(f, descriptor as u64);
+        replay(|r| r.fresh.remove(&(descriptor as u64)));
         let forward = |elements: u64| {
             let args = [descriptor as u64, u64::from(name), u64::from(ty), count as u64, elements];
             // SAFETY: `elements` holds `count` elements of the attribute type (the caller's
