@@ -16,6 +16,8 @@
 #   torch    the standard workloads and the torch suite, native and remote
 #   waits    every round trip in order, and cuDNN's descriptor traffic, for the workloads'
 #            70 ms arguments (CHIDORI_LOG trace), on loopback
+#   calls    decode with the dynamic cache, 100 and 200 tokens, native and through a server
+#            that logs the time it spent in each library function (chidori::calls=debug)
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
 #            $REPEAT_MODES (plain, mcheck, nocudnn): hunting an intermittent client abort
 # The standard workloads and the WAN relay come from ../shared (copied into target/dist by
@@ -138,6 +140,25 @@ if want kernels; then
   # The module cache: a fresh client process whose modules the server already has.
   "$CHIDORI" run --trace -s $SERVER -- "$B/suite/params" > /dev/null 2> "$LOGS/second-run-trace.txt"
   row "second run uploads" "$(grep -i "module" "$LOGS/second-run-trace.txt" | tr -s ' ' | tr '\n' ';')"
+fi
+
+if want calls; then
+  # Where a remote run's time goes on the server: the library time per function, per session.
+  CALLS_PORT=43212
+  CHIDORI_LOG=info,chidori::calls=debug "$CHIDORI" serve --bind 127.0.0.1 --port $CALLS_PORT \
+    --module-cache "$CACHE" > "$LOGS/serve-calls.log" 2>&1 &
+  CALLS_PID=$!
+  sleep 1
+  for n in ${CALLS_TOKENS:-100 200}; do
+    args=("$SHARED/workloads/decode.py" --cache dynamic --new-tokens "$n")
+    timeout ${RUN_TIMEOUT:-150} python3 "${args[@]}" > "$LOGS/calls-native-$n.out" 2>&1
+    timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run --trace -s 127.0.0.1:$CALLS_PORT -- python3 "${args[@]}" \
+      > "$LOGS/calls-remote-$n.out" 2> "$LOGS/calls-remote-$n.err"
+    secs() { grep -o '"seconds": [0-9.]*' "$1" | head -1 | awk '{print $2}'; }
+    row "calls dynamic $n tokens" "native $(secs "$LOGS/calls-native-$n.out") s, remote $(secs "$LOGS/calls-remote-$n.out") s"
+  done
+  kill $CALLS_PID 2>/dev/null; wait $CALLS_PID 2>/dev/null
+  grep -E "chidori::calls" "$LOGS/serve-calls.log" | sed -E 's/^.*chidori::calls: //' | grep -v "^ *$" | head -90
 fi
 
 if want repeat; then

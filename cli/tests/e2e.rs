@@ -635,8 +635,9 @@ int cudnnBackendCreateDescriptor(int type, desc_t *d);
 int cudnnBackendDestroyDescriptor(desc_t d);
 int cudnnBackendFinalize(desc_t d);
 int cudnnBackendGetAttribute(desc_t d, int name, int type, long long requested, long long *count, void *elements);
-enum { ENGINE = 2, ENGINECFG = 3, ENGINEHEUR = 4, DESCRIPTORS = 15, NOTE = 11, INT64 = 3 };
-enum { HEUR_RESULTS = 202, CFG_ENGINE = 300, CFG_WORKSPACE = 303, NUMERICAL_NOTE = 1303 };
+enum { ENGINE = 2, ENGINECFG = 3, ENGINEHEUR = 4, KNOB_CHOICE = 7, DESCRIPTORS = 15, NOTE = 11, INT64 = 3 };
+enum { HEUR_RESULTS = 202, CFG_ENGINE = 300, CFG_KNOBS = 302, CFG_WORKSPACE = 303, NUMERICAL_NOTE = 1303 };
+enum { KNOB_VALUE = 601 };
 static int build(int label) {
   desc_t heur = 0, cfgs[4] = {0};
   if (cudnnBackendCreateDescriptor(ENGINEHEUR, &heur)) return 10;
@@ -663,8 +664,18 @@ static int build(int label) {
     if (cudnnBackendGetAttribute(cfgs[i], CFG_ENGINE, DESCRIPTORS, 1, &m2, &again) || m2 != 1) return 19;
     if (cudnnBackendGetAttribute(again, NUMERICAL_NOTE, NOTE, 4, &notes_again, 0) || notes_again != notes_asked) return 20;
     if (cudnnBackendDestroyDescriptor(again)) return 21;
-    printf("%d: n=%lld got=%lld %d %d %d %d k=%lld ws=%llx m=%lld notes=%lld/%lld:%x,%x,%x\n", label, n, got, a, b, c, d,
-           k, (unsigned long long)ws, m, notes_asked, notes_n, notes[0], notes[1], notes[2]);
+    /* Room for 8 knob choices; the library sets fewer. */
+    desc_t knobs[8] = {0};
+    long long kn = -1, kc = -1, kv = 0;
+    for (int j = 0; j < 8; j++)
+      if (cudnnBackendCreateDescriptor(KNOB_CHOICE, &knobs[j])) return 22;
+    int e = cudnnBackendGetAttribute(cfgs[i], CFG_KNOBS, DESCRIPTORS, 8, &kn, knobs);
+    int g = cudnnBackendGetAttribute(knobs[0], KNOB_VALUE, INT64, 1, &kc, &kv);
+    for (int j = 0; j < 8; j++)
+      if (cudnnBackendDestroyDescriptor(knobs[j])) return 23;
+    printf("%d: n=%lld got=%lld %d %d %d %d k=%lld ws=%llx m=%lld notes=%lld/%lld:%x,%x,%x knobs=%d %lld %d %lld %llx\n",
+           label, n, got, a, b, c, d, k, (unsigned long long)ws, m, notes_asked, notes_n, notes[0], notes[1], notes[2], e,
+           kn, g, kc, (unsigned long long)kv);
     if (cudnnBackendDestroyDescriptor(engine) || cudnnBackendDestroyDescriptor(cfgs[i])) return 16;
   }
   return cudnnBackendDestroyDescriptor(heur) ? 17 : 0;
@@ -688,14 +699,22 @@ fn cudnn_graph_builds_after_the_first_ride_with_the_heuristics() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
     // Every build sees the emulated library's answers, whether asked or made ahead.
-    let same = "n=1 got=1 0 0 0 0 k=1 ws=1111111111111111 m=1 notes=2/2:11111111,11111111,0";
+    let same =
+        "n=1 got=1 0 0 0 0 k=1 ws=1111111111111111 m=1 notes=2/2:11111111,11111111,0 knobs=0 1 0 1 1111111111111111";
     let expected: Vec<String> = (0..3).map(|i| format!("{i}: {same}")).collect();
     assert_eq!(stdout.lines().collect::<Vec<_>>(), expected, "{stderr}");
-    // The first build: its finalize, each of six questions and the second fill of the
-    // engine, whose question rides with it (8); each later build: the finalize with
-    // everything made ahead, both engine fills included (1).
+    // The first build: its finalize, each of six questions, the second fill of the engine,
+    // whose question rides with it, the knob fill and the knob's value (10); each later
+    // build: the finalize with everything made ahead, both engine fills and the knobs
+    // included (1).
     let total = stderr.lines().find(|l| l.starts_with("TOTAL")).unwrap_or_else(|| panic!("{stderr}"));
-    assert_eq!(total.split_whitespace().nth(2), Some("10"), "{stderr}");
+    assert_eq!(total.split_whitespace().nth(2), Some("12"), "{stderr}");
+    // The program makes 12 descriptors per build (36). Made ahead in each later build: one
+    // configuration, two engines, and 2 knob choices, not 8: the library set one last time,
+    // and a fill of 2 that sets one shows there is no more (10).
+    let creates =
+        stderr.lines().find(|l| l.starts_with("cudnnBackendCreateDescriptor")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(creates.split_whitespace().nth(1), Some("46"), "{stderr}");
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 

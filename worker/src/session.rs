@@ -66,7 +66,13 @@ struct Session {
     /// Memory kept for a library handle until the handle is destroyed: the host scalars of
     /// a cuDNN variant pack (its data pointers point at them).
     owned: Mutex<HashMap<u64, Box<[u128]>>>,
+    /// Time in the library per function (calls, total), kept when `chidori::calls` logs at
+    /// debug: where a slow remote run spends the server's time.
+    timing: Option<Mutex<HashMap<&'static str, (u64, Duration)>>>,
 }
+
+/// Log target of the per-function time the session spent in the libraries.
+const TIMING_TARGET: &str = "chidori::calls";
 
 /// Why a session ends badly: the frame or call that broke the protocol.
 #[derive(Debug)]
@@ -132,11 +138,13 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         libraries: Mutex::new(std::collections::HashSet::new()),
         layouts: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),
+        timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
     });
     reader.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
     let mut reader = std::io::BufReader::with_capacity(READ_BUFFER, reader);
     let result = serve(&session, &mut reader);
+    log_timing(&session);
     match &result {
         Ok(()) => tracing::info!("session for {} pid {} closed by the client", hello.host, hello.pid),
         Err(e) => {
@@ -146,6 +154,19 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         }
     }
     result
+}
+
+/// The functions the session spent most time in, longest first (CHIDORI_LOG=chidori::calls=debug).
+fn log_timing(session: &Session) {
+    let Some(timing) = &session.timing else { return };
+    let mut rows: Vec<_> = lock(timing).iter().map(|(name, &(calls, total))| (total, calls, *name)).collect();
+    rows.sort_unstable_by(|a, b| b.cmp(a));
+    let total: Duration = rows.iter().map(|r| r.0).sum();
+    tracing::debug!(target: TIMING_TARGET, "time in the libraries: {:.1} ms in all", total.as_secs_f64() * 1e3);
+    for (time, calls, name) in rows.into_iter().take(25) {
+        let ms = time.as_secs_f64() * 1e3;
+        tracing::debug!(target: TIMING_TARGET, "{name:<44} {calls:>9} calls {ms:>10.1} ms");
+    }
 }
 
 /// The order in which the client issued its calls, across its threads. Each client thread
@@ -588,6 +609,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         raw[4] = data_pointers.as_ptr() as u64;
         kept = Some(values);
     }
+    let started = session.timing.as_ref().map(|_| std::time::Instant::now());
     let ret = if desc.form == Some("host") {
         host_function(session, desc, &raw)
     } else {
@@ -595,6 +617,12 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         // by the descriptor the generated trampoline was made from.
         unsafe { session.backend.invoke(desc, &raw) }
     };
+    if let (Some(timing), Some(started)) = (&session.timing, started) {
+        let mut t = lock(timing);
+        let e = t.entry(desc.name).or_default();
+        e.0 += 1;
+        e.1 += started.elapsed();
+    }
     let ret = match ret {
         Ok(r) => r,
         Err(message) => {

@@ -255,7 +255,7 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         };
         let Ok(conn) = crate::conn::get() else { return crate::runtime::unavailable(f.finalize) as u32 };
         let mut budget = PLAN_MAX;
-        let plan = replay(|r| r.plan(ty, 0, &mut budget));
+        let plan = replay(|r| r.plan(ty, None, 0, &mut budget));
         let mut ahead = Vec::new();
         plan.materialize(f, &conn, d, &mut ahead);
         let status = batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize", |s| s == 0);
@@ -333,17 +333,38 @@ fn filled_by(status: u32, count: i64, requested: usize) -> usize {
 /// the program asks it, its answer is this one's, the program's descriptors are filled by
 /// the same call sent without waiting, and what was asked of each shadow becomes known of
 /// the program's descriptor in its place.
+///
+/// The call may ask for fewer descriptors than the program will (one more than the library
+/// filled last time: the frontend asks an engine configuration for 44 knob choices and gets
+/// one): a count below what it asked for is then all there is, and the program's call fills
+/// the same. A count that reaches it says nothing of the rest, and the program's call goes
+/// to the server.
 struct Twin {
+    /// The program's call: (attribute, requested, descriptor type).
     query: FillQuery,
     status: u32,
     count: i64,
     shadows: Vec<u64>,
 }
 
+impl Twin {
+    /// Whether this fill answers the program's: it succeeded, and it asked for as many
+    /// descriptors or was filled short of what it asked for.
+    fn answers(&self, query: FillQuery) -> bool {
+        self.query == query
+            && self.status == 0
+            && (self.shadows.len() as i64 == query.1
+                || (self.count != UNWRITTEN && (0..self.shadows.len() as i64).contains(&self.count)))
+    }
+}
+
 /// What is known of a descriptor that does not change until a Set, Finalize, fill or its
 /// destroy: answers to questions, and fills made ahead.
 #[derive(Default)]
 struct Known {
+    /// Where a fill put it in the caller's array (the frontend reads the knobs of the
+    /// configuration it builds a plan from, not of every one the heuristics offer).
+    slot: Option<u8>,
     answers: Vec<(Query, Answer)>,
     twins: Vec<Twin>,
     /// Fills the program made from this descriptor, and how often (the frontend fills an
@@ -378,6 +399,14 @@ const REQUESTED_MAX: i64 = 64;
 /// most fills of one kind made ahead from one descriptor.
 const DEPTH_MAX: usize = 3;
 const REPEAT_MAX: u32 = 4;
+/// Most shadows alive at once: the frontend keeps the descriptors of every graph it built
+/// (torch caches them), and a fill made ahead that the program never asked for would keep
+/// its shadows alive as long; past this, those of the oldest sources are destroyed.
+const SHADOWS_MAX: usize = 4096;
+
+/// Where a fill learned for a descriptor type applies: descriptors of that type filled into
+/// this slot of the caller's array (None: made by the program, or past slot 255).
+type Slot = Option<u8>;
 
 /// The program's questions about descriptors whose answers cannot change (filled by a Get,
 /// or finalized with a wait), learned per descriptor type and asked of the next descriptors
@@ -391,25 +420,35 @@ const REPEAT_MAX: u32 = 4;
 #[derive(Default)]
 struct Replay {
     learned: HashMap<u32, Vec<Query>>,
-    /// (fill, descriptors it filled last time) per source descriptor type.
-    /// (fill, descriptors it filled last time, most times one source was filled so).
-    learned_fills: HashMap<u32, Vec<(FillQuery, i64, u32)>>,
+    learned_fills: HashMap<(u32, Slot), Vec<LearnedFill>>,
     known: HashMap<u64, Known>,
     /// Descriptors the program created and has not used yet: a fill into them is the same
     /// call as a fill into shadows just created.
     fresh: HashSet<u64>,
+    /// Shadows alive, and the sources fills were made ahead for, oldest first.
+    shadows_live: usize,
+    sources: std::collections::VecDeque<u64>,
 }
 
+/// A fill learned per source descriptor type and slot: (fill, descriptors it filled last
+/// time, most times one source was filled so).
+type LearnedFill = (FillQuery, i64, u32);
+
 /// The calls to make ahead for a descriptor of one type: its learned questions, and its
-/// learned fills with the plan of each descriptor they are expected to fill.
+/// learned fills (each with the descriptors to ask for) with the plan of each descriptor
+/// they are expected to fill.
 #[derive(Default)]
 struct Plan {
     queries: Vec<Query>,
-    fills: Vec<(FillQuery, Vec<Plan>)>,
+    fills: Vec<(FillQuery, usize, Vec<Plan>)>,
+}
+
+fn slot(i: usize) -> Slot {
+    u8::try_from(i).ok()
 }
 
 impl Replay {
-    fn plan(&self, ty: u32, depth: usize, budget: &mut usize) -> Plan {
+    fn plan(&self, ty: u32, at: Slot, depth: usize, budget: &mut usize) -> Plan {
         let mut plan = Plan::default();
         for &q in self.learned.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
             if *budget == 0 {
@@ -421,15 +460,20 @@ impl Replay {
         if depth >= DEPTH_MAX {
             return plan;
         }
-        for &(fq, last, times) in self.learned_fills.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
+        for &(fq, last, times) in self.learned_fills.get(&(ty, at)).map(Vec::as_slice).unwrap_or(&[]) {
+            let last = last.clamp(0, fq.1);
+            // One more than last time where that saves most of the shadows (a shorter count
+            // shows there is no more); else as many as the program asks for, so that a
+            // fill that did not skip any would answer it whatever the count says.
+            let shadows = if (last + 1) * 2 <= fq.1 { last + 1 } else { fq.1 } as usize;
             for _ in 0..times.clamp(1, REPEAT_MAX) {
-                let cost = fq.1 as usize + 1;
+                let cost = shadows + 1;
                 if *budget < cost {
                     return plan;
                 }
                 *budget -= cost;
-                let nested = (0..last.clamp(0, fq.1)).map(|_| self.plan(fq.2, depth + 1, budget)).collect();
-                plan.fills.push((fq, nested));
+                let nested = (0..last as usize).map(|i| self.plan(fq.2, slot(i), depth + 1, budget)).collect();
+                plan.fills.push((fq, shadows, nested));
             }
         }
         plan
@@ -438,12 +482,35 @@ impl Replay {
     /// Drop what is known of `d`; the shadows made for it, to destroy, go to `out`.
     fn drop_known(&mut self, d: u64, out: &mut Vec<u64>) {
         if let Some(k) = self.known.remove(&d) {
-            for twin in k.twins {
-                for s in twin.shadows {
-                    self.drop_known(s, out);
-                    out.push(s);
-                }
+            self.drop_twins(k.twins, out);
+        }
+    }
+
+    fn drop_twins(&mut self, twins: Vec<Twin>, out: &mut Vec<u64>) {
+        for twin in twins {
+            self.shadows_live = self.shadows_live.saturating_sub(twin.shadows.len());
+            for s in twin.shadows {
+                self.drop_known(s, out);
+                out.push(s);
             }
+        }
+    }
+
+    /// Fills were made ahead for `source`: past [`SHADOWS_MAX`] live shadows, drop those
+    /// made for the oldest sources (to destroy: `out`).
+    fn made_ahead_for(&mut self, source: u64, shadows: usize, out: &mut Vec<u64>) {
+        self.shadows_live += shadows;
+        self.sources.push_back(source);
+        while self.shadows_live > SHADOWS_MAX {
+            let Some(old) = self.sources.pop_front() else { break };
+            if let Some(k) = self.known.get_mut(&old) {
+                let twins = std::mem::take(&mut k.twins);
+                self.drop_twins(twins, out);
+            }
+        }
+        if self.sources.len() > 4 * SHADOWS_MAX {
+            let known = &self.known;
+            self.sources.retain(|s| known.get(s).is_some_and(|k| !k.twins.is_empty()));
         }
     }
 
@@ -454,7 +521,7 @@ impl Replay {
         }
     }
 
-    fn learn_fill(&mut self, ty: u32, query: FillQuery, count: i64, nth: u32) {
+    fn learn_fill(&mut self, ty: (u32, Slot), query: FillQuery, count: i64, nth: u32) {
         let learned = self.learned_fills.entry(ty).or_default();
         if let Some((_, last, times)) = learned.iter_mut().find(|(q, _, _)| *q == query) {
             *last = count;
@@ -475,11 +542,11 @@ impl Ahead {
     fn args(&mut self) -> [u64; 6] {
         match self {
             Ahead::Query(a) => a.args(),
-            Ahead::Fill { source, query: (name, requested, _), shadows, count } => [
+            Ahead::Fill { source, query: (name, ..), shadows, count } => [
                 *source,
                 u64::from(*name),
                 u64::from(TYPE_BACKEND_DESCRIPTOR),
-                *requested as u64,
+                shadows.len() as u64,
                 &mut **count as *mut i64 as u64,
                 shadows.as_ptr() as u64,
             ],
@@ -501,9 +568,9 @@ impl Plan {
         for &q in &self.queries {
             out.extend(Asked::new(f.get, descriptor, q).map(Ahead::Query));
         }
-        for &(query, ref nested) in &self.fills {
-            let mut shadows = Vec::with_capacity(query.1 as usize);
-            for _ in 0..query.1 {
+        for &(query, n, ref nested) in &self.fills {
+            let mut shadows = Vec::with_capacity(n);
+            for _ in 0..n {
                 let mut name = 0u64;
                 // SAFETY: `name` receives the client's name for the new descriptor.
                 let s = unsafe {
@@ -514,7 +581,7 @@ impl Plan {
                 }
                 shadows.push(name);
             }
-            if shadows.len() != query.1 as usize {
+            if shadows.len() != n {
                 // Not all were made: the fill cannot be the program's; unmake the rest.
                 destroy_all(f, conn, &shadows);
                 continue;
@@ -573,6 +640,7 @@ fn batch(
         destroy_all(f, conn, &shadows);
         return status;
     }
+    let mut dropped = Vec::new();
     replay(|r| {
         for (a, &ret) in ahead.into_iter().zip(&rets[1..]) {
             match a {
@@ -588,12 +656,15 @@ fn batch(
                     );
                 }
                 Ahead::Fill { source, query, shadows, count } => {
+                    let n = shadows.len();
                     let twin = Twin { query, status: ret as u32, count: *count, shadows };
                     r.known.entry(source).or_default().twins.push(twin);
+                    r.made_ahead_for(source, n, &mut dropped);
                 }
             }
         }
     });
+    destroy_all(f, conn, &dropped);
     status
 }
 
@@ -755,23 +826,26 @@ fn fill(
             return None;
         }
         let known = r.known.get_mut(&source)?;
-        let at = known.twins.iter().position(|t| t.query == (name, requested, u) && t.status == 0)?;
+        let at = known.twins.iter().position(|t| t.answers((name, requested, u)))?;
         let twin = known.twins.remove(at);
         let nth = known.made((name, requested, u));
+        let source_slot = known.slot;
+        r.shadows_live = r.shadows_live.saturating_sub(twin.shadows.len());
         let filled = filled_by(twin.status, twin.count, len);
-        for (i, (&shadow, &target)) in twin.shadows.iter().zip(&targets).enumerate() {
+        for &target in &targets {
             r.fresh.remove(&target);
-            if i < filled {
-                let k = r.known.remove(&shadow).unwrap_or_default();
-                r.known.insert(target, k);
-            }
+        }
+        for (i, (&shadow, &target)) in twin.shadows.iter().zip(&targets).enumerate().take(filled) {
+            let mut k = r.known.remove(&shadow).unwrap_or_default();
+            k.slot = slot(i);
+            r.known.insert(target, k);
         }
         let mut unmade = Vec::new();
         for &shadow in &twin.shadows[filled.min(twin.shadows.len())..] {
             r.drop_known(shadow, &mut unmade);
         }
         if let Some(t) = source_type {
-            r.learn_fill(t, (name, requested, u), filled as i64, nth);
+            r.learn_fill((t, source_slot), (name, requested, u), filled as i64, nth);
         }
         Some((twin, unmade))
     });
@@ -807,7 +881,7 @@ fn fill(
     let (plan, learns) = replay(|r| {
         let fresh = targets.iter().all(|t| r.fresh.contains(t));
         let learns = match (r.known.get_mut(&source), same_type) {
-            (Some(k), Some(u)) if fresh => Some(k.made((name, requested, u))),
+            (Some(k), Some(u)) if fresh => Some((k.made((name, requested, u)), k.slot)),
             _ => None,
         };
         for t in &targets {
@@ -817,7 +891,8 @@ fn fill(
         let plans: Vec<(u64, Plan)> = targets
             .iter()
             .zip(&target_types)
-            .filter_map(|(&t, ty)| Some((t, r.plan((*ty)?, 1, &mut budget))))
+            .enumerate()
+            .filter_map(|(i, (&t, ty))| Some((t, r.plan((*ty)?, slot(i), 1, &mut budget))))
             .collect();
         (plans, learns)
     });
@@ -843,11 +918,11 @@ fn fill(
         for &t in &targets[filled..] {
             r.drop_known(t, &mut stale);
         }
-        for &t in targets.iter().take(filled).filter(|&&t| crate::runtime::is_client_name(t)) {
-            r.known.entry(t).or_default();
+        for (i, &t) in targets.iter().enumerate().take(filled).filter(|(_, t)| crate::runtime::is_client_name(**t)) {
+            r.known.entry(t).or_default().slot = slot(i);
         }
-        if let (Some(nth), Some(t), Some(u), 0) = (learns, source_type, same_type, status) {
-            r.learn_fill(t, (name, requested, u), filled as i64, nth);
+        if let (Some((nth, at)), Some(t), Some(u), 0) = (learns, source_type, same_type, status) {
+            r.learn_fill((t, at), (name, requested, u), filled as i64, nth);
         }
         destroy_all(f, &conn, &stale);
     });
@@ -1030,6 +1105,57 @@ mod tests {
         assert_eq!(&r[1][16..20], &scale.to_le_bytes());
         assert_eq!(&r[2][..16], &[8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "unreadable: passed as it is");
         assert_eq!(host_value_records(&[0, 8]), None, "no host scalar: the plain form");
+    }
+
+    #[test]
+    fn a_short_fill_answers_the_program_only_when_it_came_back_short() {
+        let twin = |count, shadows: usize| Twin { query: (302, 44, 7), status: 0, count, shadows: vec![1; shadows] };
+        assert!(twin(1, 2).answers((302, 44, 7)), "one of two set: there is no more");
+        assert!(!twin(2, 2).answers((302, 44, 7)), "both set: there may be more");
+        assert!(!twin(UNWRITTEN, 2).answers((302, 44, 7)), "no count: nothing is known of the rest");
+        assert!(twin(UNWRITTEN, 44).answers((302, 44, 7)), "the program's own call");
+        assert!(!twin(1, 2).answers((302, 8, 7)), "another call");
+        assert!(!Twin { status: 2000, ..twin(1, 2) }.answers((302, 44, 7)), "a failure is asked again");
+    }
+
+    #[test]
+    fn fills_are_learned_per_slot_and_ask_one_more_than_last_time() {
+        let mut r = Replay::default();
+        // The configuration in slot 0 had its knobs read (one of 44 set); the one in slot 1
+        // only its engine.
+        r.learn_fill((3, Some(0)), (302, 44, 7), 1, 1);
+        r.learn_fill((3, Some(0)), (300, 1, 2), 1, 2);
+        r.learn_fill((3, Some(1)), (300, 1, 2), 1, 1);
+        let mut budget = PLAN_MAX;
+        let first = r.plan(3, Some(0), 1, &mut budget);
+        let fills: Vec<_> = first.fills.iter().map(|(q, n, nested)| (*q, *n, nested.len())).collect();
+        assert_eq!(fills, [((302, 44, 7), 2, 1), ((300, 1, 2), 1, 1), ((300, 1, 2), 1, 1)]);
+        let second = r.plan(3, Some(1), 1, &mut budget);
+        assert_eq!(second.fills.iter().map(|(q, n, _)| (*q, *n)).collect::<Vec<_>>(), [((300, 1, 2), 1)]);
+        assert!(r.plan(3, Some(2), 1, &mut budget).fills.is_empty(), "nothing learned for slot 2");
+        // The budget counts shadows and calls: 3 + 2 + 2, then 2.
+        assert_eq!(budget, PLAN_MAX - 9);
+    }
+
+    #[test]
+    fn shadows_past_the_most_alive_are_those_of_the_oldest_sources_destroyed() {
+        let mut r = Replay::default();
+        let mut out = Vec::new();
+        let per = SHADOWS_MAX / 4;
+        for source in 1..=5u64 {
+            let shadows = (0..per as u64).map(|i| source << 32 | i).collect();
+            let twin = Twin { query: (300, per as i64, 2), status: 0, count: UNWRITTEN, shadows };
+            r.known.entry(source).or_default().twins.push(twin);
+            r.made_ahead_for(source, per, &mut out);
+        }
+        assert_eq!(out.len(), per, "the first source's shadows go");
+        assert!(out.iter().all(|s| s >> 32 == 1));
+        assert!(r.known[&1].twins.is_empty() && r.known[&5].twins.len() == 1);
+        assert_eq!(r.shadows_live, SHADOWS_MAX);
+        // A twin the program uses, or a source it changes, no longer counts.
+        let mut gone = Vec::new();
+        r.drop_known(2, &mut gone);
+        assert_eq!((gone.len(), r.shadows_live), (per, SHADOWS_MAX - per));
     }
 
     #[test]
