@@ -887,9 +887,20 @@ fn fill(
         for t in &targets {
             r.fresh.remove(t);
         }
+        // Only the descriptors the same fill set last time get a plan (the frontend offers
+        // 44 knob choices, the library sets one).
+        let expected = match (source_type, same_type) {
+            (Some(t), Some(u)) => {
+                let at = r.known.get(&source).and_then(|k| k.slot);
+                let learned = r.learned_fills.get(&(t, at)).map(Vec::as_slice).unwrap_or(&[]);
+                learned.iter().find(|l| l.0 == (name, requested, u)).map(|l| l.1.clamp(0, requested) as usize)
+            }
+            _ => None,
+        };
         let mut budget = PLAN_MAX;
         let plans: Vec<(u64, Plan)> = targets
             .iter()
+            .take(expected.unwrap_or(len))
             .zip(&target_types)
             .enumerate()
             .filter_map(|(i, (&t, ty))| Some((t, r.plan((*ty)?, slot(i), 1, &mut budget))))
