@@ -18,6 +18,8 @@
 #            70 ms arguments (CHIDORI_LOG trace), on loopback
 #   calls    decode with the dynamic cache, 100 and 200 tokens, native and through a server
 #            that logs the time it spent in each library function (chidori::calls=debug)
+#   casetrace  each of $CASES (torch suite cases) alone on loopback: its round trips by
+#            function and in order
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
 #            $REPEAT_MODES (plain, mcheck, nocudnn): hunting an intermittent client abort
 # The standard workloads and the WAN relay come from ../shared (copied into target/dist by
@@ -196,6 +198,20 @@ if want waits; then
     grep -E "TRACE (get|set|finalize|create):" "$LOGS/waits-$name.err" \
       | sed -E 's/descriptor 0x[0-9a-f]+ /descriptor /; s/requested [1-9][0-9]*/requested N/; s/[0-9]+ elements/N elements/; s/-> .*//' | sort | uniq -c | sort -rn | head -40
     row "waits $name" "$(grep -cE 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/waits-$name.err") round trips (waits-$name.err)"
+  done
+fi
+
+if want casetrace; then
+  # Where a torch suite case's round trips go: each of $CASES alone on loopback, with
+  # --trace (the functions that waited most) and the order of its round trips.
+  for c in ${CASES:-lstm cuda_graph elementwise_reductions sdpa_backends cnn_training}; do
+    CHIDORI_LOG=warn,chidori::waits=trace timeout ${RUN_TIMEOUT:-150} "$CHIDORI" run --trace -s $SERVER -- \
+      python3 gpu/torch-suite/run_cases.py --only "$c" > "$LOGS/case-$c.out" 2> "$LOGS/case-$c.err"
+    echo "== case $c: rc=$?; functions by round trips:"
+    grep -E '^[A-Za-z(].* [0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9.]+$' "$LOGS/case-$c.err" | sort -k3 -nr | head -12
+    echo "-- the round trips in order (runs of one function counted):"
+    grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/case-$c.err" | awk '{print $2}' | uniq -c | sort -rn | head -12
+    row "case $c" "$(grep TOTAL "$LOGS/case-$c.err" | awk '{print $2" calls, "$3" round trips"}')"
   done
 fi
 

@@ -167,9 +167,14 @@ def main():
                 if r and r.get("round_trips") is not None and n:
                     r["round_trips_per_unit"] = round(r["round_trips"] / n, 2)
         rows.append(entry)
+        if a.json:
+            # After every workload: a round stopped by its timeout keeps what it measured.
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
         print(json.dumps({"done": name, "native": entry["native"]["result"], "remote": entry["remote"]["result"],
-                          "remote_rc": entry["remote"]["rc"], "wan": entry.get("wan", {}).get("result"),
-                          "wan_rc": entry.get("wan", {}).get("rc")}), flush=True)
+                          "remote_rc": entry["remote"]["rc"], "wan_native": entry.get("wan_native", {}).get("result"),
+                          "wan": entry.get("wan", {}).get("result"), "wan_rc": entry.get("wan", {}).get("rc"),
+                          "wan_round_trips": entry.get("wan", {}).get("round_trips")}), flush=True)
         for k in ("remote", "wan"):
             if k in entry and entry[k]["rc"] not in (0, "skipped"):
                 print(f"{k}: " + entry[k]["stderr_tail"][-2500:], flush=True)
