@@ -718,6 +718,72 @@ fn cudnn_graph_builds_after_the_first_ride_with_the_heuristics() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// torch's `get_parameters` asks each RNN matrix's address 100 times in a row; an LSTM of two
+/// layers asks 3,200 times per forward. A repeat with nothing sent in between is answered by
+/// the client; anything sent in between sends the next one to the server.
+const CUDNN_RNN_WEIGHTS: &str = r#"
+#include <stdio.h>
+typedef void *h_t;
+int cudnnCreate(h_t *h);
+int cudnnCreateRNNDescriptor(h_t *d);
+int cudnnCreateTensorDescriptor(h_t *d);
+int cudnnDestroyTensorDescriptor(h_t d);
+int cudnnGetRNNWeightParams(h_t handle, h_t rnn, int layer, unsigned long size, const void *space, int lin,
+                            h_t mDesc, void **mAddr, h_t bDesc, void **bAddr);
+int main(void) {
+  h_t handle, rnn;
+  char *space = (char *)0x700000000000ull;
+  unsigned long size = 1ul << 20;
+  if (cudnnCreate(&handle) || cudnnCreateRNNDescriptor(&rnn)) return 10;
+  int wrong = 0;
+  for (int layer = 0; layer < 2; layer++)
+    for (int matrix = 1; matrix >= 0; matrix--)
+      for (int lin = 0; lin < 8; lin++) {
+        h_t mat, unused;
+        if (cudnnCreateTensorDescriptor(&mat) || cudnnCreateTensorDescriptor(&unused)) return 11;
+        for (int i = 0; i < 100; i++) {
+          void *p = 0, *q = 0;
+          int s = matrix ? cudnnGetRNNWeightParams(handle, rnn, layer, size, space, lin, mat, &p, unused, &q)
+                         : cudnnGetRNNWeightParams(handle, rnn, layer, size, space, lin, unused, &q, mat, &p);
+          char *base = space + layer * (8 * 4096 + 8 * 256);
+          char *want = matrix ? base + lin * 4096 : base + 8 * 4096 + lin * 256;
+          if (s || (char *)p != want) wrong++;
+          /* Something sent in between: the next call is the server's again. */
+          if (layer == 1 && lin == 7 && matrix == 0 && i == 49) {
+            h_t other;
+            if (cudnnCreateTensorDescriptor(&other) || cudnnDestroyTensorDescriptor(other)) return 12;
+          }
+        }
+        if (cudnnDestroyTensorDescriptor(mat) || cudnnDestroyTensorDescriptor(unused)) return 13;
+      }
+  printf("wrong=%d\n", wrong);
+  return 0;
+}
+"#;
+
+#[test]
+fn rnn_weight_addresses_asked_again_are_answered_by_the_client() {
+    let server = server();
+    let exe = cudnn_program("cudnn-rnn-weights", CUDNN_RNN_WEIGHTS);
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    assert_eq!(stdout.trim(), "wrong=0", "{stderr}");
+    let row = |f: &str| -> Vec<String> {
+        let line = stderr.lines().find(|l| l.starts_with(f)).unwrap_or_else(|| panic!("no {f} row: {stderr}"));
+        line.split_whitespace().skip(1).take(2).map(str::to_owned).collect()
+    };
+    // 32 addresses asked 100 times each: the server answers the first of each run, and the
+    // one after the create and destroy sent in between (33).
+    assert_eq!(row("cudnnGetRNNWeightParams"), ["3200", "33"], "{stderr}");
+    // Tensor descriptors are named by the client: their creates and destroys wait for nothing.
+    assert_eq!(row("cudnnCreateTensorDescriptor"), ["65", "0"], "{stderr}");
+    assert_eq!(row("cudnnDestroyTensorDescriptor"), ["65", "0"], "{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// A fill made ahead answers only the same call into fresh descriptors: a configuration the
 /// program already set an attribute of is filled by the server, as natively.
 const CUDNN_TWIN_FRESH: &str = r#"

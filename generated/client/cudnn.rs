@@ -1323,7 +1323,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreate__cu126(handle: *mut c_void)
         ) as u32
     }
 }
-///`cudnnCreateActivationDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateActivationDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateActivationDescriptor__cu118(
     activationDesc: *mut c_void,
@@ -1335,7 +1335,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateActivationDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateActivationDescriptor__cu126(
     activationDesc: *mut c_void,
@@ -1372,7 +1372,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateAlgorithmPerformance(
         ) as u32
     }
 }
-///`cudnnCreateAttnDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateAttnDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateAttnDescriptor__cu118(
     attnDesc: *mut c_void,
@@ -1384,7 +1384,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateAttnDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateAttnDescriptor__cu126(
     attnDesc: *mut c_void,
@@ -1396,7 +1396,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateAttnDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateCTCLossDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateCTCLossDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateCTCLossDescriptor__cu118(
     ctcLossDesc: *mut c_void,
@@ -1408,7 +1408,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateCTCLossDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateCTCLossDescriptor__cu126(
     ctcLossDesc: *mut c_void,
@@ -1420,7 +1420,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateCTCLossDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateConvolutionDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateConvolutionDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateConvolutionDescriptor__cu118(
     convDesc: *mut c_void,
@@ -1432,7 +1432,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateConvolutionDescriptor__cu118
         ) as u32
     }
 }
-///`cudnnCreateConvolutionDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateConvolutionDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateConvolutionDescriptor__cu126(
     convDesc: *mut c_void,
@@ -1444,7 +1444,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateConvolutionDescriptor__cu126
         ) as u32
     }
 }
-///`cudnnCreateDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateDropoutDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateDropoutDescriptor__cu118(
     dropoutDesc: *mut c_void,
@@ -1456,7 +1456,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateDropoutDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateDropoutDescriptor__cu126(
     dropoutDesc: *mut c_void,
@@ -1468,7 +1468,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateDropoutDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateFilterDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateFilterDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFilterDescriptor__cu118(
     filterDesc: *mut c_void,
@@ -1480,7 +1480,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFilterDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateFilterDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateFilterDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFilterDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -1570,7 +1570,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateFusedOpsVariantParamPack__cu
         ) as u32
     }
 }
-///`cudnnCreateLRNDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateLRNDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateLRNDescriptor__cu118(
     normDesc: *mut c_void,
@@ -1582,7 +1582,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateLRNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateLRNDescriptor__cu126(
     normDesc: *mut c_void,
@@ -1594,7 +1594,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateLRNDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateOpTensorDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateOpTensorDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateOpTensorDescriptor__cu118(
     opTensorDesc: *mut c_void,
@@ -1606,7 +1606,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateOpTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateOpTensorDescriptor__cu126(
     opTensorDesc: *mut c_void,
@@ -1638,7 +1638,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreatePersistentRNNPlan(
         ) as u32
     }
 }
-///`cudnnCreatePoolingDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreatePoolingDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreatePoolingDescriptor__cu118(
     poolingDesc: *mut c_void,
@@ -1650,7 +1650,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreatePoolingDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreatePoolingDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreatePoolingDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreatePoolingDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -1662,7 +1662,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreatePoolingDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateRNNDataDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateRNNDataDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDataDescriptor__cu118(
     rnnDataDesc: *mut c_void,
@@ -1674,7 +1674,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDataDescriptor__cu126(
     rnnDataDesc: *mut c_void,
@@ -1686,7 +1686,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDataDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateRNNDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateRNNDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDescriptor__cu118(
     rnnDesc: *mut c_void,
@@ -1698,7 +1698,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateRNNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateRNNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDescriptor__cu126(
     rnnDesc: *mut c_void,
@@ -1710,7 +1710,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateRNNDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateReduceTensorDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateReduceTensorDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateReduceTensorDescriptor__cu118(
     reduceTensorDesc: *mut c_void,
@@ -1722,7 +1722,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateReduceTensorDescriptor__cu11
         ) as u32
     }
 }
-///`cudnnCreateReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateReduceTensorDescriptor__cu126(
     reduceTensorDesc: *mut c_void,
@@ -1734,7 +1734,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateReduceTensorDescriptor__cu12
         ) as u32
     }
 }
-///`cudnnCreateSeqDataDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateSeqDataDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSeqDataDescriptor__cu118(
     seqDataDesc: *mut c_void,
@@ -1746,7 +1746,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSeqDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateSeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateSeqDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSeqDataDescriptor__cu126(
     seqDataDesc: *mut c_void,
@@ -1758,7 +1758,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSeqDataDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateSpatialTransformerDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateSpatialTransformerDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSpatialTransformerDescriptor__cu118(
     stDesc: *mut c_void,
@@ -1770,7 +1770,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSpatialTransformerDescriptor
         ) as u32
     }
 }
-///`cudnnCreateSpatialTransformerDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateSpatialTransformerDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSpatialTransformerDescriptor__cu126(
     stDesc: *mut c_void,
@@ -1782,7 +1782,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateSpatialTransformerDescriptor
         ) as u32
     }
 }
-///`cudnnCreateTensorDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateTensorDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorDescriptor__cu118(
     tensorDesc: *mut c_void,
@@ -1794,7 +1794,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnCreateTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -1806,7 +1806,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnCreateTensorTransformDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnCreateTensorTransformDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorTransformDescriptor__cu118(
     transformDesc: *mut c_void,
@@ -1818,7 +1818,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorTransformDescriptor__c
         ) as u32
     }
 }
-///`cudnnCreateTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnCreateTensorTransformDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnCreateTensorTransformDescriptor__cu126(
     transformDesc: *mut c_void,
@@ -4885,7 +4885,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNTempSpaceSizes__cu126(
         ) as u32
     }
 }
-///`cudnnGetRNNWeightParams` for CUDA 11.8, 12.1 (sync).
+///`cudnnGetRNNWeightParams` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu118(
     handle: *mut c_void,
@@ -4900,24 +4900,21 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu118(
     bAddr: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnGetRNNWeightParams__cu118,
-            &[
-                (handle) as usize as u64,
-                (rnnDesc) as usize as u64,
-                (pseudoLayer) as i64 as u64,
-                (weightSpaceSize) as u64,
-                (weightSpace) as usize as u64,
-                (linLayerID) as i64 as u64,
-                (mDesc) as usize as u64,
-                (mAddr) as usize as u64,
-                (bDesc) as usize as u64,
-                (bAddr) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudnn::cudnnGetRNNWeightParams__cu118(
+            handle,
+            rnnDesc,
+            pseudoLayer,
+            weightSpaceSize,
+            weightSpace,
+            linLayerID,
+            mDesc,
+            mAddr,
+            bDesc,
+            bAddr,
+        )
     }
 }
-///`cudnnGetRNNWeightParams` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetRNNWeightParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu126(
     handle: *mut c_void,
@@ -4932,21 +4929,18 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu126(
     bAddr: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnGetRNNWeightParams__cu126,
-            &[
-                (handle) as usize as u64,
-                (rnnDesc) as usize as u64,
-                (pseudoLayer) as i64 as u64,
-                (weightSpaceSize) as u64,
-                (weightSpace) as usize as u64,
-                (linLayerID) as i64 as u64,
-                (mDesc) as usize as u64,
-                (mAddr) as usize as u64,
-                (bDesc) as usize as u64,
-                (bAddr) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudnn::cudnnGetRNNWeightParams__cu126(
+            handle,
+            rnnDesc,
+            pseudoLayer,
+            weightSpaceSize,
+            weightSpace,
+            linLayerID,
+            mDesc,
+            mAddr,
+            bDesc,
+            bAddr,
+        )
     }
 }
 ///`cudnnGetRNNWeightSpaceSize` for CUDA 11.8, 12.1 (sync).
@@ -6361,7 +6355,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnScaleTensor__cu126(
         ) as u32
     }
 }
-///`cudnnSetActivationDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetActivationDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptor__cu118(
     activationDesc: *mut c_void,
@@ -6381,7 +6375,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetActivationDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptor__cu126(
     activationDesc: *mut c_void,
@@ -6401,7 +6395,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetActivationDescriptorSwishBeta` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetActivationDescriptorSwishBeta` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptorSwishBeta__cu118(
     activationDesc: *mut c_void,
@@ -6414,7 +6408,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptorSwishBeta__
         ) as u32
     }
 }
-///`cudnnSetActivationDescriptorSwishBeta` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetActivationDescriptorSwishBeta` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptorSwishBeta__cu126(
     activationDesc: *mut c_void,
@@ -6427,7 +6421,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetActivationDescriptorSwishBeta__
         ) as u32
     }
 }
-///`cudnnSetAlgorithmDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetAlgorithmDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetAlgorithmDescriptor(
     algoDesc: *mut c_void,
@@ -6462,7 +6456,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetAlgorithmPerformance(
         ) as u32
     }
 }
-///`cudnnSetAttnDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetAttnDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetAttnDescriptor__cu118(
     attnDesc: *mut c_void,
@@ -6514,7 +6508,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetAttnDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetAttnDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetAttnDescriptor__cu126(
     attnDesc: *mut c_void,
@@ -6566,7 +6560,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetAttnDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetCTCLossDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor__cu118(
     ctcLossDesc: *mut c_void,
@@ -6579,7 +6573,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetCTCLossDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor__cu126(
     ctcLossDesc: *mut c_void,
@@ -6592,7 +6586,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptorEx` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetCTCLossDescriptorEx` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptorEx__cu118(
     ctcLossDesc: *mut c_void,
@@ -6612,7 +6606,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptorEx__cu118(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetCTCLossDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptorEx__cu126(
     ctcLossDesc: *mut c_void,
@@ -6632,7 +6626,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptorEx__cu126(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptor_v8` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetCTCLossDescriptor_v8` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v8__cu118(
     ctcLossDesc: *mut c_void,
@@ -6654,7 +6648,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v8__cu118(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetCTCLossDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v8__cu126(
     ctcLossDesc: *mut c_void,
@@ -6676,7 +6670,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v8__cu126(
         ) as u32
     }
 }
-///`cudnnSetCTCLossDescriptor_v9` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetCTCLossDescriptor_v9` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v9(
     ctcLossDesc: *mut c_void,
@@ -6698,7 +6692,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetCTCLossDescriptor_v9(
         ) as u32
     }
 }
-///`cudnnSetConvolution2dDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetConvolution2dDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolution2dDescriptor__cu118(
     convDesc: *mut c_void,
@@ -6728,7 +6722,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolution2dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetConvolution2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetConvolution2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolution2dDescriptor__cu126(
     convDesc: *mut c_void,
@@ -6810,7 +6804,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionMathType__cu126(
         ) as u32
     }
 }
-///`cudnnSetConvolutionNdDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetConvolutionNdDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu118(
     convDesc: *mut c_void,
@@ -6836,7 +6830,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetConvolutionNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetConvolutionNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionNdDescriptor__cu126(
     convDesc: *mut c_void,
@@ -6888,7 +6882,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetConvolutionReorderType__cu126(
         ) as u32
     }
 }
-///`cudnnSetDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetDropoutDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetDropoutDescriptor__cu118(
     dropoutDesc: *mut c_void,
@@ -6912,7 +6906,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetDropoutDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetDropoutDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetDropoutDescriptor__cu126(
     dropoutDesc: *mut c_void,
@@ -6936,7 +6930,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetDropoutDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetFilter4dDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetFilter4dDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilter4dDescriptor__cu118(
     filterDesc: *mut c_void,
@@ -6962,7 +6956,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilter4dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetFilter4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetFilter4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilter4dDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -6988,7 +6982,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilter4dDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetFilterNdDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetFilterNdDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilterNdDescriptor__cu118(
     filterDesc: *mut c_void,
@@ -7010,7 +7004,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilterNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetFilterNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetFilterNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilterNdDescriptor__cu126(
     filterDesc: *mut c_void,
@@ -7032,7 +7026,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetFilterNdDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetLRNDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetLRNDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetLRNDescriptor__cu118(
     normDesc: *mut c_void,
@@ -7054,7 +7048,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetLRNDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetLRNDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetLRNDescriptor__cu126(
     normDesc: *mut c_void,
@@ -7076,7 +7070,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetLRNDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetOpTensorDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetOpTensorDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetOpTensorDescriptor__cu118(
     opTensorDesc: *mut c_void,
@@ -7096,7 +7090,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetOpTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetOpTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetOpTensorDescriptor__cu126(
     opTensorDesc: *mut c_void,
@@ -7129,7 +7123,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPersistentRNNPlan(
         ) as u32
     }
 }
-///`cudnnSetPooling2dDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetPooling2dDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPooling2dDescriptor__cu118(
     poolingDesc: *mut c_void,
@@ -7159,7 +7153,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPooling2dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetPooling2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetPooling2dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPooling2dDescriptor__cu126(
     poolingDesc: *mut c_void,
@@ -7189,7 +7183,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetPooling2dDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetRNNAlgorithmDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetRNNAlgorithmDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNAlgorithmDescriptor(
     handle: *mut c_void,
@@ -7220,7 +7214,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNBiasMode(
         ) as u32
     }
 }
-///`cudnnSetRNNDataDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetRNNDataDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDataDescriptor__cu118(
     rnnDataDesc: *mut c_void,
@@ -7248,7 +7242,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDataDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetRNNDataDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDataDescriptor__cu126(
     rnnDataDesc: *mut c_void,
@@ -7308,7 +7302,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDescriptor_v6(
         ) as u32
     }
 }
-///`cudnnSetRNNDescriptor_v8` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetRNNDescriptor_v8` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDescriptor_v8__cu118(
     rnnDesc: *mut c_void,
@@ -7350,7 +7344,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDescriptor_v8__cu118(
         ) as u32
     }
 }
-///`cudnnSetRNNDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetRNNDescriptor_v8` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNDescriptor_v8__cu126(
     rnnDesc: *mut c_void,
@@ -7438,7 +7432,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetRNNProjectionLayers(
         ) as u32
     }
 }
-///`cudnnSetReduceTensorDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetReduceTensorDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetReduceTensorDescriptor__cu118(
     reduceTensorDesc: *mut c_void,
@@ -7462,7 +7456,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetReduceTensorDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetReduceTensorDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetReduceTensorDescriptor__cu126(
     reduceTensorDesc: *mut c_void,
@@ -7486,7 +7480,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetReduceTensorDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor__cu118(
     stDesc: *mut c_void,
@@ -7508,7 +7502,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor_
         ) as u32
     }
 }
-///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetSpatialTransformerNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetSpatialTransformerNdDescriptor__cu126(
     stDesc: *mut c_void,
@@ -7546,7 +7540,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu126(
 ) -> u32 {
     unsafe { crate::custom::cudnn::cudnnSetStream__cu126(handle, streamId) }
 }
-///`cudnnSetTensor4dDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetTensor4dDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptor__cu118(
     tensorDesc: *mut c_void,
@@ -7572,7 +7566,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetTensor4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetTensor4dDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -7598,7 +7592,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnSetTensor4dDescriptorEx` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetTensor4dDescriptorEx` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptorEx__cu118(
     tensorDesc: *mut c_void,
@@ -7630,7 +7624,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptorEx__cu118(
         ) as u32
     }
 }
-///`cudnnSetTensor4dDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetTensor4dDescriptorEx` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptorEx__cu126(
     tensorDesc: *mut c_void,
@@ -7662,7 +7656,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensor4dDescriptorEx__cu126(
         ) as u32
     }
 }
-///`cudnnSetTensorNdDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnSetTensorNdDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptor__cu118(
     tensorDesc: *mut c_void,
@@ -7684,7 +7678,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptor__cu118(
         ) as u32
     }
 }
-///`cudnnSetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnSetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnSetTensorNdDescriptor__cu126(
     tensorDesc: *mut c_void,

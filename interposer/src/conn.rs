@@ -324,6 +324,12 @@ impl Conn {
         self.next_seq.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// How many messages this connection has sent (the next sequence number): unchanged
+    /// means nothing reached the server in between.
+    pub fn sent_so_far(&self) -> u64 {
+        self.next_seq.load(Ordering::Relaxed)
+    }
+
     /// Expect a reply to `seq`: the I/O thread writes its outputs to `outs` and completes
     /// the returned slot. Register before sending, so a fast reply finds it.
     pub fn expect(&self, seq: u64, outs: Vec<OutTarget>) -> Arc<Slot> {

@@ -42,6 +42,8 @@ struct State {
     /// cuDNN backend descriptors: (type, finalized).
     descriptors: HashMap<u64, (u64, bool)>,
     cudnn_handles: HashSet<u64>,
+    /// Descriptors of cuDNN's legacy API (tensors, RNNs, dropout, ...), of any type.
+    legacy: HashSet<u64>,
     next_handle: u64,
 }
 
@@ -387,6 +389,40 @@ impl Backend for Emulated {
                     } else {
                         2000
                     }
+                }
+                // The legacy API's descriptors: created and destroyed; an RNN's weight space
+                // holds, per pseudo-layer, 8 matrices of 4 KiB and then 8 biases of 256 bytes.
+                ("cudnn", name)
+                    if name.starts_with("cudnnCreate") && name.ends_with("Descriptor") && desc.params.len() == 1 =>
+                {
+                    let mut s = self.state();
+                    let h = s.handle();
+                    s.legacy.insert(h);
+                    put_u64(a[0], h);
+                    SUCCESS
+                }
+                ("cudnn", name)
+                    if name.starts_with("cudnnDestroy") && name.ends_with("Descriptor") && desc.params.len() == 1 =>
+                {
+                    if self.state().legacy.remove(&a[0]) {
+                        SUCCESS
+                    } else {
+                        2000
+                    }
+                }
+                ("cudnn", "cudnnGetRNNWeightParams") => {
+                    let (layer, lin) = (a[2] as i32, a[5] as i32);
+                    if !(0..8).contains(&lin) || layer < 0 || a[4] == 0 {
+                        return Ok(2000);
+                    }
+                    let base = a[4] + layer as u64 * (8 * 4096 + 8 * 256);
+                    if a[7] != 0 {
+                        put_u64(a[7], base + lin as u64 * 4096);
+                    }
+                    if a[9] != 0 {
+                        put_u64(a[9], base + 8 * 4096 + lin as u64 * 256);
+                    }
+                    SUCCESS
                 }
                 ("cudnn", "cudnnBackendCreateDescriptor") => {
                     let mut s = self.state();

@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 5238113477720762783u64;
+pub const SCHEMA_HASH: u64 = 14566470424306280966u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2247usize] = [
@@ -5976,8 +5976,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetRNNParamsSize,
     &cudnn::cudnnGetRNNTempSpaceSizes__cu118,
     &cudnn::cudnnGetRNNTempSpaceSizes__cu126,
-    &cudnn::cudnnGetRNNWeightParams__cu118,
-    &cudnn::cudnnGetRNNWeightParams__cu126,
+    &cudnn::cudnnGetRNNWeightParams__cu118__call,
+    &cudnn::cudnnGetRNNWeightParams__cu126__call,
     &cudnn::cudnnGetRNNWeightSpaceSize__cu118,
     &cudnn::cudnnGetRNNWeightSpaceSize__cu126,
     &cudnn::cudnnGetReduceTensorDescriptor__cu118,
@@ -48642,11 +48642,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 50u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48665,11 +48665,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 50u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48738,11 +48738,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 53u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48761,11 +48761,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 53u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48784,11 +48784,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 55u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48807,11 +48807,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 55u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48830,11 +48830,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 57u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48853,11 +48853,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 57u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48876,11 +48876,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 58u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48899,11 +48899,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 58u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48922,11 +48922,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 59u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -48945,11 +48945,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 59u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49130,11 +49130,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 63u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49153,11 +49153,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 63u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49176,11 +49176,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 64u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49199,11 +49199,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 64u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49257,11 +49257,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 66u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49280,11 +49280,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 66u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49303,11 +49303,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 67u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49326,11 +49326,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 67u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49349,11 +49349,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 68u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49372,11 +49372,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 68u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49395,11 +49395,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 69u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49418,11 +49418,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 69u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49441,11 +49441,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 71u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49464,11 +49464,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 71u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49487,11 +49487,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 72u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49510,11 +49510,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 72u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49533,11 +49533,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 73u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49556,11 +49556,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 73u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49579,11 +49579,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 74u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -49602,11 +49602,11 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::OutHandle {
                 kind: 74u16,
-                named: false,
+                named: true,
             },
         ],
         ret: Ret::Status,
@@ -55584,11 +55584,11 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnGetRNNWeightParams__cu118: CallDesc = CallDesc {
+    pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
         wire: 1469u32,
         call: 1315u32,
         name: "cudnnGetRNNWeightParams",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -55644,11 +55644,11 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnGetRNNWeightParams__cu126: CallDesc = CallDesc {
+    pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
         wire: 1470u32,
         call: 1315u32,
         name: "cudnnGetRNNWeightParams",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -58248,7 +58248,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 50u16,
@@ -58283,7 +58283,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 50u16,
@@ -58318,7 +58318,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 50u16,
@@ -58345,7 +58345,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 50u16,
@@ -58372,7 +58372,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 52u16,
@@ -58435,7 +58435,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 53u16,
@@ -58534,7 +58534,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 53u16,
@@ -58633,7 +58633,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -58660,7 +58660,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -58687,7 +58687,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -58722,7 +58722,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -58757,7 +58757,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -58796,7 +58796,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -58835,7 +58835,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 55u16,
@@ -58874,7 +58874,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 57u16,
@@ -58929,7 +58929,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 57u16,
@@ -59092,7 +59092,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 57u16,
@@ -59145,7 +59145,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 57u16,
@@ -59252,7 +59252,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 58u16,
@@ -59292,7 +59292,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 58u16,
@@ -59332,7 +59332,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 59u16,
@@ -59379,7 +59379,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 59u16,
@@ -59426,7 +59426,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 59u16,
@@ -59467,7 +59467,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 59u16,
@@ -59508,7 +59508,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 63u16,
@@ -59547,7 +59547,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 63u16,
@@ -59586,7 +59586,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 64u16,
@@ -59621,7 +59621,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 64u16,
@@ -59683,7 +59683,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 66u16,
@@ -59738,7 +59738,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 66u16,
@@ -59793,7 +59793,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 56u16,
@@ -59851,7 +59851,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 67u16,
@@ -59906,7 +59906,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 67u16,
@@ -60020,7 +60020,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 68u16,
@@ -60099,7 +60099,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 68u16,
@@ -60267,7 +60267,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 69u16,
@@ -60310,7 +60310,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 69u16,
@@ -60353,7 +60353,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 72u16,
@@ -60394,7 +60394,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 72u16,
@@ -60489,7 +60489,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 73u16,
@@ -60536,7 +60536,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 73u16,
@@ -60583,7 +60583,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 73u16,
@@ -60642,7 +60642,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 73u16,
@@ -60701,7 +60701,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["11.8", "12.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 73u16,
@@ -60744,7 +60744,7 @@ pub mod cudnn {
         form: None,
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
-        class: Class::Sync,
+        class: Class::Async,
         params: &[
             Wire::Handle {
                 kind: 73u16,

@@ -1087,6 +1087,110 @@ pub unsafe fn cudnnDestroy__cu126(handle: *mut c_void) -> u32 {
     destroy(&calls::cudnnDestroy__cu126__call, handle, BAD_PARAM_V9)
 }
 
+/// The last `cudnnGetRNNWeightParams` answered by the server: its arguments (the output
+/// pointers as null or not), the addresses it wrote, and how many messages the connection had
+/// sent once it returned.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct WeightParamsCall {
+    args: [u64; 9],
+    m_addr: u64,
+    b_addr: u64,
+    sent: u64,
+}
+
+static LAST_WEIGHT_PARAMS: Mutex<Option<WeightParamsCall>> = Mutex::new(None);
+
+/// torch's `get_parameters` asks each matrix's and bias's address 100 times in a row, with
+/// the same descriptors (a loop around a cuDNN defect): 6,400 round trips for a two-layer
+/// LSTM's forward and backward. A call identical to the last one the server answered, with
+/// no message sent since, finds the library as that call left it: the descriptors it filled
+/// hold what it wrote, so the addresses are answered here. Anything sent in between (by any
+/// thread) sends the next call to the server.
+///
+/// `args`: handle, rnnDesc, pseudoLayer, weightSpaceSize, weightSpace, linLayerID, mDesc,
+/// mAddr, bDesc, bAddr (the last two of each triple: the caller's `void **` or null).
+unsafe fn get_rnn_weight_params(desc: &'static CallDesc, args: [u64; 10]) -> u32 {
+    let unavailable = crate::runtime::unavailable(desc) as u32;
+    crate::guard::ffi("cudnnGetRNNWeightParams", unavailable, || {
+        let Ok(conn) = crate::conn::get() else { return unavailable };
+        let (m_addr, b_addr) = (args[7], args[9]);
+        // The output pointers count only as null or not.
+        let mut key = [0u64; 9];
+        key[..7].copy_from_slice(&args[..7]);
+        key[7] = args[8];
+        key[8] = u64::from(m_addr != 0) | u64::from(b_addr != 0) << 1;
+        let last = *LAST_WEIGHT_PARAMS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(last) = last.filter(|l| l.args == key && l.sent == conn.sent_so_far()) {
+            crate::trace::local("cudnnGetRNNWeightParams");
+            for (out, value) in [(m_addr, last.m_addr), (b_addr, last.b_addr)] {
+                if out != 0 {
+                    // SAFETY: the caller's void** output, non-null; the same call wrote it natively.
+                    unsafe { std::ptr::write_unaligned(out as *mut u64, value) };
+                }
+            }
+            return 0;
+        }
+        let before = conn.sent_so_far();
+        // SAFETY: the caller's arguments; the outputs are the caller's void** (or null).
+        let status = unsafe { crate::runtime::call_on(&conn, desc, &args) } as u32;
+        let sent = conn.sent_so_far();
+        // Kept only when this call was the one message sent meanwhile: nothing else can have
+        // changed the descriptors after it.
+        let remembered = (status == 0 && sent == before + 1).then(|| {
+            // SAFETY: written by the reply where non-null.
+            let read = |p: u64| if p == 0 { 0 } else { unsafe { std::ptr::read_unaligned(p as *const u64) } };
+            WeightParamsCall { args: key, m_addr: read(m_addr), b_addr: read(b_addr), sent }
+        });
+        *LAST_WEIGHT_PARAMS.lock().unwrap_or_else(|p| p.into_inner()) = remembered;
+        status
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cudnnGetRNNWeightParams__cu118(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    pseudoLayer: i32,
+    weightSpaceSize: usize,
+    weightSpace: *mut c_void,
+    linLayerID: i32,
+    mDesc: *mut c_void,
+    mAddr: *mut c_void,
+    bDesc: *mut c_void,
+    bAddr: *mut c_void,
+) -> u32 {
+    let args = [handle as u64, rnnDesc as u64, pseudoLayer as u32 as u64, weightSpaceSize as u64, weightSpace as u64];
+    let rest = [linLayerID as u32 as u64, mDesc as u64, mAddr as u64, bDesc as u64, bAddr as u64];
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { get_rnn_weight_params(&calls::cudnnGetRNNWeightParams__cu118__call, concat(args, rest)) }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cudnnGetRNNWeightParams__cu126(
+    handle: *mut c_void,
+    rnnDesc: *mut c_void,
+    pseudoLayer: i32,
+    weightSpaceSize: usize,
+    weightSpace: *mut c_void,
+    linLayerID: i32,
+    mDesc: *mut c_void,
+    mAddr: *mut c_void,
+    bDesc: *mut c_void,
+    bAddr: *mut c_void,
+) -> u32 {
+    let args = [handle as u64, rnnDesc as u64, pseudoLayer as u32 as u64, weightSpaceSize as u64, weightSpace as u64];
+    let rest = [linLayerID as u32 as u64, mDesc as u64, mAddr as u64, bDesc as u64, bAddr as u64];
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { get_rnn_weight_params(&calls::cudnnGetRNNWeightParams__cu126__call, concat(args, rest)) }
+}
+
+fn concat(a: [u64; 5], b: [u64; 5]) -> [u64; 10] {
+    let mut all = [0u64; 10];
+    all[..5].copy_from_slice(&a);
+    all[5..].copy_from_slice(&b);
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
