@@ -327,6 +327,48 @@ fn capture_status_is_answered_locally_while_nothing_captures() {
     assert_eq!(fields.get(1..3), Some(&["101", "0"][..]), "calls and round trips: {row}");
 }
 
+/// torch fills a stream pool with 32 creates of one priority in a row: the client makes
+/// streams ahead from the second create, and every stream it gives out is a distinct, live
+/// stream of the server's.
+const STREAM_POOL: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  cudaStream_t s[32];
+  for (int i = 0; i < 32; ++i)
+    if (cudaStreamCreateWithPriority(&s[i], cudaStreamNonBlocking, -1) != cudaSuccess || !s[i]) return 2;
+  for (int i = 0; i < 32; ++i)
+    for (int j = 0; j < i; ++j)
+      if (s[i] == s[j]) return 3;
+  for (int i = 0; i < 32; ++i)
+    if (cudaStreamDestroy(s[i]) != cudaSuccess) return 4;
+  /* Every destroy above reached a live stream: the next waiting call reports none failing. */
+  if (cudaDeviceSynchronize() != cudaSuccess) return 5;
+  if (cudaStreamCreateWithPriority(NULL, 0, 0) == cudaSuccess) return 6;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn stream_pools_are_filled_ahead_of_the_program() {
+    let server = server();
+    let exe = program("stream-pool", STREAM_POOL);
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
+    let output = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
+    let row =
+        stderr.lines().find(|l| l.starts_with("cudaStreamCreateWithPriority")).unwrap_or_else(|| panic!("{stderr}"));
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    // 32 streams in 7 round trips (1, 2, 4, 8, 8, 8, 8 created: 7 left on the server), and
+    // the create with a null pointer, which the server refuses.
+    assert_eq!(fields.get(1..3), Some(&["33", "8"][..]), "calls and round trips: {row}\n{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// Driver entry points handed out by the runtime are the shims' own: calling one reaches
 /// the server (here: the emulated profile's device count), with no NVIDIA library loaded.
 const ENTRY_POINT: &str = r#"

@@ -3267,7 +3267,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithFlags(
         ) as u32
     }
 }
-///`cudaStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaStreamCreateWithPriority` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithPriority(
     pStream: *mut c_void,
@@ -3275,10 +3275,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamCreateWithPriority(
     priority: i32,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaStreamCreateWithPriority,
-            &[(pStream) as usize as u64, (flags) as u64, (priority) as i64 as u64],
-        ) as u32
+        crate::custom::cudart::cudaStreamCreateWithPriority(pStream, flags, priority)
     }
 }
 ///`cudaStreamDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

@@ -288,6 +288,10 @@ impl Backend for Emulated {
                 ("driver", "cuMemsetD32_v2" | "cuMemsetD32Async") => self.memset32(a[0], a[1] as u32, a[2]),
                 ("cudart", "cudaStreamCreate" | "cudaStreamCreateWithFlags" | "cudaStreamCreateWithPriority")
                 | ("driver", "cuStreamCreate" | "cuStreamCreateWithPriority") => {
+                    if a[0] == 0 {
+                        // cudaErrorInvalidValue / CUDA_ERROR_INVALID_VALUE.
+                        return Ok(1);
+                    }
                     put_u64(a[0], self.new_handle(HandleSet::Stream));
                     SUCCESS
                 }
@@ -497,7 +501,17 @@ impl Backend for Emulated {
                     }
                 }
                 ("driver", "cuCtxGetCurrent") => {
-                    let ctx = self.state().contexts.iter().next().copied().unwrap_or(0);
+                    // The primary context, which the real worker creates when the session
+                    // starts, unless the program made one of its own.
+                    let mut s = self.state();
+                    let ctx = match s.contexts.iter().next().copied() {
+                        Some(c) => c,
+                        None => {
+                            let c = s.handle();
+                            s.contexts.insert(c);
+                            c
+                        }
+                    };
                     put_u64(a[0], ctx);
                     SUCCESS
                 }

@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 14566470424306280966u64;
+pub const SCHEMA_HASH: u64 = 15937598296819883429u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2247usize] = [
@@ -4688,7 +4688,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaStreamCopyAttributes_ptsz,
     &cudart::cudaStreamCreate,
     &cudart::cudaStreamCreateWithFlags,
-    &cudart::cudaStreamCreateWithPriority,
+    &cudart::cudaStreamCreateWithPriority__call,
     &cudart::cudaStreamDestroy,
     &cudart::cudaStreamEndCapture__call,
     &cudart::cudaStreamEndCapture_ptsz__call,
@@ -44720,11 +44720,11 @@ pub mod cudart {
         },
         only_waits: false,
     };
-    pub static cudaStreamCreateWithPriority: CallDesc = CallDesc {
+    pub static cudaStreamCreateWithPriority__call: CallDesc = CallDesc {
         wire: 181u32,
         call: 162u32,
         name: "cudaStreamCreateWithPriority",
-        form: None,
+        form: Some("call"),
         library: "cudart",
         versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,

@@ -71,10 +71,12 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
 }
 
 pub unsafe fn cuDevicePrimaryCtxReset(dev: i32) -> u32 {
+    crate::custom::streams::forget();
     changing("cuDevicePrimaryCtxReset", &driver::cuDevicePrimaryCtxReset__call, &[dev as u32 as u64], false)
 }
 
 pub unsafe fn cuDevicePrimaryCtxReset_v2(dev: i32) -> u32 {
+    crate::custom::streams::forget();
     changing("cuDevicePrimaryCtxReset_v2", &driver::cuDevicePrimaryCtxReset_v2__call, &[dev as u32 as u64], false)
 }
 
@@ -89,6 +91,7 @@ pub unsafe fn cuDevicePrimaryCtxSetFlags_v2(dev: i32, flags: u32) -> u32 {
 }
 
 pub unsafe fn cudaDeviceReset() -> u32 {
+    crate::custom::streams::forget();
     changing("cudaDeviceReset", &cudart::cudaDeviceReset__call, &[], true)
 }
 
@@ -123,6 +126,22 @@ pub unsafe fn cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
     })
 }
 
+/// This thread's current context, where the last cuCtxGetCurrent answer still holds.
+pub fn cached_current() -> Option<u64> {
+    let generation = GENERATION.load(Ordering::Relaxed);
+    let device = crate::state::current_device();
+    let (g, d, ctx) = CURRENT.with(Cell::get);
+    (g == generation && d == device && ctx != 0).then_some(ctx)
+}
+
+/// This thread's current context, asked of the server unless cached.
+pub fn current() -> Option<u64> {
+    let mut ctx = 0u64;
+    // SAFETY: a CUcontext* of this frame.
+    let s = unsafe { cuCtxGetCurrent(&mut ctx as *mut u64 as *mut c_void) };
+    (s == 0 && ctx != 0).then_some(ctx)
+}
+
 pub unsafe fn cuCtxSetCurrent(ctx: *mut c_void) -> u32 {
     changing("cuCtxSetCurrent", &driver::cuCtxSetCurrent__call, &[ctx as u64], false)
 }
@@ -136,5 +155,6 @@ pub unsafe fn cuCtxPopCurrent_v2(pctx: *mut c_void) -> u32 {
 }
 
 pub unsafe fn cuCtxDestroy_v2(ctx: *mut c_void) -> u32 {
+    crate::custom::streams::forget();
     changing("cuCtxDestroy_v2", &driver::cuCtxDestroy_v2__call, &[ctx as u64], false)
 }

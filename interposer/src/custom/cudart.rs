@@ -17,6 +17,9 @@ use crate::custom::memory::{self, CopyForms};
 use crate::registry;
 use crate::state::{self, Memory};
 
+/// Streams made ahead of the program (custom/streams.rs).
+pub use crate::custom::streams::cudaStreamCreateWithPriority;
+
 /// Runtime status values (identical in every supported version).
 const SUCCESS: u32 = 0;
 const INVALID_VALUE: u32 = 1;

@@ -15,3 +15,4 @@ pub mod kernels;
 pub mod memory;
 pub mod nvml;
 pub mod nvrtc;
+pub mod streams;

@@ -1,0 +1,136 @@
+//! Streams created ahead of the program. torch fills its stream pools lazily, the first
+//! time a program asks for a side stream: 32 `cudaStreamCreateWithPriority` per priority
+//! level, 128 round trips in a row, 9 s at 70 ms. A stream the program has not asked for
+//! yet is as good as one made when it asks (new, empty, of the flags and priority it was
+//! made with, in the context current at the time), so from the second create of one kind
+//! in a row the client asks the server for a few more in the same round trip (2, 4, then 8
+//! at most) and answers the next creates of that kind from them. Kinds are keyed by the
+//! calling thread's current context as well, and nothing is created ahead while a capture
+//! is active. Streams made ahead and never asked for stay on the server until the session
+//! ends (at most 7 per kind: torch's 32 per level leave 7); a context reset or destroy
+//! drops them, as it destroys them.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use chidori_cuda::calls::cudart;
+
+/// The most streams one round trip creates.
+const BATCH_MAX: usize = 8;
+
+#[derive(Default)]
+struct Pools {
+    /// (context, flags, priority) → streams made ahead, not yet given out.
+    ready: HashMap<(u64, u32, i32), Vec<u64>>,
+    /// (device, flags, priority) → creates of the program the server answered: how far
+    /// ahead to make the next ones.
+    misses: HashMap<(i32, u32, i32), u32>,
+}
+
+static POOLS: Mutex<Option<Pools>> = Mutex::new(None);
+
+fn pools() -> std::sync::MutexGuard<'static, Option<Pools>> {
+    POOLS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A context was reset or destroyed: its streams are gone, and so are those made ahead.
+pub fn forget() {
+    *pools() = None;
+}
+
+/// How many streams to create for the program's `misses`-th create of a kind in a row.
+fn batch(misses: u32) -> usize {
+    if misses < 2 { 1 } else { (1usize << (misses - 1).min(8)).min(BATCH_MAX) }
+}
+
+pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, priority: i32) -> u32 {
+    let desc = &cudart::cudaStreamCreateWithPriority__call;
+    let unavailable = crate::runtime::unavailable(desc) as u32;
+    crate::guard::ffi("cudaStreamCreateWithPriority", unavailable, || {
+        let args = [pStream as u64, u64::from(flags), priority as i64 as u64];
+        if pStream.is_null() || crate::custom::capture::any_active() {
+            // SAFETY: the caller's arguments (a null out-pointer is the server's to refuse).
+            return unsafe { crate::runtime::call(desc, &args) } as u32;
+        }
+        let device = crate::state::current_device();
+        let context = crate::custom::context::cached_current();
+        if let Some(ctx) = context {
+            let made = pools().as_mut().and_then(|p| p.ready.get_mut(&(ctx, flags, priority)).and_then(Vec::pop));
+            if let Some(stream) = made {
+                crate::trace::local("cudaStreamCreateWithPriority");
+                // SAFETY: the caller's cudaStream_t*, checked non-null.
+                unsafe { std::ptr::write_unaligned(pStream as *mut u64, stream) };
+                return 0;
+            }
+        }
+        let misses = {
+            let mut guard = pools();
+            let m = guard.get_or_insert_with(Pools::default).misses.entry((device, flags, priority)).or_insert(0);
+            *m += 1;
+            *m
+        };
+        // Ahead only where the context is known: the streams go to creates in the same one.
+        let n = match context.or_else(|| (batch(misses) > 1).then(crate::custom::context::current).flatten()) {
+            Some(_) => batch(misses),
+            None => 1,
+        };
+        if n == 1 {
+            // SAFETY: as above.
+            return unsafe { crate::runtime::call(desc, &args) } as u32;
+        }
+        let Ok(conn) = crate::conn::get() else { return unavailable };
+        let mut extra = vec![0u64; n - 1];
+        let mut lists = vec![args];
+        lists.extend(extra.iter_mut().map(|slot| [slot as *mut u64 as u64, u64::from(flags), priority as i64 as u64]));
+        let calls: Vec<_> = lists.iter().map(|a| (desc, &a[..])).collect();
+        // SAFETY: each call's out-pointer is the caller's or a slot of `extra`, alive until
+        // call_all returns (it waits for every reply).
+        let Some(statuses) = (unsafe { crate::runtime::call_all(&conn, &calls, desc.name) }) else {
+            return unavailable;
+        };
+        let mut status = statuses[0] as u32;
+        if status == 0
+            && let Some(deferred) = conn.take_deferred(desc.library)
+        {
+            status = deferred as u32;
+        }
+        crate::runtime::note_status(desc, u64::from(status));
+        if status == 0
+            && let Some(ctx) = crate::custom::context::cached_current()
+        {
+            let made: Vec<u64> =
+                statuses[1..].iter().zip(&extra).filter(|(s, h)| **s == 0 && **h != 0).map(|(_, h)| *h).collect();
+            // Given out last-made first: the program's next create gets the oldest.
+            let mut guard = pools();
+            let ready = guard.get_or_insert_with(Pools::default).ready.entry((ctx, flags, priority)).or_default();
+            ready.extend(made.into_iter().rev());
+        }
+        status
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creates_ahead_grow_to_eight() {
+        let sizes: Vec<usize> = (1..=7).map(batch).collect();
+        assert_eq!(sizes, [1, 2, 4, 8, 8, 8, 8]);
+        // torch's 32 streams of one priority: the misses and what each made ahead.
+        let (mut left, mut ready, mut round_trips, mut misses) = (32, 0usize, 0, 0);
+        while left > 0 {
+            if ready > 0 {
+                ready -= 1;
+            } else {
+                misses += 1;
+                round_trips += 1;
+                ready += batch(misses) - 1;
+            }
+            left -= 1;
+        }
+        assert_eq!((round_trips, ready), (7, 7));
+    }
+}
