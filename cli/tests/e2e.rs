@@ -762,7 +762,8 @@ fn cudnn_graph_builds_after_the_first_ride_with_the_heuristics() {
 
 /// torch's `get_parameters` asks each RNN matrix's address 100 times in a row; an LSTM of two
 /// layers asks 3,200 times per forward. A repeat with nothing sent in between is answered by
-/// the client; anything sent in between sends the next one to the server.
+/// the client; anything sent in between sends the next one to the server. The dimensions of
+/// the descriptors a forwarded call fills come back in its round trip.
 const CUDNN_RNN_WEIGHTS: &str = r#"
 #include <stdio.h>
 typedef void *h_t;
@@ -770,8 +771,10 @@ int cudnnCreate(h_t *h);
 int cudnnCreateRNNDescriptor(h_t *d);
 int cudnnCreateTensorDescriptor(h_t *d);
 int cudnnDestroyTensorDescriptor(h_t d);
+int cudnnSetTensorNdDescriptor(h_t d, int dataType, int nbDims, const int *dims, const int *strides);
 int cudnnGetRNNWeightParams(h_t handle, h_t rnn, int layer, unsigned long size, const void *space, int lin,
                             h_t mDesc, void **mAddr, h_t bDesc, void **bAddr);
+int cudnnGetTensorNdDescriptor(h_t d, int requested, int *dataType, int *nbDims, int *dims, int *strides);
 int main(void) {
   h_t handle, rnn;
   char *space = (char *)0x700000000000ull;
@@ -796,8 +799,20 @@ int main(void) {
             if (cudnnCreateTensorDescriptor(&other) || cudnnDestroyTensorDescriptor(other)) return 12;
           }
         }
+        /* torch then reads the filled descriptor's dimensions (3 of them). */
+        int type = -1, nb = -1, dims[3] = {0}, strides[3] = {0};
+        if (cudnnGetTensorNdDescriptor(mat, 3, &type, &nb, dims, strides)) return 14;
+        int want = matrix ? (dims[1] == 32 && dims[2] == 32 && strides[0] == 1024)
+                          : (dims[1] == 64 && dims[2] == 1 && strides[0] == 64);
+        if (type != 0 || nb != 3 || dims[0] != 1 || !want) wrong++;
         if (cudnnDestroyTensorDescriptor(mat) || cudnnDestroyTensorDescriptor(unused)) return 13;
       }
+  /* A descriptor the program set itself is the server's to describe. */
+  h_t own;
+  int own_dims[4] = {2, 3, 4, 5}, own_strides[4] = {60, 20, 5, 1}, type = -1, nb = -1, dims[4], strides[4];
+  if (cudnnCreateTensorDescriptor(&own) || cudnnSetTensorNdDescriptor(own, 0, 4, own_dims, own_strides)) return 15;
+  if (cudnnGetTensorNdDescriptor(own, 4, &type, &nb, dims, strides) || nb != 4 || dims[3] != 5 || strides[0] != 60)
+    wrong++;
   printf("wrong=%d\n", wrong);
   return 0;
 }
@@ -820,8 +835,12 @@ fn rnn_weight_addresses_asked_again_are_answered_by_the_client() {
     // 32 addresses asked 100 times each: the server answers the first of each run, and the
     // one after the create and destroy sent in between (33).
     assert_eq!(row("cudnnGetRNNWeightParams"), ["3200", "33"], "{stderr}");
-    // Tensor descriptors are named by the client: their creates and destroys wait for nothing.
-    assert_eq!(row("cudnnCreateTensorDescriptor"), ["65", "0"], "{stderr}");
+    // The dimensions of each filled descriptor came in the round trip of its fill; the
+    // program's own descriptor is described by the server.
+    assert_eq!(row("cudnnGetTensorNdDescriptor"), ["33", "1"], "{stderr}");
+    // Tensor descriptors are named by the client: creates, sets and destroys wait for nothing.
+    assert_eq!(row("cudnnCreateTensorDescriptor"), ["66", "0"], "{stderr}");
+    assert_eq!(row("cudnnSetTensorNdDescriptor"), ["1", "0"], "{stderr}");
     assert_eq!(row("cudnnDestroyTensorDescriptor"), ["65", "0"], "{stderr}");
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }

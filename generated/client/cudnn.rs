@@ -5195,7 +5195,7 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensor4dDescriptor__cu126(
         ) as u32
     }
 }
-///`cudnnGetTensorNdDescriptor` for CUDA 11.8, 12.1 (sync).
+///`cudnnGetTensorNdDescriptor` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu118(
     tensorDesc: *mut c_void,
@@ -5206,20 +5206,17 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu118(
     strideA: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnGetTensorNdDescriptor__cu118,
-            &[
-                (tensorDesc) as usize as u64,
-                (nbDimsRequested) as i64 as u64,
-                (dataType) as usize as u64,
-                (nbDims) as usize as u64,
-                (dimA) as usize as u64,
-                (strideA) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudnn::cudnnGetTensorNdDescriptor__cu118(
+            tensorDesc,
+            nbDimsRequested,
+            dataType,
+            nbDims,
+            dimA,
+            strideA,
+        )
     }
 }
-///`cudnnGetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudnnGetTensorNdDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu126(
     tensorDesc: *mut c_void,
@@ -5230,17 +5227,14 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu126(
     strideA: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudnn::cudnnGetTensorNdDescriptor__cu126,
-            &[
-                (tensorDesc) as usize as u64,
-                (nbDimsRequested) as i64 as u64,
-                (dataType) as usize as u64,
-                (nbDims) as usize as u64,
-                (dimA) as usize as u64,
-                (strideA) as usize as u64,
-            ],
-        ) as u32
+        crate::custom::cudnn::cudnnGetTensorNdDescriptor__cu126(
+            tensorDesc,
+            nbDimsRequested,
+            dataType,
+            nbDims,
+            dimA,
+            strideA,
+        )
     }
 }
 ///`cudnnGetTensorSizeInBytes` for CUDA 11.8, 12.1 (sync).

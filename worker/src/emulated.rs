@@ -44,6 +44,8 @@ struct State {
     cudnn_handles: HashSet<u64>,
     /// Descriptors of cuDNN's legacy API (tensors, RNNs, dropout, ...), of any type.
     legacy: HashSet<u64>,
+    /// Tensor descriptors set (or filled by cudnnGetRNNWeightParams): data type, dims, strides.
+    tensors: HashMap<u64, (u32, Vec<i32>, Vec<i32>)>,
     next_handle: u64,
 }
 
@@ -408,23 +410,57 @@ impl Backend for Emulated {
                 ("cudnn", name)
                     if name.starts_with("cudnnDestroy") && name.ends_with("Descriptor") && desc.params.len() == 1 =>
                 {
-                    if self.state().legacy.remove(&a[0]) {
-                        SUCCESS
-                    } else {
-                        2000
-                    }
+                    let mut s = self.state();
+                    s.tensors.remove(&a[0]);
+                    if s.legacy.remove(&a[0]) { SUCCESS } else { 2000 }
                 }
+                // A matrix is 32 x 32 floats, a bias 64 floats; the descriptors passed are
+                // filled with their dimensions.
                 ("cudnn", "cudnnGetRNNWeightParams") => {
                     let (layer, lin) = (a[2] as i32, a[5] as i32);
                     if !(0..8).contains(&lin) || layer < 0 || a[4] == 0 {
                         return Ok(2000);
                     }
                     let base = a[4] + layer as u64 * (8 * 4096 + 8 * 256);
+                    let mut s = self.state();
+                    if a[6] != 0 {
+                        s.tensors.insert(a[6], (0, vec![1, 32, 32], vec![1024, 32, 1]));
+                    }
+                    if a[8] != 0 {
+                        s.tensors.insert(a[8], (0, vec![1, 64, 1], vec![64, 1, 1]));
+                    }
                     if a[7] != 0 {
                         put_u64(a[7], base + lin as u64 * 4096);
                     }
                     if a[9] != 0 {
                         put_u64(a[9], base + 8 * 4096 + lin as u64 * 256);
+                    }
+                    SUCCESS
+                }
+                ("cudnn", "cudnnSetTensorNdDescriptor") => {
+                    let n = a[2] as i32;
+                    if !(1..=8).contains(&n) || a[3] == 0 || a[4] == 0 {
+                        return Ok(2000);
+                    }
+                    // SAFETY: the worker's copies of the caller's two arrays of nbDims ints.
+                    let (dims, strides) = (
+                        std::slice::from_raw_parts(a[3] as *const i32, n as usize).to_vec(),
+                        std::slice::from_raw_parts(a[4] as *const i32, n as usize).to_vec(),
+                    );
+                    self.state().tensors.insert(a[0], (a[1] as u32, dims, strides));
+                    SUCCESS
+                }
+                // Writes min(requested, nbDims) dimensions and strides.
+                ("cudnn", "cudnnGetTensorNdDescriptor") => {
+                    let Some((dt, dims, strides)) = self.state().tensors.get(&a[0]).cloned() else {
+                        return Ok(2000);
+                    };
+                    let k = (a[1] as i32).clamp(0, dims.len() as i32) as usize;
+                    put_u32(a[2], dt);
+                    put_u32(a[3], dims.len() as u32);
+                    for i in 0..k {
+                        put_u32(a[4] + 4 * i as u64, dims[i] as u32);
+                        put_u32(a[5] + 4 * i as u64, strides[i] as u32);
                     }
                     SUCCESS
                 }

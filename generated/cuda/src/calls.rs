@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 15937598296819883429u64;
+pub const SCHEMA_HASH: u64 = 11194873460791442942u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2247usize] = [
@@ -5990,8 +5990,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudnn::cudnnGetStream__cu126__call,
     &cudnn::cudnnGetTensor4dDescriptor__cu118,
     &cudnn::cudnnGetTensor4dDescriptor__cu126,
-    &cudnn::cudnnGetTensorNdDescriptor__cu118,
-    &cudnn::cudnnGetTensorNdDescriptor__cu126,
+    &cudnn::cudnnGetTensorNdDescriptor__cu118__call,
+    &cudnn::cudnnGetTensorNdDescriptor__cu126__call,
     &cudnn::cudnnGetTensorSizeInBytes__cu118,
     &cudnn::cudnnGetTensorSizeInBytes__cu126,
     &cudnn::cudnnGetTensorTransformDescriptor__cu118,
@@ -45898,10 +45898,10 @@ pub mod cudnn {
     static LEN_cudnnGetFilterNdDescriptor__cu118_80: Len = Len::Param(1u8);
     static LEN_cudnnGetFilterNdDescriptor__cu126_81: Len = Len::Param(1u8);
     static LEN_cudnnGetLastErrorString_82: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu118_83: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu118_84: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu126_85: Len = Len::Param(1u8);
-    static LEN_cudnnGetTensorNdDescriptor__cu126_86: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118__call_83: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu118__call_84: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126__call_85: Len = Len::Param(1u8);
+    static LEN_cudnnGetTensorNdDescriptor__cu126__call_86: Len = Len::Param(1u8);
     static LEN_cudnnLRNCrossChannelBackward__cu118_87: Len = Len::Lit(16u64);
     static LEN_cudnnLRNCrossChannelBackward__cu118_88: Len = Len::Lit(16u64);
     static LEN_cudnnLRNCrossChannelBackward__cu126_89: Len = Len::Lit(16u64);
@@ -56238,11 +56238,11 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnGetTensorNdDescriptor__cu118: CallDesc = CallDesc {
+    pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
         wire: 1483u32,
         call: 1322u32,
         name: "cudnnGetTensorNdDescriptor",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["11.8", "12.1"],
         class: Class::Sync,
@@ -56270,13 +56270,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_83),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118__call_83),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118_84),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu118__call_84),
                 record: None,
             },
         ],
@@ -56289,11 +56289,11 @@ pub mod cudnn {
         },
         only_waits: false,
     };
-    pub static cudnnGetTensorNdDescriptor__cu126: CallDesc = CallDesc {
+    pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
         wire: 1484u32,
         call: 1322u32,
         name: "cudnnGetTensorNdDescriptor",
-        form: None,
+        form: Some("call"),
         library: "cudnn",
         versions: &["12.6", "12.8", "13.0", "13.1"],
         class: Class::Sync,
@@ -56321,13 +56321,13 @@ pub mod cudnn {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_85),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126__call_85),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 4u32,
-                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126_86),
+                len: Some(&LEN_cudnnGetTensorNdDescriptor__cu126__call_86),
                 record: None,
             },
         ],

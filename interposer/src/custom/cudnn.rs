@@ -1100,16 +1100,32 @@ struct WeightParamsCall {
 
 static LAST_WEIGHT_PARAMS: Mutex<Option<WeightParamsCall>> = Mutex::new(None);
 
+/// A tensor descriptor as `cudnnGetTensorNdDescriptor` reported it (all its dimensions).
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct TensorNd {
+    data_type: u32,
+    dims: Vec<i32>,
+    strides: Vec<i32>,
+}
+
+/// The dimensions of the descriptors the last forwarded `cudnnGetRNNWeightParams` filled,
+/// asked in its round trip, and how many messages the connection had sent then.
+static FILLED_TENSORS: Mutex<Option<(u64, HashMap<u64, TensorNd>)>> = Mutex::new(None);
+
+/// CUDNN_DIM_MAX: no tensor descriptor has more dimensions.
+const DIM_MAX: usize = 8;
+
 /// torch's `get_parameters` asks each matrix's and bias's address 100 times in a row, with
 /// the same descriptors (a loop around a cuDNN defect): 6,400 round trips for a two-layer
 /// LSTM's forward and backward. A call identical to the last one the server answered, with
 /// no message sent since, finds the library as that call left it: the descriptors it filled
 /// hold what it wrote, so the addresses are answered here. Anything sent in between (by any
-/// thread) sends the next call to the server.
+/// thread) sends the next call to the server. A forwarded call also asks, in its round trip,
+/// the dimensions of the two descriptors it fills: torch reads them right after.
 ///
 /// `args`: handle, rnnDesc, pseudoLayer, weightSpaceSize, weightSpace, linLayerID, mDesc,
 /// mAddr, bDesc, bAddr (the last two of each triple: the caller's `void **` or null).
-unsafe fn get_rnn_weight_params(desc: &'static CallDesc, args: [u64; 10]) -> u32 {
+unsafe fn get_rnn_weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u64; 10]) -> u32 {
     let unavailable = crate::runtime::unavailable(desc) as u32;
     crate::guard::ffi("cudnnGetRNNWeightParams", unavailable, || {
         let Ok(conn) = crate::conn::get() else { return unavailable };
@@ -1130,20 +1146,133 @@ unsafe fn get_rnn_weight_params(desc: &'static CallDesc, args: [u64; 10]) -> u32
             }
             return 0;
         }
+        // The descriptors it fills (mDesc, bDesc), each asked for all its dimensions.
+        let targets: Vec<u64> = [args[6], args[8]].into_iter().filter(|&d| d != 0).collect();
+        let mut types = [0u32; 2];
+        let mut counts = [0i32; 2];
+        let mut dims = [[0i32; DIM_MAX]; 2];
+        let mut strides = [[0i32; DIM_MAX]; 2];
+        let questions: Vec<[u64; 6]> = targets
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                [
+                    t,
+                    DIM_MAX as u64,
+                    &mut types[i] as *mut u32 as u64,
+                    &mut counts[i] as *mut i32 as u64,
+                    dims[i].as_mut_ptr() as u64,
+                    strides[i].as_mut_ptr() as u64,
+                ]
+            })
+            .collect();
+        let mut calls: Vec<(&'static CallDesc, &[u64])> = vec![(desc, &args[..])];
+        calls.extend(questions.iter().map(|q| (nd, &q[..])));
         let before = conn.sent_so_far();
-        // SAFETY: the caller's arguments; the outputs are the caller's void** (or null).
-        let status = unsafe { crate::runtime::call_on(&conn, desc, &args) } as u32;
+        // SAFETY: the caller's arguments (its outputs are void** or null); the questions'
+        // outputs are the arrays above, alive until call_all returns with every reply.
+        let Some(statuses) = (unsafe { crate::runtime::call_all(&conn, &calls, desc.name) }) else {
+            return unavailable;
+        };
+        let mut status = statuses[0] as u32;
+        if status == 0
+            && let Some(deferred) = conn.take_deferred(desc.library)
+        {
+            status = deferred as u32;
+        }
         let sent = conn.sent_so_far();
-        // Kept only when this call was the one message sent meanwhile: nothing else can have
-        // changed the descriptors after it.
-        let remembered = (status == 0 && sent == before + 1).then(|| {
+        // Kept only when these calls were the only messages sent meanwhile: nothing else can
+        // have changed the descriptors after them.
+        let alone = status == 0 && sent == before + calls.len() as u64;
+        let remembered = alone.then(|| {
             // SAFETY: written by the reply where non-null.
             let read = |p: u64| if p == 0 { 0 } else { unsafe { std::ptr::read_unaligned(p as *const u64) } };
             WeightParamsCall { args: key, m_addr: read(m_addr), b_addr: read(b_addr), sent }
         });
         *LAST_WEIGHT_PARAMS.lock().unwrap_or_else(|p| p.into_inner()) = remembered;
+        let filled = alone.then(|| {
+            let mut known = HashMap::new();
+            for (i, &t) in targets.iter().enumerate() {
+                let n = counts[i];
+                if statuses[i + 1] == 0 && (0..=DIM_MAX as i32).contains(&n) {
+                    let n = n as usize;
+                    known.insert(
+                        t,
+                        TensorNd {
+                            data_type: types[i],
+                            dims: dims[i][..n].to_vec(),
+                            strides: strides[i][..n].to_vec(),
+                        },
+                    );
+                }
+            }
+            (sent, known)
+        });
+        *FILLED_TENSORS.lock().unwrap_or_else(|p| p.into_inner()) = filled;
         status
     })
+}
+
+/// `cudnnGetTensorNdDescriptor`: answered by the client for a descriptor the last forwarded
+/// `cudnnGetRNNWeightParams` filled, while nothing has been sent since and the caller asks
+/// for at least all its dimensions; otherwise the server's.
+///
+/// `args`: tensorDesc, nbDimsRequested, dataType, nbDims, dimA, strideA.
+unsafe fn get_tensor_nd(desc: &'static CallDesc, args: [u64; 6]) -> u32 {
+    let unavailable = crate::runtime::unavailable(desc) as u32;
+    crate::guard::ffi("cudnnGetTensorNdDescriptor", unavailable, || {
+        let Ok(conn) = crate::conn::get() else { return unavailable };
+        let requested = args[1] as u32 as i32;
+        let known = FILLED_TENSORS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|(sent, _)| *sent == conn.sent_so_far())
+            .and_then(|(_, m)| m.get(&args[0]).cloned());
+        let outputs_given = args[2] != 0 && args[3] != 0 && args[4] != 0 && args[5] != 0;
+        if let Some(t) = known.filter(|t| outputs_given && requested >= t.dims.len() as i32) {
+            crate::trace::local("cudnnGetTensorNdDescriptor");
+            // SAFETY: the caller's cudnnDataType_t*, int*, and two int arrays of at least
+            // `requested` >= t.dims.len() elements, all checked non-null.
+            unsafe {
+                std::ptr::write_unaligned(args[2] as *mut u32, t.data_type);
+                std::ptr::write_unaligned(args[3] as *mut i32, t.dims.len() as i32);
+                std::ptr::copy_nonoverlapping(t.dims.as_ptr(), args[4] as *mut i32, t.dims.len());
+                std::ptr::copy_nonoverlapping(t.strides.as_ptr(), args[5] as *mut i32, t.strides.len());
+            }
+            return 0;
+        }
+        // SAFETY: the caller's arguments, as the descriptor says.
+        unsafe { crate::runtime::call_on(&conn, desc, &args) as u32 }
+    })
+}
+
+pub unsafe fn cudnnGetTensorNdDescriptor__cu118(
+    tensorDesc: *mut c_void,
+    nbDimsRequested: i32,
+    dataType: *mut c_void,
+    nbDims: *mut c_void,
+    dimA: *mut c_void,
+    strideA: *mut c_void,
+) -> u32 {
+    let args =
+        [tensorDesc as u64, nbDimsRequested as u32 as u64, dataType as u64, nbDims as u64, dimA as u64, strideA as u64];
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { get_tensor_nd(&calls::cudnnGetTensorNdDescriptor__cu118__call, args) }
+}
+
+pub unsafe fn cudnnGetTensorNdDescriptor__cu126(
+    tensorDesc: *mut c_void,
+    nbDimsRequested: i32,
+    dataType: *mut c_void,
+    nbDims: *mut c_void,
+    dimA: *mut c_void,
+    strideA: *mut c_void,
+) -> u32 {
+    let args =
+        [tensorDesc as u64, nbDimsRequested as u32 as u64, dataType as u64, nbDims as u64, dimA as u64, strideA as u64];
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { get_tensor_nd(&calls::cudnnGetTensorNdDescriptor__cu126__call, args) }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1162,7 +1291,13 @@ pub unsafe fn cudnnGetRNNWeightParams__cu118(
     let args = [handle as u64, rnnDesc as u64, pseudoLayer as u32 as u64, weightSpaceSize as u64, weightSpace as u64];
     let rest = [linLayerID as u32 as u64, mDesc as u64, mAddr as u64, bDesc as u64, bAddr as u64];
     // SAFETY: the caller's arguments, passed on.
-    unsafe { get_rnn_weight_params(&calls::cudnnGetRNNWeightParams__cu118__call, concat(args, rest)) }
+    unsafe {
+        get_rnn_weight_params(
+            &calls::cudnnGetRNNWeightParams__cu118__call,
+            &calls::cudnnGetTensorNdDescriptor__cu118__call,
+            concat(args, rest),
+        )
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1181,7 +1316,13 @@ pub unsafe fn cudnnGetRNNWeightParams__cu126(
     let args = [handle as u64, rnnDesc as u64, pseudoLayer as u32 as u64, weightSpaceSize as u64, weightSpace as u64];
     let rest = [linLayerID as u32 as u64, mDesc as u64, mAddr as u64, bDesc as u64, bAddr as u64];
     // SAFETY: the caller's arguments, passed on.
-    unsafe { get_rnn_weight_params(&calls::cudnnGetRNNWeightParams__cu126__call, concat(args, rest)) }
+    unsafe {
+        get_rnn_weight_params(
+            &calls::cudnnGetRNNWeightParams__cu126__call,
+            &calls::cudnnGetTensorNdDescriptor__cu126__call,
+            concat(args, rest),
+        )
+    }
 }
 
 fn concat(a: [u64; 5], b: [u64; 5]) -> [u64; 10] {
