@@ -53,6 +53,26 @@ fn run_cmd(server: &str, exe: &Path) -> Command {
     cmd
 }
 
+/// Run `exe` through `chidori run --trace` and expect it to succeed: its stdout and stderr
+/// (the trace table at the end).
+fn run_traced(server: &EmulatedServer, exe: &Path) -> (String, String) {
+    let mut cmd = Command::new(chidori());
+    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(exe);
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    (stdout.into_owned(), stderr.into_owned())
+}
+
+/// A function's calls and round trips in the trace table of `stderr`.
+fn trace_row(stderr: &str, function: &str) -> Vec<String> {
+    let line = stderr
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(function))
+        .unwrap_or_else(|| panic!("no {function} row: {stderr}"));
+    line.split_whitespace().skip(1).take(2).map(str::to_owned).collect()
+}
+
 /// Children of `pid` (the session workers of a supervisor).
 fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
@@ -316,15 +336,9 @@ int main(void) {
 fn capture_status_is_answered_locally_while_nothing_captures() {
     let server = server();
     let exe = program("capture-status", CAPTURE_STATUS);
-    let mut cmd = Command::new(chidori());
-    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
-    let output = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
-    let row = stderr.lines().find(|l| l.contains("cudaStreamIsCapturing")).unwrap_or_else(|| panic!("{stderr}"));
-    let fields: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(fields.get(1..3), Some(&["101", "0"][..]), "calls and round trips: {row}");
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamIsCapturing"), ["101", "0"], "calls and round trips: {stderr}");
 }
 
 /// torch fills a stream pool with 32 creates of one priority in a row: the client makes
@@ -354,18 +368,11 @@ int main(void) {
 fn stream_pools_are_filled_ahead_of_the_program() {
     let server = server();
     let exe = program("stream-pool", STREAM_POOL);
-    let mut cmd = Command::new(chidori());
-    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
-    let output = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
-    let row =
-        stderr.lines().find(|l| l.starts_with("cudaStreamCreateWithPriority")).unwrap_or_else(|| panic!("{stderr}"));
-    let fields: Vec<&str> = row.split_whitespace().collect();
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
     // 32 streams in 7 round trips (1, 2, 4, 8, 8, 8, 8 created: 7 left on the server), and
     // the create with a null pointer, which the server refuses.
-    assert_eq!(fields.get(1..3), Some(&["33", "8"][..]), "calls and round trips: {row}\n{stderr}");
+    assert_eq!(trace_row(&stderr, "cudaStreamCreateWithPriority"), ["33", "8"], "calls and round trips: {stderr}");
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
@@ -498,20 +505,13 @@ fn cudnn_program(name: &str, source: &str) -> PathBuf {
 fn cudnn_graphs_wait_only_where_a_status_steers() {
     let server = server();
     let exe = cudnn_program("cudnn-graph", CUDNN_GRAPH);
-    let mut cmd = Command::new(chidori());
-    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
-    let out = cmd.output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    let (stdout, stderr) = run_traced(&server, &exe);
     // The graph of named descriptors finalized (the worker mapped the names in the arrays);
     // the foreign element is CUDNN_STATUS_BAD_PARAM at the next waiting call, and so is the
     // foreign argument.
     assert_eq!(stdout.trim(), "graph=0 sent=0 next=2000 foreign=2000", "{stderr}");
     assert!(stderr.contains("element 1 of the array, 0x1234, is not a cudnnBackendDescriptor_t"), "{stderr}");
-    let row = |f: &str| -> Vec<String> {
-        let line = stderr.lines().find(|l| l.starts_with(f)).unwrap_or_else(|| panic!("no {f} row: {stderr}"));
-        line.split_whitespace().skip(1).take(2).map(str::to_owned).collect()
-    };
+    let row = |f: &str| trace_row(&stderr, f);
     // Round trips: the finalizes of the two graphs, the plan, and the foreign descriptor.
     assert_eq!(row("cudnnBackendCreateDescriptor"), ["107", "0"], "{stderr}");
     assert_eq!(row("cudnnBackendFinalize"), ["107", "4"], "{stderr}");
@@ -647,11 +647,7 @@ int main(void) {
 fn cudnn_engine_questions_ride_with_the_fill() {
     let server = server();
     let exe = cudnn_program("cudnn-engines", CUDNN_ENGINE_QUERIES);
-    let mut cmd = Command::new(chidori());
-    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
-    let out = cmd.output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    let (stdout, stderr) = run_traced(&server, &exe);
     // The emulated library has two elements of every attribute: every answer is the one the
     // server gives, whether asked now or earlier.
     let same = "0 0 0 m=2 k=1 notes=11111111,11111111,0 index=1111111111111111";
@@ -735,11 +731,7 @@ int main(void) {
 fn cudnn_graph_builds_after_the_first_ride_with_the_heuristics() {
     let server = server();
     let exe = cudnn_program("cudnn-heuristics", CUDNN_HEURISTICS);
-    let mut cmd = Command::new(chidori());
-    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
-    let out = cmd.output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    let (stdout, stderr) = run_traced(&server, &exe);
     // Every build sees the emulated library's answers, whether asked or made ahead.
     let same =
         "n=1 got=1 0 0 0 0 k=1 ws=1111111111111111 m=1 notes=2/2:11111111,11111111,0 knobs=0 1 0 1 1111111111111111";
@@ -822,16 +814,9 @@ int main(void) {
 fn rnn_weight_addresses_asked_again_are_answered_by_the_client() {
     let server = server();
     let exe = cudnn_program("cudnn-rnn-weights", CUDNN_RNN_WEIGHTS);
-    let mut cmd = Command::new(chidori());
-    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
-    let out = cmd.output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    let (stdout, stderr) = run_traced(&server, &exe);
     assert_eq!(stdout.trim(), "wrong=0", "{stderr}");
-    let row = |f: &str| -> Vec<String> {
-        let line = stderr.lines().find(|l| l.starts_with(f)).unwrap_or_else(|| panic!("no {f} row: {stderr}"));
-        line.split_whitespace().skip(1).take(2).map(str::to_owned).collect()
-    };
+    let row = |f: &str| trace_row(&stderr, f);
     // 32 addresses asked 100 times each: the server answers the first of each run, and the
     // one after the create and destroy sent in between (33).
     assert_eq!(row("cudnnGetRNNWeightParams"), ["3200", "33"], "{stderr}");
@@ -881,11 +866,7 @@ int main(void) {
 fn cudnn_fills_made_ahead_answer_only_fresh_descriptors() {
     let server = server();
     let exe = cudnn_program("cudnn-twin-fresh", CUDNN_TWIN_FRESH);
-    let mut cmd = Command::new(chidori());
-    cmd.args(["run", "--trace", "-s", &server.address, "--lib-dir"]).arg(chidori_tests::shim_dir()).arg("--").arg(&exe);
-    let out = cmd.output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "status {:?}; stdout: {stdout}; stderr: {stderr}", out.status);
+    let (stdout, stderr) = run_traced(&server, &exe);
     let expected: Vec<String> = (0..3).map(|i| format!("{i}: 0 0 got=1 k=1 ws=1111111111111111")).collect();
     assert_eq!(stdout.lines().collect::<Vec<_>>(), expected, "{stderr}");
     // Build 0 learns (finalize, count, fill, workspace: 4); build 1 sets the configuration

@@ -358,6 +358,30 @@ pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name:
     Some(rets)
 }
 
+/// [`call_all`] where the first call is the program's own and the others ride with it: the
+/// program's status, in which a deferred failure of an earlier asynchronous call surfaces
+/// as in [`call_on`], and every call's raw result. None when the server could not be reached.
+///
+/// # Safety
+/// As [`call_all`].
+pub unsafe fn call_with_riders(
+    conn: &Conn,
+    calls: &[(&'static CallDesc, &[u64])],
+    name: &'static str,
+) -> Option<(u64, Vec<u64>)> {
+    let &(desc, _) = calls.first()?;
+    // SAFETY: forwarded contract.
+    let rets = unsafe { call_all(conn, calls, name) }?;
+    let mut status = rets[0];
+    if desc.ret == Ret::Status
+        && status == desc.codes.success as u64
+        && let Some(deferred) = conn.take_deferred(desc.library)
+    {
+        status = deferred as u64;
+    }
+    Some((status, rets))
+}
+
 #[cfg(test)]
 mod tests {
     use std::ffi::CStr;

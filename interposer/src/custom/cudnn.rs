@@ -623,15 +623,10 @@ fn batch(
     }
     // SAFETY: the program's arguments (its contract) and our buffers, alive until every
     // reply has landed.
-    let Some(rets) = (unsafe { crate::runtime::call_all(conn, &calls, name) }) else {
+    let Some((status, rets)) = (unsafe { crate::runtime::call_with_riders(conn, &calls, name) }) else {
         return crate::runtime::unavailable(desc) as u32;
     };
-    let mut status = rets[0] as u32;
-    if status == 0
-        && let Some(deferred) = conn.take_deferred(desc.library)
-    {
-        status = deferred as u32;
-    }
+    let status = status as u32;
     if !keep(rets[0] as u32) {
         let shadows: Vec<u64> = ahead
             .iter()
@@ -1171,15 +1166,10 @@ unsafe fn get_rnn_weight_params(desc: &'static CallDesc, nd: &'static CallDesc, 
         let before = conn.sent_so_far();
         // SAFETY: the caller's arguments (its outputs are void** or null); the questions'
         // outputs are the arrays above, alive until call_all returns with every reply.
-        let Some(statuses) = (unsafe { crate::runtime::call_all(&conn, &calls, desc.name) }) else {
+        let Some((status, statuses)) = (unsafe { crate::runtime::call_with_riders(&conn, &calls, desc.name) }) else {
             return unavailable;
         };
-        let mut status = statuses[0] as u32;
-        if status == 0
-            && let Some(deferred) = conn.take_deferred(desc.library)
-        {
-            status = deferred as u32;
-        }
+        let status = status as u32;
         let sent = conn.sent_so_far();
         // Kept only when these calls were the only messages sent meanwhile: nothing else can
         // have changed the descriptors after them.

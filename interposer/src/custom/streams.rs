@@ -86,17 +86,12 @@ pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, pri
         lists.extend(extra.iter_mut().map(|slot| [slot as *mut u64 as u64, u64::from(flags), priority as i64 as u64]));
         let calls: Vec<_> = lists.iter().map(|a| (desc, &a[..])).collect();
         // SAFETY: each call's out-pointer is the caller's or a slot of `extra`, alive until
-        // call_all returns (it waits for every reply).
-        let Some(statuses) = (unsafe { crate::runtime::call_all(&conn, &calls, desc.name) }) else {
+        // every reply has landed.
+        let Some((status, statuses)) = (unsafe { crate::runtime::call_with_riders(&conn, &calls, desc.name) }) else {
             return unavailable;
         };
-        let mut status = statuses[0] as u32;
-        if status == 0
-            && let Some(deferred) = conn.take_deferred(desc.library)
-        {
-            status = deferred as u32;
-        }
-        crate::runtime::note_status(desc, u64::from(status));
+        crate::runtime::note_status(desc, status);
+        let status = status as u32;
         if status == 0
             && let Some(ctx) = crate::custom::context::cached_current()
         {
