@@ -113,6 +113,8 @@ fn backend(args: &SessionArgs) -> Result<Arc<dyn Backend>, String> {
 
 pub fn session(args: SessionArgs) -> Result<()> {
     crate::init_logging();
+    // Before CUDA starts: the driver then keeps its own address reservations out of it.
+    chidori_worker::mirror::reserve_arena();
     let backend = backend(&args);
     if args.probe {
         match backend {

@@ -376,6 +376,57 @@ fn stream_pools_are_filled_ahead_of_the_program() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// The GPU is handed pointers into pinned host memory, as MAGMA's batched solvers and
+/// zero-copy programs do: the server's mirror holds what the program wrote before each
+/// call, and what the GPU wrote there lands in the program's memory at its next wait.
+const PINNED_FOR_THE_GPU: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  unsigned char *p, *q, back[4096];
+  void *d;
+  if (cudaHostAlloc((void **)&p, 4096, cudaHostAllocMapped) != cudaSuccess) return 2;
+  if (cudaMallocHost((void **)&q, 100) != cudaSuccess) return 2;
+  if (cudaMalloc(&d, 4096) != cudaSuccess) return 2;
+  for (int i = 0; i < 4096; ++i) p[i] = (unsigned char)(i * 7);
+  void *dp = 0;
+  if (cudaHostGetDevicePointer(&dp, p, 0) != cudaSuccess || dp != (void *)p) return 3;
+  /* A "device-to-device" copy from pinned memory reads the program's bytes. */
+  if (cudaMemcpy(d, dp, 4096, cudaMemcpyDeviceToDevice) != cudaSuccess) return 4;
+  if (cudaMemcpy(back, d, 4096, cudaMemcpyDeviceToHost) != cudaSuccess) return 5;
+  if (memcmp(back, p, 4096) != 0) return 6;
+  /* The GPU writes pinned memory through its device pointer (a memset: the mirror). */
+  if (cudaMemsetAsync((unsigned char *)dp + 16, 0xab, 8, 0) != cudaSuccess) return 7;
+  p[1000] = 0x55; /* the program's own write meanwhile, elsewhere in the range */
+  if (cudaStreamSynchronize(0) != cudaSuccess) return 8;
+  for (int i = 0; i < 4096; ++i) {
+    unsigned char want = (i >= 16 && i < 24) ? 0xab : (i == 1000 ? 0x55 : (unsigned char)(i * 7));
+    if (p[i] != want) { printf("byte %d: %d, want %d\n", i, p[i], want); return 9; }
+  }
+  /* Again, after the program changed the bytes the GPU reads. */
+  memset(p, 0x11, 64);
+  if (cudaMemsetAsync(p + 32, 0x22, 4, 0) != cudaSuccess) return 10;
+  if (cudaMemcpy(back, p, 64, cudaMemcpyDeviceToHost) != cudaSuccess) return 11;
+  if (back[0] != 0x11 || back[32] != 0x22 || back[36] != 0x11) return 12;
+  if (cudaFreeHost(p) != cudaSuccess || cudaFreeHost(q) != cudaSuccess) return 13;
+  /* Memory that is no pinned memory has no device pointer. */
+  if (cudaHostGetDevicePointer(&dp, back, 0) == cudaSuccess) return 14;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn pinned_memory_handed_to_the_gpu_is_mirrored() {
+    let server = server();
+    let exe = program("pinned-for-the-gpu", PINNED_FOR_THE_GPU);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    assert!(stderr.contains("(pinned memory mirrored)"), "{stderr}");
+    assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
+}
+
 /// Driver entry points handed out by the runtime are the shims' own: calling one reaches
 /// the server (here: the emulated profile's device count), with no NVIDIA library loaded.
 const ENTRY_POINT: &str = r#"

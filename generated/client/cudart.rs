@@ -1976,6 +1976,15 @@ pub unsafe extern "C" fn __chidori_cudart_cudaHostAlloc(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaHostAlloc(pHost, size, flags) }
 }
+///`cudaHostGetDevicePointer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaHostGetDevicePointer(
+    pDevice: *mut c_void,
+    pHost: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe { crate::custom::cudart::cudaHostGetDevicePointer(pDevice, pHost, flags) }
+}
 ///`cudaHostGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaHostGetFlags(

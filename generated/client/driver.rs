@@ -2720,6 +2720,23 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostAlloc(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemHostAlloc(pp, bytesize, Flags) }
 }
+///`cuMemHostGetDevicePointer_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemHostGetDevicePointer_v2(
+    pdptr: *mut c_void,
+    p: *mut c_void,
+    Flags: u32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemHostGetDevicePointer_v2(pdptr, p, Flags) }
+}
+///`cuMemHostGetFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemHostGetFlags(
+    pFlags: *mut c_void,
+    p: *mut c_void,
+) -> u32 {
+    unsafe { crate::custom::driver::cuMemHostGetFlags(pFlags, p) }
+}
 ///`cuMemHostRegister_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(

@@ -606,6 +606,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemHostAlloc" => {
             Some(driver::__chidori_driver_cuMemHostAlloc as *const c_void)
         }
+        "cuMemHostGetDevicePointer_v2" => {
+            Some(driver::__chidori_driver_cuMemHostGetDevicePointer_v2 as *const c_void)
+        }
+        "cuMemHostGetFlags" => {
+            Some(driver::__chidori_driver_cuMemHostGetFlags as *const c_void)
+        }
         "cuMemHostRegister_v2" => {
             Some(driver::__chidori_driver_cuMemHostRegister_v2 as *const c_void)
         }

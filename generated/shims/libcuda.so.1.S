@@ -2114,23 +2114,17 @@ cuMemHostGetDevicePointer:
     .globl cuMemHostGetDevicePointer_v2
     .type cuMemHostGetDevicePointer_v2, @function
 cuMemHostGetDevicePointer_v2:
-    leaq .Lname140(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemHostGetDevicePointer_v2@PLT
     .size cuMemHostGetDevicePointer_v2, .-cuMemHostGetDevicePointer_v2
     .globl cuMemHostGetFlags
     .type cuMemHostGetFlags, @function
 cuMemHostGetFlags:
-    leaq .Lname141(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemHostGetFlags@PLT
     .size cuMemHostGetFlags, .-cuMemHostGetFlags
     .globl cuMemHostRegister
     .type cuMemHostRegister, @function
 cuMemHostRegister:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2148,7 +2142,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2161,7 +2155,7 @@ cuMemMap:
     .globl cuMemMapArrayAsync
     .type cuMemMapArrayAsync, @function
 cuMemMapArrayAsync:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2169,7 +2163,7 @@ cuMemMapArrayAsync:
     .globl cuMemMapArrayAsync_ptsz
     .type cuMemMapArrayAsync_ptsz, @function
 cuMemMapArrayAsync_ptsz:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2177,7 +2171,7 @@ cuMemMapArrayAsync_ptsz:
     .globl cuMemPoolCreate
     .type cuMemPoolCreate, @function
 cuMemPoolCreate:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2190,7 +2184,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2198,7 +2192,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2206,7 +2200,7 @@ cuMemPoolExportToShareableHandle:
     .globl cuMemPoolGetAccess
     .type cuMemPoolGetAccess, @function
 cuMemPoolGetAccess:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2214,7 +2208,7 @@ cuMemPoolGetAccess:
     .globl cuMemPoolGetAttribute
     .type cuMemPoolGetAttribute, @function
 cuMemPoolGetAttribute:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2222,7 +2216,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2230,7 +2224,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2238,7 +2232,7 @@ cuMemPoolImportPointer:
     .globl cuMemPoolSetAccess
     .type cuMemPoolSetAccess, @function
 cuMemPoolSetAccess:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2246,7 +2240,7 @@ cuMemPoolSetAccess:
     .globl cuMemPoolSetAttribute
     .type cuMemPoolSetAttribute, @function
 cuMemPoolSetAttribute:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2279,7 +2273,7 @@ cuMemPrefetchAsync_v2_ptsz:
     .globl cuMemPrefetchBatchAsync
     .type cuMemPrefetchBatchAsync, @function
 cuMemPrefetchBatchAsync:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2287,7 +2281,7 @@ cuMemPrefetchBatchAsync:
     .globl cuMemPrefetchBatchAsync_ptsz
     .type cuMemPrefetchBatchAsync_ptsz, @function
 cuMemPrefetchBatchAsync_ptsz:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2295,7 +2289,7 @@ cuMemPrefetchBatchAsync_ptsz:
     .globl cuMemRangeGetAttribute
     .type cuMemRangeGetAttribute, @function
 cuMemRangeGetAttribute:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2303,7 +2297,7 @@ cuMemRangeGetAttribute:
     .globl cuMemRangeGetAttributes
     .type cuMemRangeGetAttributes, @function
 cuMemRangeGetAttributes:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2316,7 +2310,7 @@ cuMemRelease:
     .globl cuMemRetainAllocationHandle
     .type cuMemRetainAllocationHandle, @function
 cuMemRetainAllocationHandle:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2324,7 +2318,7 @@ cuMemRetainAllocationHandle:
     .globl cuMemSetAccess
     .type cuMemSetAccess, @function
 cuMemSetAccess:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2332,7 +2326,7 @@ cuMemSetAccess:
     .globl cuMemSetMemPool
     .type cuMemSetMemPool, @function
 cuMemSetMemPool:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2350,7 +2344,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2358,7 +2352,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2366,7 +2360,7 @@ cuMemcpy2DAsync:
     .globl cuMemcpy2DAsync_v2
     .type cuMemcpy2DAsync_v2, @function
 cuMemcpy2DAsync_v2:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2374,7 +2368,7 @@ cuMemcpy2DAsync_v2:
     .globl cuMemcpy2DAsync_v2_ptsz
     .type cuMemcpy2DAsync_v2_ptsz, @function
 cuMemcpy2DAsync_v2_ptsz:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2382,7 +2376,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2390,7 +2384,7 @@ cuMemcpy2DUnaligned:
     .globl cuMemcpy2DUnaligned_v2
     .type cuMemcpy2DUnaligned_v2, @function
 cuMemcpy2DUnaligned_v2:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2398,7 +2392,7 @@ cuMemcpy2DUnaligned_v2:
     .globl cuMemcpy2DUnaligned_v2_ptds
     .type cuMemcpy2DUnaligned_v2_ptds, @function
 cuMemcpy2DUnaligned_v2_ptds:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2406,7 +2400,7 @@ cuMemcpy2DUnaligned_v2_ptds:
     .globl cuMemcpy2D_v2
     .type cuMemcpy2D_v2, @function
 cuMemcpy2D_v2:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2414,7 +2408,7 @@ cuMemcpy2D_v2:
     .globl cuMemcpy2D_v2_ptds
     .type cuMemcpy2D_v2_ptds, @function
 cuMemcpy2D_v2_ptds:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2422,7 +2416,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2430,7 +2424,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2438,7 +2432,7 @@ cuMemcpy3DAsync:
     .globl cuMemcpy3DAsync_v2
     .type cuMemcpy3DAsync_v2, @function
 cuMemcpy3DAsync_v2:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2446,7 +2440,7 @@ cuMemcpy3DAsync_v2:
     .globl cuMemcpy3DAsync_v2_ptsz
     .type cuMemcpy3DAsync_v2_ptsz, @function
 cuMemcpy3DAsync_v2_ptsz:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2454,7 +2448,7 @@ cuMemcpy3DAsync_v2_ptsz:
     .globl cuMemcpy3DBatchAsync
     .type cuMemcpy3DBatchAsync, @function
 cuMemcpy3DBatchAsync:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2462,7 +2456,7 @@ cuMemcpy3DBatchAsync:
     .globl cuMemcpy3DBatchAsync_ptsz
     .type cuMemcpy3DBatchAsync_ptsz, @function
 cuMemcpy3DBatchAsync_ptsz:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2470,7 +2464,7 @@ cuMemcpy3DBatchAsync_ptsz:
     .globl cuMemcpy3DBatchAsync_v2
     .type cuMemcpy3DBatchAsync_v2, @function
 cuMemcpy3DBatchAsync_v2:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2478,7 +2472,7 @@ cuMemcpy3DBatchAsync_v2:
     .globl cuMemcpy3DBatchAsync_v2_ptsz
     .type cuMemcpy3DBatchAsync_v2_ptsz, @function
 cuMemcpy3DBatchAsync_v2_ptsz:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2486,7 +2480,7 @@ cuMemcpy3DBatchAsync_v2_ptsz:
     .globl cuMemcpy3DPeer
     .type cuMemcpy3DPeer, @function
 cuMemcpy3DPeer:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2494,7 +2488,7 @@ cuMemcpy3DPeer:
     .globl cuMemcpy3DPeerAsync
     .type cuMemcpy3DPeerAsync, @function
 cuMemcpy3DPeerAsync:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2502,7 +2496,7 @@ cuMemcpy3DPeerAsync:
     .globl cuMemcpy3DPeerAsync_ptsz
     .type cuMemcpy3DPeerAsync_ptsz, @function
 cuMemcpy3DPeerAsync_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2510,7 +2504,7 @@ cuMemcpy3DPeerAsync_ptsz:
     .globl cuMemcpy3DPeer_ptds
     .type cuMemcpy3DPeer_ptds, @function
 cuMemcpy3DPeer_ptds:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2518,7 +2512,7 @@ cuMemcpy3DPeer_ptds:
     .globl cuMemcpy3D_v2
     .type cuMemcpy3D_v2, @function
 cuMemcpy3D_v2:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2526,7 +2520,7 @@ cuMemcpy3D_v2:
     .globl cuMemcpy3D_v2_ptds
     .type cuMemcpy3D_v2_ptds, @function
 cuMemcpy3D_v2_ptds:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2574,7 +2568,7 @@ cuMemcpyAtoD_v2_ptds:
     .globl cuMemcpyAtoH
     .type cuMemcpyAtoH, @function
 cuMemcpyAtoH:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2582,7 +2576,7 @@ cuMemcpyAtoH:
     .globl cuMemcpyAtoHAsync
     .type cuMemcpyAtoHAsync, @function
 cuMemcpyAtoHAsync:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2590,7 +2584,7 @@ cuMemcpyAtoHAsync:
     .globl cuMemcpyAtoHAsync_v2
     .type cuMemcpyAtoHAsync_v2, @function
 cuMemcpyAtoHAsync_v2:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2598,7 +2592,7 @@ cuMemcpyAtoHAsync_v2:
     .globl cuMemcpyAtoHAsync_v2_ptsz
     .type cuMemcpyAtoHAsync_v2_ptsz, @function
 cuMemcpyAtoHAsync_v2_ptsz:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2606,7 +2600,7 @@ cuMemcpyAtoHAsync_v2_ptsz:
     .globl cuMemcpyAtoH_v2
     .type cuMemcpyAtoH_v2, @function
 cuMemcpyAtoH_v2:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2614,7 +2608,7 @@ cuMemcpyAtoH_v2:
     .globl cuMemcpyAtoH_v2_ptds
     .type cuMemcpyAtoH_v2_ptds, @function
 cuMemcpyAtoH_v2_ptds:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2622,7 +2616,7 @@ cuMemcpyAtoH_v2_ptds:
     .globl cuMemcpyBatchAsync
     .type cuMemcpyBatchAsync, @function
 cuMemcpyBatchAsync:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2630,7 +2624,7 @@ cuMemcpyBatchAsync:
     .globl cuMemcpyBatchAsync_ptsz
     .type cuMemcpyBatchAsync_ptsz, @function
 cuMemcpyBatchAsync_ptsz:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2638,7 +2632,7 @@ cuMemcpyBatchAsync_ptsz:
     .globl cuMemcpyBatchAsync_v2
     .type cuMemcpyBatchAsync_v2, @function
 cuMemcpyBatchAsync_v2:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2646,7 +2640,7 @@ cuMemcpyBatchAsync_v2:
     .globl cuMemcpyBatchAsync_v2_ptsz
     .type cuMemcpyBatchAsync_v2_ptsz, @function
 cuMemcpyBatchAsync_v2_ptsz:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2699,7 +2693,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2707,7 +2701,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2735,7 +2729,7 @@ cuMemcpyDtoH_v2_ptds:
     .globl cuMemcpyHtoA
     .type cuMemcpyHtoA, @function
 cuMemcpyHtoA:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2743,7 +2737,7 @@ cuMemcpyHtoA:
     .globl cuMemcpyHtoAAsync
     .type cuMemcpyHtoAAsync, @function
 cuMemcpyHtoAAsync:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2751,7 +2745,7 @@ cuMemcpyHtoAAsync:
     .globl cuMemcpyHtoAAsync_v2
     .type cuMemcpyHtoAAsync_v2, @function
 cuMemcpyHtoAAsync_v2:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2759,7 +2753,7 @@ cuMemcpyHtoAAsync_v2:
     .globl cuMemcpyHtoAAsync_v2_ptsz
     .type cuMemcpyHtoAAsync_v2_ptsz, @function
 cuMemcpyHtoAAsync_v2_ptsz:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2767,7 +2761,7 @@ cuMemcpyHtoAAsync_v2_ptsz:
     .globl cuMemcpyHtoA_v2
     .type cuMemcpyHtoA_v2, @function
 cuMemcpyHtoA_v2:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2775,7 +2769,7 @@ cuMemcpyHtoA_v2:
     .globl cuMemcpyHtoA_v2_ptds
     .type cuMemcpyHtoA_v2_ptds, @function
 cuMemcpyHtoA_v2_ptds:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2783,7 +2777,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2791,7 +2785,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2994,7 +2988,7 @@ cuMemsetD8_v2_ptds:
     .globl cuMipmappedArrayCreate
     .type cuMipmappedArrayCreate, @function
 cuMipmappedArrayCreate:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3012,7 +3006,7 @@ cuMipmappedArrayGetLevel:
     .globl cuMipmappedArrayGetMemoryRequirements
     .type cuMipmappedArrayGetMemoryRequirements, @function
 cuMipmappedArrayGetMemoryRequirements:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3020,7 +3014,7 @@ cuMipmappedArrayGetMemoryRequirements:
     .globl cuMipmappedArrayGetSparseProperties
     .type cuMipmappedArrayGetSparseProperties, @function
 cuMipmappedArrayGetSparseProperties:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3133,7 +3127,7 @@ cuMulticastUnbind:
     .globl cuOccupancyAvailableDynamicSMemPerBlock
     .type cuOccupancyAvailableDynamicSMemPerBlock, @function
 cuOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3151,7 +3145,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cuOccupancyMaxActiveClusters
     .type cuOccupancyMaxActiveClusters, @function
 cuOccupancyMaxActiveClusters:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3159,7 +3153,7 @@ cuOccupancyMaxActiveClusters:
     .globl cuOccupancyMaxPotentialBlockSize
     .type cuOccupancyMaxPotentialBlockSize, @function
 cuOccupancyMaxPotentialBlockSize:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3167,7 +3161,7 @@ cuOccupancyMaxPotentialBlockSize:
     .globl cuOccupancyMaxPotentialBlockSizeWithFlags
     .type cuOccupancyMaxPotentialBlockSizeWithFlags, @function
 cuOccupancyMaxPotentialBlockSizeWithFlags:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3175,7 +3169,7 @@ cuOccupancyMaxPotentialBlockSizeWithFlags:
     .globl cuOccupancyMaxPotentialClusterSize
     .type cuOccupancyMaxPotentialClusterSize, @function
 cuOccupancyMaxPotentialClusterSize:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname210(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3203,7 +3197,7 @@ cuParamSeti:
     .globl cuParamSetv
     .type cuParamSetv, @function
 cuParamSetv:
-    leaq .Lname213(%rip), %rdi
+    leaq .Lname211(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3216,7 +3210,7 @@ cuPointerGetAttribute:
     .globl cuPointerGetAttributes
     .type cuPointerGetAttributes, @function
 cuPointerGetAttributes:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname212(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3224,7 +3218,7 @@ cuPointerGetAttributes:
     .globl cuPointerSetAttribute
     .type cuPointerSetAttribute, @function
 cuPointerSetAttribute:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname213(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3232,7 +3226,7 @@ cuPointerSetAttribute:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname214(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3240,7 +3234,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname215(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3248,7 +3242,7 @@ cuSignalExternalSemaphoresAsync_ptsz:
     .globl cuStreamAddCallback
     .type cuStreamAddCallback, @function
 cuStreamAddCallback:
-    leaq .Lname218(%rip), %rdi
+    leaq .Lname216(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3256,7 +3250,7 @@ cuStreamAddCallback:
     .globl cuStreamAddCallback_ptsz
     .type cuStreamAddCallback_ptsz, @function
 cuStreamAddCallback_ptsz:
-    leaq .Lname219(%rip), %rdi
+    leaq .Lname217(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3274,7 +3268,7 @@ cuStreamAttachMemAsync_ptsz:
     .globl cuStreamBatchMemOp
     .type cuStreamBatchMemOp, @function
 cuStreamBatchMemOp:
-    leaq .Lname220(%rip), %rdi
+    leaq .Lname218(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3282,7 +3276,7 @@ cuStreamBatchMemOp:
     .globl cuStreamBatchMemOp_ptsz
     .type cuStreamBatchMemOp_ptsz, @function
 cuStreamBatchMemOp_ptsz:
-    leaq .Lname221(%rip), %rdi
+    leaq .Lname219(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3290,7 +3284,7 @@ cuStreamBatchMemOp_ptsz:
     .globl cuStreamBatchMemOp_v2
     .type cuStreamBatchMemOp_v2, @function
 cuStreamBatchMemOp_v2:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname220(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3298,7 +3292,7 @@ cuStreamBatchMemOp_v2:
     .globl cuStreamBatchMemOp_v2_ptsz
     .type cuStreamBatchMemOp_v2_ptsz, @function
 cuStreamBatchMemOp_v2_ptsz:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname221(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3311,7 +3305,7 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToGraph
     .type cuStreamBeginCaptureToGraph, @function
 cuStreamBeginCaptureToGraph:
-    leaq .Lname224(%rip), %rdi
+    leaq .Lname222(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3319,7 +3313,7 @@ cuStreamBeginCaptureToGraph:
     .globl cuStreamBeginCaptureToGraph_ptsz
     .type cuStreamBeginCaptureToGraph_ptsz, @function
 cuStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname225(%rip), %rdi
+    leaq .Lname223(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3382,7 +3376,7 @@ cuStreamEndCapture_ptsz:
     .globl cuStreamGetAttribute
     .type cuStreamGetAttribute, @function
 cuStreamGetAttribute:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname224(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3390,7 +3384,7 @@ cuStreamGetAttribute:
     .globl cuStreamGetAttribute_ptsz
     .type cuStreamGetAttribute_ptsz, @function
 cuStreamGetAttribute_ptsz:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname225(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3408,7 +3402,7 @@ cuStreamGetCaptureInfo_ptsz:
     .globl cuStreamGetCaptureInfo_v2
     .type cuStreamGetCaptureInfo_v2, @function
 cuStreamGetCaptureInfo_v2:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname226(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3416,7 +3410,7 @@ cuStreamGetCaptureInfo_v2:
     .globl cuStreamGetCaptureInfo_v2_ptsz
     .type cuStreamGetCaptureInfo_v2_ptsz, @function
 cuStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname227(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3424,7 +3418,7 @@ cuStreamGetCaptureInfo_v2_ptsz:
     .globl cuStreamGetCaptureInfo_v3
     .type cuStreamGetCaptureInfo_v3, @function
 cuStreamGetCaptureInfo_v3:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname228(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3432,7 +3426,7 @@ cuStreamGetCaptureInfo_v3:
     .globl cuStreamGetCaptureInfo_v3_ptsz
     .type cuStreamGetCaptureInfo_v3_ptsz, @function
 cuStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname229(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3460,7 +3454,7 @@ cuStreamGetCtx_v2_ptsz:
     .globl cuStreamGetDevResource
     .type cuStreamGetDevResource, @function
 cuStreamGetDevResource:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname230(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3468,7 +3462,7 @@ cuStreamGetDevResource:
     .globl cuStreamGetDevResource_ptsz
     .type cuStreamGetDevResource_ptsz, @function
 cuStreamGetDevResource_ptsz:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname231(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3541,7 +3535,7 @@ cuStreamQuery_ptsz:
     .globl cuStreamSetAttribute
     .type cuStreamSetAttribute, @function
 cuStreamSetAttribute:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname232(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3549,7 +3543,7 @@ cuStreamSetAttribute:
     .globl cuStreamSetAttribute_ptsz
     .type cuStreamSetAttribute_ptsz, @function
 cuStreamSetAttribute_ptsz:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname233(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3577,7 +3571,7 @@ cuStreamUpdateCaptureDependencies_ptsz:
     .globl cuStreamUpdateCaptureDependencies_v2
     .type cuStreamUpdateCaptureDependencies_v2, @function
 cuStreamUpdateCaptureDependencies_v2:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname234(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3585,7 +3579,7 @@ cuStreamUpdateCaptureDependencies_v2:
     .globl cuStreamUpdateCaptureDependencies_v2_ptsz
     .type cuStreamUpdateCaptureDependencies_v2_ptsz, @function
 cuStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname237(%rip), %rdi
+    leaq .Lname235(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3683,7 +3677,7 @@ cuStreamWriteValue64_v2_ptsz:
     .globl cuSurfObjectCreate
     .type cuSurfObjectCreate, @function
 cuSurfObjectCreate:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname236(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3696,7 +3690,7 @@ cuSurfObjectDestroy:
     .globl cuSurfObjectGetResourceDesc
     .type cuSurfObjectGetResourceDesc, @function
 cuSurfObjectGetResourceDesc:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname237(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3714,7 +3708,7 @@ cuSurfRefSetArray:
     .globl cuTensorMapEncodeIm2col
     .type cuTensorMapEncodeIm2col, @function
 cuTensorMapEncodeIm2col:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname238(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3722,7 +3716,7 @@ cuTensorMapEncodeIm2col:
     .globl cuTensorMapEncodeIm2colWide
     .type cuTensorMapEncodeIm2colWide, @function
 cuTensorMapEncodeIm2colWide:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname239(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3730,7 +3724,7 @@ cuTensorMapEncodeIm2colWide:
     .globl cuTensorMapEncodeTiled
     .type cuTensorMapEncodeTiled, @function
 cuTensorMapEncodeTiled:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname240(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3738,7 +3732,7 @@ cuTensorMapEncodeTiled:
     .globl cuTensorMapReplaceAddress
     .type cuTensorMapReplaceAddress, @function
 cuTensorMapReplaceAddress:
-    leaq .Lname243(%rip), %rdi
+    leaq .Lname241(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3746,7 +3740,7 @@ cuTensorMapReplaceAddress:
     .globl cuTexObjectCreate
     .type cuTexObjectCreate, @function
 cuTexObjectCreate:
-    leaq .Lname244(%rip), %rdi
+    leaq .Lname242(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3759,7 +3753,7 @@ cuTexObjectDestroy:
     .globl cuTexObjectGetResourceDesc
     .type cuTexObjectGetResourceDesc, @function
 cuTexObjectGetResourceDesc:
-    leaq .Lname245(%rip), %rdi
+    leaq .Lname243(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3767,7 +3761,7 @@ cuTexObjectGetResourceDesc:
     .globl cuTexObjectGetResourceViewDesc
     .type cuTexObjectGetResourceViewDesc, @function
 cuTexObjectGetResourceViewDesc:
-    leaq .Lname246(%rip), %rdi
+    leaq .Lname244(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3775,7 +3769,7 @@ cuTexObjectGetResourceViewDesc:
     .globl cuTexObjectGetTextureDesc
     .type cuTexObjectGetTextureDesc, @function
 cuTexObjectGetTextureDesc:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname245(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3828,7 +3822,7 @@ cuTexRefGetFlags:
     .globl cuTexRefGetFormat
     .type cuTexRefGetFormat, @function
 cuTexRefGetFormat:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname246(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3946,7 +3940,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname247(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3964,7 +3958,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname250(%rip), %rdi
+    leaq .Lname248(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3972,7 +3966,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname251(%rip), %rdi
+    leaq .Lname249(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4259,227 +4253,223 @@ cuWaitExternalSemaphoresAsync_ptsz:
 .Lname139:
     .asciz "cuMemHostGetDevicePointer"
 .Lname140:
-    .asciz "cuMemHostGetDevicePointer_v2"
-.Lname141:
-    .asciz "cuMemHostGetFlags"
-.Lname142:
     .asciz "cuMemHostRegister"
-.Lname143:
+.Lname141:
     .asciz "cuMemImportFromShareableHandle"
-.Lname144:
+.Lname142:
     .asciz "cuMemMapArrayAsync"
-.Lname145:
+.Lname143:
     .asciz "cuMemMapArrayAsync_ptsz"
-.Lname146:
+.Lname144:
     .asciz "cuMemPoolCreate"
-.Lname147:
+.Lname145:
     .asciz "cuMemPoolExportPointer"
-.Lname148:
+.Lname146:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname149:
+.Lname147:
     .asciz "cuMemPoolGetAccess"
-.Lname150:
+.Lname148:
     .asciz "cuMemPoolGetAttribute"
-.Lname151:
+.Lname149:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname152:
+.Lname150:
     .asciz "cuMemPoolImportPointer"
-.Lname153:
+.Lname151:
     .asciz "cuMemPoolSetAccess"
-.Lname154:
+.Lname152:
     .asciz "cuMemPoolSetAttribute"
-.Lname155:
+.Lname153:
     .asciz "cuMemPrefetchBatchAsync"
-.Lname156:
+.Lname154:
     .asciz "cuMemPrefetchBatchAsync_ptsz"
-.Lname157:
+.Lname155:
     .asciz "cuMemRangeGetAttribute"
-.Lname158:
+.Lname156:
     .asciz "cuMemRangeGetAttributes"
-.Lname159:
+.Lname157:
     .asciz "cuMemRetainAllocationHandle"
-.Lname160:
+.Lname158:
     .asciz "cuMemSetAccess"
-.Lname161:
+.Lname159:
     .asciz "cuMemSetMemPool"
-.Lname162:
+.Lname160:
     .asciz "cuMemcpy2D"
-.Lname163:
+.Lname161:
     .asciz "cuMemcpy2DAsync"
-.Lname164:
+.Lname162:
     .asciz "cuMemcpy2DAsync_v2"
-.Lname165:
+.Lname163:
     .asciz "cuMemcpy2DAsync_v2_ptsz"
-.Lname166:
+.Lname164:
     .asciz "cuMemcpy2DUnaligned"
-.Lname167:
+.Lname165:
     .asciz "cuMemcpy2DUnaligned_v2"
-.Lname168:
+.Lname166:
     .asciz "cuMemcpy2DUnaligned_v2_ptds"
-.Lname169:
+.Lname167:
     .asciz "cuMemcpy2D_v2"
-.Lname170:
+.Lname168:
     .asciz "cuMemcpy2D_v2_ptds"
-.Lname171:
+.Lname169:
     .asciz "cuMemcpy3D"
-.Lname172:
+.Lname170:
     .asciz "cuMemcpy3DAsync"
-.Lname173:
+.Lname171:
     .asciz "cuMemcpy3DAsync_v2"
-.Lname174:
+.Lname172:
     .asciz "cuMemcpy3DAsync_v2_ptsz"
-.Lname175:
+.Lname173:
     .asciz "cuMemcpy3DBatchAsync"
-.Lname176:
+.Lname174:
     .asciz "cuMemcpy3DBatchAsync_ptsz"
-.Lname177:
+.Lname175:
     .asciz "cuMemcpy3DBatchAsync_v2"
-.Lname178:
+.Lname176:
     .asciz "cuMemcpy3DBatchAsync_v2_ptsz"
-.Lname179:
+.Lname177:
     .asciz "cuMemcpy3DPeer"
-.Lname180:
+.Lname178:
     .asciz "cuMemcpy3DPeerAsync"
-.Lname181:
+.Lname179:
     .asciz "cuMemcpy3DPeerAsync_ptsz"
-.Lname182:
+.Lname180:
     .asciz "cuMemcpy3DPeer_ptds"
-.Lname183:
+.Lname181:
     .asciz "cuMemcpy3D_v2"
-.Lname184:
+.Lname182:
     .asciz "cuMemcpy3D_v2_ptds"
-.Lname185:
+.Lname183:
     .asciz "cuMemcpyAtoH"
-.Lname186:
+.Lname184:
     .asciz "cuMemcpyAtoHAsync"
-.Lname187:
+.Lname185:
     .asciz "cuMemcpyAtoHAsync_v2"
-.Lname188:
+.Lname186:
     .asciz "cuMemcpyAtoHAsync_v2_ptsz"
-.Lname189:
+.Lname187:
     .asciz "cuMemcpyAtoH_v2"
-.Lname190:
+.Lname188:
     .asciz "cuMemcpyAtoH_v2_ptds"
-.Lname191:
+.Lname189:
     .asciz "cuMemcpyBatchAsync"
-.Lname192:
+.Lname190:
     .asciz "cuMemcpyBatchAsync_ptsz"
-.Lname193:
+.Lname191:
     .asciz "cuMemcpyBatchAsync_v2"
-.Lname194:
+.Lname192:
     .asciz "cuMemcpyBatchAsync_v2_ptsz"
-.Lname195:
+.Lname193:
     .asciz "cuMemcpyDtoH"
-.Lname196:
+.Lname194:
     .asciz "cuMemcpyDtoHAsync"
-.Lname197:
+.Lname195:
     .asciz "cuMemcpyHtoA"
-.Lname198:
+.Lname196:
     .asciz "cuMemcpyHtoAAsync"
-.Lname199:
+.Lname197:
     .asciz "cuMemcpyHtoAAsync_v2"
-.Lname200:
+.Lname198:
     .asciz "cuMemcpyHtoAAsync_v2_ptsz"
-.Lname201:
+.Lname199:
     .asciz "cuMemcpyHtoA_v2"
-.Lname202:
+.Lname200:
     .asciz "cuMemcpyHtoA_v2_ptds"
-.Lname203:
+.Lname201:
     .asciz "cuMemcpyHtoD"
-.Lname204:
+.Lname202:
     .asciz "cuMemcpyHtoDAsync"
-.Lname205:
+.Lname203:
     .asciz "cuMipmappedArrayCreate"
-.Lname206:
+.Lname204:
     .asciz "cuMipmappedArrayGetMemoryRequirements"
-.Lname207:
+.Lname205:
     .asciz "cuMipmappedArrayGetSparseProperties"
-.Lname208:
+.Lname206:
     .asciz "cuOccupancyAvailableDynamicSMemPerBlock"
-.Lname209:
+.Lname207:
     .asciz "cuOccupancyMaxActiveClusters"
-.Lname210:
+.Lname208:
     .asciz "cuOccupancyMaxPotentialBlockSize"
-.Lname211:
+.Lname209:
     .asciz "cuOccupancyMaxPotentialBlockSizeWithFlags"
-.Lname212:
+.Lname210:
     .asciz "cuOccupancyMaxPotentialClusterSize"
-.Lname213:
+.Lname211:
     .asciz "cuParamSetv"
-.Lname214:
+.Lname212:
     .asciz "cuPointerGetAttributes"
-.Lname215:
+.Lname213:
     .asciz "cuPointerSetAttribute"
-.Lname216:
+.Lname214:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname217:
+.Lname215:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname218:
+.Lname216:
     .asciz "cuStreamAddCallback"
-.Lname219:
+.Lname217:
     .asciz "cuStreamAddCallback_ptsz"
-.Lname220:
+.Lname218:
     .asciz "cuStreamBatchMemOp"
-.Lname221:
+.Lname219:
     .asciz "cuStreamBatchMemOp_ptsz"
-.Lname222:
+.Lname220:
     .asciz "cuStreamBatchMemOp_v2"
-.Lname223:
+.Lname221:
     .asciz "cuStreamBatchMemOp_v2_ptsz"
-.Lname224:
+.Lname222:
     .asciz "cuStreamBeginCaptureToGraph"
-.Lname225:
+.Lname223:
     .asciz "cuStreamBeginCaptureToGraph_ptsz"
-.Lname226:
+.Lname224:
     .asciz "cuStreamGetAttribute"
-.Lname227:
+.Lname225:
     .asciz "cuStreamGetAttribute_ptsz"
-.Lname228:
+.Lname226:
     .asciz "cuStreamGetCaptureInfo_v2"
-.Lname229:
+.Lname227:
     .asciz "cuStreamGetCaptureInfo_v2_ptsz"
-.Lname230:
+.Lname228:
     .asciz "cuStreamGetCaptureInfo_v3"
-.Lname231:
+.Lname229:
     .asciz "cuStreamGetCaptureInfo_v3_ptsz"
-.Lname232:
+.Lname230:
     .asciz "cuStreamGetDevResource"
-.Lname233:
+.Lname231:
     .asciz "cuStreamGetDevResource_ptsz"
-.Lname234:
+.Lname232:
     .asciz "cuStreamSetAttribute"
-.Lname235:
+.Lname233:
     .asciz "cuStreamSetAttribute_ptsz"
-.Lname236:
+.Lname234:
     .asciz "cuStreamUpdateCaptureDependencies_v2"
-.Lname237:
+.Lname235:
     .asciz "cuStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname238:
+.Lname236:
     .asciz "cuSurfObjectCreate"
-.Lname239:
+.Lname237:
     .asciz "cuSurfObjectGetResourceDesc"
-.Lname240:
+.Lname238:
     .asciz "cuTensorMapEncodeIm2col"
-.Lname241:
+.Lname239:
     .asciz "cuTensorMapEncodeIm2colWide"
-.Lname242:
+.Lname240:
     .asciz "cuTensorMapEncodeTiled"
-.Lname243:
+.Lname241:
     .asciz "cuTensorMapReplaceAddress"
-.Lname244:
+.Lname242:
     .asciz "cuTexObjectCreate"
-.Lname245:
+.Lname243:
     .asciz "cuTexObjectGetResourceDesc"
-.Lname246:
+.Lname244:
     .asciz "cuTexObjectGetResourceViewDesc"
-.Lname247:
+.Lname245:
     .asciz "cuTexObjectGetTextureDesc"
-.Lname248:
+.Lname246:
     .asciz "cuTexRefGetFormat"
-.Lname249:
+.Lname247:
     .asciz "cuUserObjectCreate"
-.Lname250:
+.Lname248:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname251:
+.Lname249:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

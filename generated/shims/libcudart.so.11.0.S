@@ -1369,10 +1369,7 @@ cudaHostAlloc:
     .globl cudaHostGetDevicePointer
     .type cudaHostGetDevicePointer, @function
 cudaHostGetDevicePointer:
-    leaq .Lname100(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostGetDevicePointer@PLT
     .size cudaHostGetDevicePointer, .-cudaHostGetDevicePointer
     .globl cudaHostGetFlags
     .type cudaHostGetFlags, @function
@@ -1392,7 +1389,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1400,7 +1397,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1408,7 +1405,7 @@ cudaImportExternalSemaphore:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1416,7 +1413,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1424,7 +1421,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1437,7 +1434,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1450,7 +1447,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1498,7 +1495,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1526,7 +1523,7 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1534,7 +1531,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1547,7 +1544,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1555,7 +1552,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1568,7 +1565,7 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1581,7 +1578,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1594,7 +1591,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1602,7 +1599,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1610,7 +1607,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1623,7 +1620,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1631,7 +1628,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1654,7 +1651,7 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1662,7 +1659,7 @@ cudaMemPrefetchAsync:
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1670,7 +1667,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1678,7 +1675,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1716,7 +1713,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1724,7 +1721,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1732,7 +1729,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1740,7 +1737,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1748,7 +1745,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1756,7 +1753,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1764,7 +1761,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1772,7 +1769,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1785,7 +1782,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1793,7 +1790,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1801,7 +1798,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1809,7 +1806,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1817,7 +1814,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1825,7 +1822,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1833,7 +1830,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1841,7 +1838,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1869,7 +1866,7 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1877,7 +1874,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1885,7 +1882,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1893,7 +1890,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1921,7 +1918,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1934,7 +1931,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1942,7 +1939,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1950,7 +1947,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1958,7 +1955,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2016,7 +2013,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2024,7 +2021,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2032,7 +2029,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2040,7 +2037,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2063,7 +2060,7 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2071,7 +2068,7 @@ cudaMipmappedArrayGetMemoryRequirements:
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2079,7 +2076,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2097,7 +2094,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2105,7 +2102,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2123,7 +2120,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerInitialize
     .type cudaProfilerInitialize, @function
 cudaProfilerInitialize:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2131,7 +2128,7 @@ cudaProfilerInitialize:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2139,7 +2136,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2172,7 +2169,7 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2180,7 +2177,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2188,7 +2185,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2196,7 +2193,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2204,7 +2201,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2222,7 +2219,7 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2230,7 +2227,7 @@ cudaStreamAttachMemAsync:
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2288,7 +2285,7 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2296,7 +2293,7 @@ cudaStreamGetAttribute:
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2314,7 +2311,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2322,7 +2319,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2370,7 +2367,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2378,7 +2375,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2401,7 +2398,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2459,7 +2456,7 @@ cudaUnbindTexture:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2477,7 +2474,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2485,7 +2482,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2493,7 +2490,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2501,7 +2498,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2509,7 +2506,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2517,7 +2514,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2724,167 +2721,165 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname99:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
 .Lname100:
-    .asciz "cudaHostGetDevicePointer"
-.Lname101:
     .asciz "cudaImportExternalMemory"
-.Lname102:
+.Lname101:
     .asciz "cudaImportExternalSemaphore"
-.Lname103:
+.Lname102:
     .asciz "cudaIpcCloseMemHandle"
-.Lname104:
+.Lname103:
     .asciz "cudaIpcGetEventHandle"
-.Lname105:
+.Lname104:
     .asciz "cudaIpcGetMemHandle"
-.Lname106:
+.Lname105:
     .asciz "cudaIpcOpenMemHandle"
-.Lname107:
+.Lname106:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname108:
+.Lname107:
     .asciz "cudaMalloc3D"
-.Lname109:
+.Lname108:
     .asciz "cudaMallocFromPoolAsync"
-.Lname110:
+.Lname109:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname111:
+.Lname110:
     .asciz "cudaMallocManaged"
-.Lname112:
+.Lname111:
     .asciz "cudaMallocMipmappedArray"
-.Lname113:
+.Lname112:
     .asciz "cudaMemAdvise"
-.Lname114:
+.Lname113:
     .asciz "cudaMemPoolCreate"
-.Lname115:
+.Lname114:
     .asciz "cudaMemPoolExportPointer"
-.Lname116:
+.Lname115:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname117:
+.Lname116:
     .asciz "cudaMemPoolGetAccess"
-.Lname118:
+.Lname117:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname119:
+.Lname118:
     .asciz "cudaMemPoolImportPointer"
-.Lname120:
+.Lname119:
     .asciz "cudaMemPrefetchAsync"
-.Lname121:
+.Lname120:
     .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname122:
+.Lname121:
     .asciz "cudaMemRangeGetAttribute"
-.Lname123:
+.Lname122:
     .asciz "cudaMemRangeGetAttributes"
-.Lname124:
+.Lname123:
     .asciz "cudaMemcpy2DFromArray"
-.Lname125:
+.Lname124:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname126:
+.Lname125:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname127:
+.Lname126:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname128:
+.Lname127:
     .asciz "cudaMemcpy2DToArray"
-.Lname129:
+.Lname128:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname130:
+.Lname129:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname131:
+.Lname130:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname132:
+.Lname131:
     .asciz "cudaMemcpy3D"
-.Lname133:
+.Lname132:
     .asciz "cudaMemcpy3DAsync"
-.Lname134:
+.Lname133:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname135:
+.Lname134:
     .asciz "cudaMemcpy3DPeer"
-.Lname136:
+.Lname135:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname137:
+.Lname136:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname138:
+.Lname137:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname139:
+.Lname138:
     .asciz "cudaMemcpy3D_ptds"
-.Lname140:
+.Lname139:
     .asciz "cudaMemcpyFromArray"
-.Lname141:
+.Lname140:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname142:
+.Lname141:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname143:
+.Lname142:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname144:
+.Lname143:
     .asciz "cudaMemcpyPeer"
-.Lname145:
+.Lname144:
     .asciz "cudaMemcpyToArray"
-.Lname146:
+.Lname145:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname147:
+.Lname146:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname148:
+.Lname147:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname149:
+.Lname148:
     .asciz "cudaMemset3D"
-.Lname150:
+.Lname149:
     .asciz "cudaMemset3DAsync"
-.Lname151:
+.Lname150:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname152:
+.Lname151:
     .asciz "cudaMemset3D_ptds"
-.Lname153:
+.Lname152:
     .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname154:
+.Lname153:
     .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname155:
+.Lname154:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname156:
+.Lname155:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname157:
+.Lname156:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname158:
+.Lname157:
     .asciz "cudaProfilerInitialize"
-.Lname159:
+.Lname158:
     .asciz "cudaProfilerStart"
-.Lname160:
+.Lname159:
     .asciz "cudaProfilerStop"
-.Lname161:
+.Lname160:
     .asciz "cudaSetValidDevices"
-.Lname162:
+.Lname161:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname163:
+.Lname162:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname164:
+.Lname163:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname165:
+.Lname164:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname166:
+.Lname165:
     .asciz "cudaStreamAttachMemAsync"
-.Lname167:
+.Lname166:
     .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname168:
+.Lname167:
     .asciz "cudaStreamGetAttribute"
-.Lname169:
+.Lname168:
     .asciz "cudaStreamGetAttribute_ptsz"
-.Lname170:
+.Lname169:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname171:
+.Lname170:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname172:
+.Lname171:
     .asciz "cudaStreamSetAttribute"
-.Lname173:
+.Lname172:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname174:
+.Lname173:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname175:
+.Lname174:
     .asciz "cudaUserObjectCreate"
-.Lname176:
+.Lname175:
     .asciz "cudaVDPAUGetDevice"
-.Lname177:
+.Lname176:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname178:
+.Lname177:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname179:
+.Lname178:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname180:
+.Lname179:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname181:
+.Lname180:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

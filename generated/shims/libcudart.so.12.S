@@ -1463,10 +1463,7 @@ cudaHostAlloc:
     .globl cudaHostGetDevicePointer
     .type cudaHostGetDevicePointer, @function
 cudaHostGetDevicePointer:
-    leaq .Lname108(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostGetDevicePointer@PLT
     .size cudaHostGetDevicePointer, .-cudaHostGetDevicePointer
     .globl cudaHostGetFlags
     .type cudaHostGetFlags, @function
@@ -1486,7 +1483,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1494,7 +1491,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1507,7 +1504,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1515,7 +1512,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1523,7 +1520,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1536,7 +1533,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1554,7 +1551,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1602,7 +1599,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1620,7 +1617,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1628,7 +1625,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1636,7 +1633,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1644,7 +1641,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1662,7 +1659,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1690,7 +1687,7 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1698,7 +1695,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1711,7 +1708,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1719,7 +1716,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1732,7 +1729,7 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1740,7 +1737,7 @@ cudaMemAdvise:
     .globl cudaMemAdvise_v2
     .type cudaMemAdvise_v2, @function
 cudaMemAdvise_v2:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1753,7 +1750,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1766,7 +1763,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1774,7 +1771,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1782,7 +1779,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1795,7 +1792,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1803,7 +1800,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1826,7 +1823,7 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1834,7 +1831,7 @@ cudaMemPrefetchAsync:
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1842,7 +1839,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemPrefetchAsync_v2
     .type cudaMemPrefetchAsync_v2, @function
 cudaMemPrefetchAsync_v2:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1850,7 +1847,7 @@ cudaMemPrefetchAsync_v2:
     .globl cudaMemPrefetchAsync_v2_ptsz
     .type cudaMemPrefetchAsync_v2_ptsz, @function
 cudaMemPrefetchAsync_v2_ptsz:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1858,7 +1855,7 @@ cudaMemPrefetchAsync_v2_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1866,7 +1863,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1904,7 +1901,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1912,7 +1909,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1920,7 +1917,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1928,7 +1925,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1936,7 +1933,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1944,7 +1941,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1952,7 +1949,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1960,7 +1957,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1973,7 +1970,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1981,7 +1978,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1989,7 +1986,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1997,7 +1994,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2005,7 +2002,7 @@ cudaMemcpy3DBatchAsync:
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2013,7 +2010,7 @@ cudaMemcpy3DBatchAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2021,7 +2018,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2029,7 +2026,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2037,7 +2034,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2045,7 +2042,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2073,7 +2070,7 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2081,7 +2078,7 @@ cudaMemcpyBatchAsync:
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2089,7 +2086,7 @@ cudaMemcpyBatchAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2097,7 +2094,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2105,7 +2102,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2113,7 +2110,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2141,7 +2138,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2154,7 +2151,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2162,7 +2159,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2170,7 +2167,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2178,7 +2175,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2236,7 +2233,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2244,7 +2241,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2252,7 +2249,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2260,7 +2257,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2283,7 +2280,7 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2291,7 +2288,7 @@ cudaMipmappedArrayGetMemoryRequirements:
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2299,7 +2296,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2317,7 +2314,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2325,7 +2322,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2343,7 +2340,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2351,7 +2348,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2384,7 +2381,7 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2392,7 +2389,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2400,7 +2397,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2408,7 +2405,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2416,7 +2413,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2434,7 +2431,7 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2442,7 +2439,7 @@ cudaStreamAttachMemAsync:
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2455,7 +2452,7 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2463,7 +2460,7 @@ cudaStreamBeginCaptureToGraph:
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2516,7 +2513,7 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2524,7 +2521,7 @@ cudaStreamGetAttribute:
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2532,7 +2529,7 @@ cudaStreamGetAttribute_ptsz:
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2540,7 +2537,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2548,7 +2545,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2556,7 +2553,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2564,7 +2561,7 @@ cudaStreamGetCaptureInfo_v2_ptsz:
     .globl cudaStreamGetCaptureInfo_v3
     .type cudaStreamGetCaptureInfo_v3, @function
 cudaStreamGetCaptureInfo_v3:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2572,7 +2569,7 @@ cudaStreamGetCaptureInfo_v3:
     .globl cudaStreamGetCaptureInfo_v3_ptsz
     .type cudaStreamGetCaptureInfo_v3_ptsz, @function
 cudaStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2640,7 +2637,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2648,7 +2645,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2676,7 +2673,7 @@ cudaStreamUpdateCaptureDependencies_ptsz:
     .globl cudaStreamUpdateCaptureDependencies_v2
     .type cudaStreamUpdateCaptureDependencies_v2, @function
 cudaStreamUpdateCaptureDependencies_v2:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2684,7 +2681,7 @@ cudaStreamUpdateCaptureDependencies_v2:
     .globl cudaStreamUpdateCaptureDependencies_v2_ptsz
     .type cudaStreamUpdateCaptureDependencies_v2_ptsz, @function
 cudaStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2737,7 +2734,7 @@ cudaThreadSynchronize:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2755,7 +2752,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2763,7 +2760,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2771,7 +2768,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2779,7 +2776,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2787,7 +2784,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2795,7 +2792,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3018,203 +3015,201 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname107:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
 .Lname108:
-    .asciz "cudaHostGetDevicePointer"
-.Lname109:
     .asciz "cudaImportExternalMemory"
-.Lname110:
+.Lname109:
     .asciz "cudaImportExternalSemaphore"
-.Lname111:
+.Lname110:
     .asciz "cudaIpcCloseMemHandle"
-.Lname112:
+.Lname111:
     .asciz "cudaIpcGetEventHandle"
-.Lname113:
+.Lname112:
     .asciz "cudaIpcGetMemHandle"
-.Lname114:
+.Lname113:
     .asciz "cudaIpcOpenMemHandle"
-.Lname115:
+.Lname114:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname116:
+.Lname115:
     .asciz "cudaLibraryGetGlobal"
-.Lname117:
+.Lname116:
     .asciz "cudaLibraryGetManaged"
-.Lname118:
+.Lname117:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname119:
+.Lname118:
     .asciz "cudaLibraryLoadData"
-.Lname120:
+.Lname119:
     .asciz "cudaLibraryLoadFromFile"
-.Lname121:
+.Lname120:
     .asciz "cudaMalloc3D"
-.Lname122:
+.Lname121:
     .asciz "cudaMallocFromPoolAsync"
-.Lname123:
+.Lname122:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname124:
+.Lname123:
     .asciz "cudaMallocManaged"
-.Lname125:
+.Lname124:
     .asciz "cudaMallocMipmappedArray"
-.Lname126:
+.Lname125:
     .asciz "cudaMemAdvise"
-.Lname127:
+.Lname126:
     .asciz "cudaMemAdvise_v2"
-.Lname128:
+.Lname127:
     .asciz "cudaMemPoolCreate"
-.Lname129:
+.Lname128:
     .asciz "cudaMemPoolExportPointer"
-.Lname130:
+.Lname129:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname131:
+.Lname130:
     .asciz "cudaMemPoolGetAccess"
-.Lname132:
+.Lname131:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname133:
+.Lname132:
     .asciz "cudaMemPoolImportPointer"
-.Lname134:
+.Lname133:
     .asciz "cudaMemPrefetchAsync"
-.Lname135:
+.Lname134:
     .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname136:
+.Lname135:
     .asciz "cudaMemPrefetchAsync_v2"
-.Lname137:
+.Lname136:
     .asciz "cudaMemPrefetchAsync_v2_ptsz"
-.Lname138:
+.Lname137:
     .asciz "cudaMemRangeGetAttribute"
-.Lname139:
+.Lname138:
     .asciz "cudaMemRangeGetAttributes"
-.Lname140:
+.Lname139:
     .asciz "cudaMemcpy2DFromArray"
-.Lname141:
+.Lname140:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname142:
+.Lname141:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname143:
+.Lname142:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname144:
+.Lname143:
     .asciz "cudaMemcpy2DToArray"
-.Lname145:
+.Lname144:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname146:
+.Lname145:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname147:
+.Lname146:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname148:
+.Lname147:
     .asciz "cudaMemcpy3D"
-.Lname149:
+.Lname148:
     .asciz "cudaMemcpy3DAsync"
-.Lname150:
+.Lname149:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname151:
+.Lname150:
     .asciz "cudaMemcpy3DBatchAsync"
-.Lname152:
+.Lname151:
     .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname153:
+.Lname152:
     .asciz "cudaMemcpy3DPeer"
-.Lname154:
+.Lname153:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname155:
+.Lname154:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname156:
+.Lname155:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname157:
+.Lname156:
     .asciz "cudaMemcpy3D_ptds"
-.Lname158:
+.Lname157:
     .asciz "cudaMemcpyBatchAsync"
-.Lname159:
+.Lname158:
     .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname160:
+.Lname159:
     .asciz "cudaMemcpyFromArray"
-.Lname161:
+.Lname160:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname162:
+.Lname161:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname163:
+.Lname162:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname164:
+.Lname163:
     .asciz "cudaMemcpyPeer"
-.Lname165:
+.Lname164:
     .asciz "cudaMemcpyToArray"
-.Lname166:
+.Lname165:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname167:
+.Lname166:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname168:
+.Lname167:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname169:
+.Lname168:
     .asciz "cudaMemset3D"
-.Lname170:
+.Lname169:
     .asciz "cudaMemset3DAsync"
-.Lname171:
+.Lname170:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname172:
+.Lname171:
     .asciz "cudaMemset3D_ptds"
-.Lname173:
+.Lname172:
     .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname174:
+.Lname173:
     .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname175:
+.Lname174:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname176:
+.Lname175:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname177:
+.Lname176:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname178:
+.Lname177:
     .asciz "cudaProfilerStart"
-.Lname179:
+.Lname178:
     .asciz "cudaProfilerStop"
-.Lname180:
+.Lname179:
     .asciz "cudaSetValidDevices"
-.Lname181:
+.Lname180:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname182:
+.Lname181:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname183:
+.Lname182:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname184:
+.Lname183:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname185:
+.Lname184:
     .asciz "cudaStreamAttachMemAsync"
-.Lname186:
+.Lname185:
     .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname187:
+.Lname186:
     .asciz "cudaStreamBeginCaptureToGraph"
-.Lname188:
+.Lname187:
     .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname189:
+.Lname188:
     .asciz "cudaStreamGetAttribute"
-.Lname190:
+.Lname189:
     .asciz "cudaStreamGetAttribute_ptsz"
-.Lname191:
+.Lname190:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname192:
+.Lname191:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname193:
+.Lname192:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname194:
+.Lname193:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname195:
+.Lname194:
     .asciz "cudaStreamGetCaptureInfo_v3"
-.Lname196:
+.Lname195:
     .asciz "cudaStreamGetCaptureInfo_v3_ptsz"
-.Lname197:
+.Lname196:
     .asciz "cudaStreamSetAttribute"
-.Lname198:
+.Lname197:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname199:
+.Lname198:
     .asciz "cudaStreamUpdateCaptureDependencies_v2"
-.Lname200:
+.Lname199:
     .asciz "cudaStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname201:
+.Lname200:
     .asciz "cudaUserObjectCreate"
-.Lname202:
+.Lname201:
     .asciz "cudaVDPAUGetDevice"
-.Lname203:
+.Lname202:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname204:
+.Lname203:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname205:
+.Lname204:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname206:
+.Lname205:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname207:
+.Lname206:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -1547,10 +1547,7 @@ cudaHostAlloc:
     .globl cudaHostGetDevicePointer
     .type cudaHostGetDevicePointer, @function
 cudaHostGetDevicePointer:
-    leaq .Lname111(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaHostGetDevicePointer@PLT
     .size cudaHostGetDevicePointer, .-cudaHostGetDevicePointer
     .globl cudaHostGetFlags
     .type cudaHostGetFlags, @function
@@ -1570,7 +1567,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1578,7 +1575,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1591,7 +1588,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1596,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1607,7 +1604,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1620,7 +1617,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1678,7 +1675,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1696,7 +1693,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1704,7 +1701,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1712,7 +1709,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1720,7 +1717,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1738,7 +1735,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1746,7 +1743,7 @@ cudaLogsDumpToFile:
     .globl cudaLogsDumpToMemory
     .type cudaLogsDumpToMemory, @function
 cudaLogsDumpToMemory:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1754,7 +1751,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1772,7 +1769,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1800,7 +1797,7 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1808,7 +1805,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1821,7 +1818,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1829,7 +1826,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1842,7 +1839,7 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1850,7 +1847,7 @@ cudaMemAdvise:
     .globl cudaMemDiscardAndPrefetchBatchAsync
     .type cudaMemDiscardAndPrefetchBatchAsync, @function
 cudaMemDiscardAndPrefetchBatchAsync:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1858,7 +1855,7 @@ cudaMemDiscardAndPrefetchBatchAsync:
     .globl cudaMemDiscardAndPrefetchBatchAsync_ptsz
     .type cudaMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cudaMemDiscardAndPrefetchBatchAsync_ptsz:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1866,7 +1863,7 @@ cudaMemDiscardAndPrefetchBatchAsync_ptsz:
     .globl cudaMemDiscardBatchAsync
     .type cudaMemDiscardBatchAsync, @function
 cudaMemDiscardBatchAsync:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1874,7 +1871,7 @@ cudaMemDiscardBatchAsync:
     .globl cudaMemDiscardBatchAsync_ptsz
     .type cudaMemDiscardBatchAsync_ptsz, @function
 cudaMemDiscardBatchAsync_ptsz:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1882,7 +1879,7 @@ cudaMemDiscardBatchAsync_ptsz:
     .globl cudaMemGetDefaultMemPool
     .type cudaMemGetDefaultMemPool, @function
 cudaMemGetDefaultMemPool:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1895,7 +1892,7 @@ cudaMemGetInfo:
     .globl cudaMemGetMemPool
     .type cudaMemGetMemPool, @function
 cudaMemGetMemPool:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1903,7 +1900,7 @@ cudaMemGetMemPool:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1916,7 +1913,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1924,7 +1921,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1932,7 +1929,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1945,7 +1942,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1953,7 +1950,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1976,7 +1973,7 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1984,7 +1981,7 @@ cudaMemPrefetchAsync:
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1992,7 +1989,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemPrefetchBatchAsync
     .type cudaMemPrefetchBatchAsync, @function
 cudaMemPrefetchBatchAsync:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2000,7 +1997,7 @@ cudaMemPrefetchBatchAsync:
     .globl cudaMemPrefetchBatchAsync_ptsz
     .type cudaMemPrefetchBatchAsync_ptsz, @function
 cudaMemPrefetchBatchAsync_ptsz:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2008,7 +2005,7 @@ cudaMemPrefetchBatchAsync_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2016,7 +2013,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2024,7 +2021,7 @@ cudaMemRangeGetAttributes:
     .globl cudaMemSetMemPool
     .type cudaMemSetMemPool, @function
 cudaMemSetMemPool:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2062,7 +2059,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2070,7 +2067,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2078,7 +2075,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2086,7 +2083,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2094,7 +2091,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2102,7 +2099,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2110,7 +2107,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2118,7 +2115,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2131,7 +2128,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2139,7 +2136,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2147,7 +2144,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2155,7 +2152,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2163,7 +2160,7 @@ cudaMemcpy3DBatchAsync:
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2171,7 +2168,7 @@ cudaMemcpy3DBatchAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2179,7 +2176,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2187,7 +2184,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2195,7 +2192,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2203,7 +2200,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2231,7 +2228,7 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2239,7 +2236,7 @@ cudaMemcpyBatchAsync:
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2247,7 +2244,7 @@ cudaMemcpyBatchAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2255,7 +2252,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2263,7 +2260,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2271,7 +2268,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2299,7 +2296,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2312,7 +2309,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2320,7 +2317,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2328,7 +2325,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2336,7 +2333,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2394,7 +2391,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2402,7 +2399,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname180(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2410,7 +2407,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname181(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2418,7 +2415,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname182(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2441,7 +2438,7 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname183(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2449,7 +2446,7 @@ cudaMipmappedArrayGetMemoryRequirements:
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname184(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2457,7 +2454,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname185(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2475,7 +2472,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname186(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2483,7 +2480,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname187(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2501,7 +2498,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname188(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2509,7 +2506,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname189(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2532,7 +2529,7 @@ cudaSetDeviceFlags:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname190(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2540,7 +2537,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname191(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2548,7 +2545,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname192(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2566,7 +2563,7 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname193(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2574,7 +2571,7 @@ cudaStreamAttachMemAsync:
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname194(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2587,7 +2584,7 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname195(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2595,7 +2592,7 @@ cudaStreamBeginCaptureToGraph:
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname196(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2648,7 +2645,7 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname197(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2656,7 +2653,7 @@ cudaStreamGetAttribute:
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname198(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2674,7 +2671,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetDevResource
     .type cudaStreamGetDevResource, @function
 cudaStreamGetDevResource:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname199(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2682,7 +2679,7 @@ cudaStreamGetDevResource:
     .globl cudaStreamGetDevResource_ptsz
     .type cudaStreamGetDevResource_ptsz, @function
 cudaStreamGetDevResource_ptsz:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname200(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2750,7 +2747,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname201(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2758,7 +2755,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname202(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2776,7 +2773,7 @@ cudaStreamSynchronize_ptsz:
     .globl cudaStreamUpdateCaptureDependencies
     .type cudaStreamUpdateCaptureDependencies, @function
 cudaStreamUpdateCaptureDependencies:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname203(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2784,7 +2781,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname204(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2807,7 +2804,7 @@ cudaThreadExchangeStreamCaptureMode:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname205(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2825,7 +2822,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname206(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2833,7 +2830,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname207(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2841,7 +2838,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname208(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2849,7 +2846,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname209(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3078,203 +3075,201 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname110:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
 .Lname111:
-    .asciz "cudaHostGetDevicePointer"
-.Lname112:
     .asciz "cudaImportExternalMemory"
-.Lname113:
+.Lname112:
     .asciz "cudaImportExternalSemaphore"
-.Lname114:
+.Lname113:
     .asciz "cudaIpcCloseMemHandle"
-.Lname115:
+.Lname114:
     .asciz "cudaIpcGetEventHandle"
-.Lname116:
+.Lname115:
     .asciz "cudaIpcGetMemHandle"
-.Lname117:
+.Lname116:
     .asciz "cudaIpcOpenMemHandle"
-.Lname118:
+.Lname117:
     .asciz "cudaLibraryGetGlobal"
-.Lname119:
+.Lname118:
     .asciz "cudaLibraryGetManaged"
-.Lname120:
+.Lname119:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname121:
+.Lname120:
     .asciz "cudaLibraryLoadData"
-.Lname122:
+.Lname121:
     .asciz "cudaLibraryLoadFromFile"
-.Lname123:
+.Lname122:
     .asciz "cudaLogsDumpToFile"
-.Lname124:
+.Lname123:
     .asciz "cudaLogsDumpToMemory"
-.Lname125:
+.Lname124:
     .asciz "cudaLogsRegisterCallback"
-.Lname126:
+.Lname125:
     .asciz "cudaMalloc3D"
-.Lname127:
+.Lname126:
     .asciz "cudaMallocFromPoolAsync"
-.Lname128:
+.Lname127:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname129:
+.Lname128:
     .asciz "cudaMallocManaged"
-.Lname130:
+.Lname129:
     .asciz "cudaMallocMipmappedArray"
-.Lname131:
+.Lname130:
     .asciz "cudaMemAdvise"
-.Lname132:
+.Lname131:
     .asciz "cudaMemDiscardAndPrefetchBatchAsync"
-.Lname133:
+.Lname132:
     .asciz "cudaMemDiscardAndPrefetchBatchAsync_ptsz"
-.Lname134:
+.Lname133:
     .asciz "cudaMemDiscardBatchAsync"
-.Lname135:
+.Lname134:
     .asciz "cudaMemDiscardBatchAsync_ptsz"
-.Lname136:
+.Lname135:
     .asciz "cudaMemGetDefaultMemPool"
-.Lname137:
+.Lname136:
     .asciz "cudaMemGetMemPool"
-.Lname138:
+.Lname137:
     .asciz "cudaMemPoolCreate"
-.Lname139:
+.Lname138:
     .asciz "cudaMemPoolExportPointer"
-.Lname140:
+.Lname139:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname141:
+.Lname140:
     .asciz "cudaMemPoolGetAccess"
-.Lname142:
+.Lname141:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname143:
+.Lname142:
     .asciz "cudaMemPoolImportPointer"
-.Lname144:
+.Lname143:
     .asciz "cudaMemPrefetchAsync"
-.Lname145:
+.Lname144:
     .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname146:
+.Lname145:
     .asciz "cudaMemPrefetchBatchAsync"
-.Lname147:
+.Lname146:
     .asciz "cudaMemPrefetchBatchAsync_ptsz"
-.Lname148:
+.Lname147:
     .asciz "cudaMemRangeGetAttribute"
-.Lname149:
+.Lname148:
     .asciz "cudaMemRangeGetAttributes"
-.Lname150:
+.Lname149:
     .asciz "cudaMemSetMemPool"
-.Lname151:
+.Lname150:
     .asciz "cudaMemcpy2DFromArray"
-.Lname152:
+.Lname151:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname153:
+.Lname152:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname154:
+.Lname153:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname155:
+.Lname154:
     .asciz "cudaMemcpy2DToArray"
-.Lname156:
+.Lname155:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname157:
+.Lname156:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname158:
+.Lname157:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname159:
+.Lname158:
     .asciz "cudaMemcpy3D"
-.Lname160:
+.Lname159:
     .asciz "cudaMemcpy3DAsync"
-.Lname161:
+.Lname160:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname162:
+.Lname161:
     .asciz "cudaMemcpy3DBatchAsync"
-.Lname163:
+.Lname162:
     .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname164:
+.Lname163:
     .asciz "cudaMemcpy3DPeer"
-.Lname165:
+.Lname164:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname166:
+.Lname165:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname167:
+.Lname166:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname168:
+.Lname167:
     .asciz "cudaMemcpy3D_ptds"
-.Lname169:
+.Lname168:
     .asciz "cudaMemcpyBatchAsync"
-.Lname170:
+.Lname169:
     .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname171:
+.Lname170:
     .asciz "cudaMemcpyFromArray"
-.Lname172:
+.Lname171:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname173:
+.Lname172:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname174:
+.Lname173:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname175:
+.Lname174:
     .asciz "cudaMemcpyPeer"
-.Lname176:
+.Lname175:
     .asciz "cudaMemcpyToArray"
-.Lname177:
+.Lname176:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname178:
+.Lname177:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname179:
+.Lname178:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname180:
+.Lname179:
     .asciz "cudaMemset3D"
-.Lname181:
+.Lname180:
     .asciz "cudaMemset3DAsync"
-.Lname182:
+.Lname181:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname183:
+.Lname182:
     .asciz "cudaMemset3D_ptds"
-.Lname184:
+.Lname183:
     .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname185:
+.Lname184:
     .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname186:
+.Lname185:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname187:
+.Lname186:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname188:
+.Lname187:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname189:
+.Lname188:
     .asciz "cudaProfilerStart"
-.Lname190:
+.Lname189:
     .asciz "cudaProfilerStop"
-.Lname191:
+.Lname190:
     .asciz "cudaSetValidDevices"
-.Lname192:
+.Lname191:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname193:
+.Lname192:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname194:
+.Lname193:
     .asciz "cudaStreamAttachMemAsync"
-.Lname195:
+.Lname194:
     .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname196:
+.Lname195:
     .asciz "cudaStreamBeginCaptureToGraph"
-.Lname197:
+.Lname196:
     .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname198:
+.Lname197:
     .asciz "cudaStreamGetAttribute"
-.Lname199:
+.Lname198:
     .asciz "cudaStreamGetAttribute_ptsz"
-.Lname200:
+.Lname199:
     .asciz "cudaStreamGetDevResource"
-.Lname201:
+.Lname200:
     .asciz "cudaStreamGetDevResource_ptsz"
-.Lname202:
+.Lname201:
     .asciz "cudaStreamSetAttribute"
-.Lname203:
+.Lname202:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname204:
+.Lname203:
     .asciz "cudaStreamUpdateCaptureDependencies"
-.Lname205:
+.Lname204:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname206:
+.Lname205:
     .asciz "cudaUserObjectCreate"
-.Lname207:
+.Lname206:
     .asciz "cudaVDPAUGetDevice"
-.Lname208:
+.Lname207:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname209:
+.Lname208:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname210:
+.Lname209:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

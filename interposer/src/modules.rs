@@ -305,6 +305,14 @@ pub unsafe fn pack(params: &[(u32, u32)], args: *const *const u8) -> Vec<u8> {
     buf
 }
 
+/// The values of the 8-byte, 8-aligned parameters (those that may be pointers).
+fn pointer_params<'a>(params: &'a [(u32, u32)], packed: &'a [u8]) -> impl Iterator<Item = u64> + 'a {
+    params.iter().filter(|(offset, size)| *size == 8 && offset % 8 == 0).filter_map(|(offset, _)| {
+        let at = *offset as usize;
+        packed.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    })
+}
+
 /// Everything about one launch but the function.
 pub struct LaunchShape {
     pub grid: [u32; 3],
@@ -318,6 +326,9 @@ pub struct LaunchShape {
 
 /// Launch `function` with packed parameters (fire-and-forget).
 pub fn launch(conn: &Conn, function: &Function, shape: LaunchShape, packed: &[u8]) -> Result<(), u32> {
+    // A pointer-sized parameter may point into the program's pinned memory, which the
+    // kernel then reads directly (zero-copy): the server's mirror must hold it first.
+    crate::mirror::prepare(conn, pointer_params(&function.params, packed));
     let l = Launch {
         function: function.handle,
         grid: shape.grid,

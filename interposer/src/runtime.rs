@@ -199,11 +199,19 @@ pub unsafe fn call(desc: &'static CallDesc, args: &[u64]) -> u64 {
     })
 }
 
+/// A library is handed device pointers: those into the program's pinned memory (valid on a
+/// GPU, which maps pinned memory at its host address) need the server's mirror.
+fn mirror_devices(conn: &Conn, desc: &CallDesc, args: &[u64]) {
+    let devices = desc.params.iter().zip(args).filter(|(w, _)| matches!(w, Wire::Device)).map(|(_, a)| *a);
+    crate::mirror::prepare(conn, devices);
+}
+
 /// Send a call on `conn` and, unless it is async, wait for its reply.
 ///
 /// # Safety
 /// As [`prepare`].
 pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64 {
+    mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(desc, args) };
     let seq = conn.next_seq();
@@ -229,8 +237,9 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
         Err(_) => return unavailable(desc),
     };
     // Bytes of earlier asynchronous copies into pinned memory have landed before any
-    // waiting call returns.
+    // waiting call returns, and so have the GPU's writes into mirrored pinned memory.
     crate::state::wait_deferred();
+    crate::mirror::pull(conn);
     let received: usize = prepared.outs.iter().map(|o| o.len).sum();
     crate::trace::record(desc, sent_bytes, received, start);
     // Each round trip in order (CHIDORI_LOG=chidori::waits=trace): what a workload waits for.
@@ -251,6 +260,7 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
 /// # Safety
 /// As [`prepare`]; output buffers must stay valid until the reply has landed.
 pub unsafe fn send_deferred(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> Option<u64> {
+    mirror_devices(conn, desc, args);
     // SAFETY: forwarded contract.
     let prepared = unsafe { prepare(desc, args) };
     let seq = conn.next_seq();
@@ -335,6 +345,7 @@ pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name:
     let (mut sent, mut received) = (0u64, 0u64);
     for &(desc, args) in calls {
         debug_assert!(desc.waits(), "{} is sent without waiting", desc.name);
+        mirror_devices(conn, desc, args);
         // SAFETY: forwarded contract.
         let prepared = unsafe { prepare(desc, args) };
         let seq = conn.next_seq();
@@ -352,6 +363,7 @@ pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name:
         rets.push(slot.wait().ok()?);
     }
     crate::state::wait_deferred();
+    crate::mirror::pull(conn);
     // The calls went out together: one round trip of latency, however many there were.
     crate::trace::bytes(name, u64::from(!calls.is_empty()), sent, received, start.elapsed());
     tracing::trace!(target: "chidori::waits", "{name} -> {} calls in one round trip", calls.len());

@@ -13,9 +13,10 @@ pub mod desc;
 pub mod env;
 pub mod frame;
 pub mod messages;
+pub mod mirror;
 
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
 /// Bumped on any incompatible change to frames or messages.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;

@@ -173,6 +173,15 @@ pub enum Service {
     /// Compile a CUDA C++ program with the server's NVRTC (the client keeps NVRTC programs
     /// and sends everything a compile needs at once); answered by `Compiled`.
     Compile(CompileRequest),
+    /// Bring the mirror of the client's pinned range `[base, base + len)` up to date (made
+    /// on first use): the bulk section holds the bytes of `runs` ((offset, length) from
+    /// `base`, see [`crate::mirror`]). Not answered; a failure comes back as an AsyncError.
+    MirrorWrite { base: u64, len: u64, runs: Vec<(u64, u64)> },
+    /// The bytes of these mirrors that the GPU changed since the client last saw them;
+    /// answered by `MirrorRuns`.
+    MirrorPull { bases: Vec<u64> },
+    /// The client freed or unregistered the range: the mirror goes. Not answered.
+    MirrorDrop { base: u64 },
 }
 
 /// An NVRTC program and the options of one compile.
@@ -226,6 +235,10 @@ pub enum ServiceReply {
         params: Vec<(u32, u32)>,
     },
     Compiled(CompileResult),
+    /// Changed bytes of pulled mirrors: (address, bytes) each.
+    MirrorRuns {
+        runs: Vec<(u64, Vec<u8>)>,
+    },
     /// `status` in the driver's codes.
     Error {
         status: i64,

@@ -52,4 +52,9 @@ pub trait Backend: Send + Sync + 'static {
     /// `launch.function` must be a function of this session and `layout` its parameter
     /// layout, with `params` covering every (offset, size).
     unsafe fn launch(&self, launch: &Launch, params: &mut [u8], layout: &[(u32, u32)]) -> i64;
+    /// Make the worker's host memory `[base, base + len)` (whole pages, mapped read-write)
+    /// addressable by the GPU at the same addresses. Err: why it cannot be.
+    fn map_host(&self, base: u64, len: u64) -> Result<(), String>;
+    /// Undo [`Backend::map_host`] before the worker unmaps the memory.
+    fn unmap_host(&self, base: u64);
 }

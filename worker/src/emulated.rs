@@ -34,6 +34,8 @@ pub struct Emulated {
 #[derive(Default)]
 struct State {
     allocations: BTreeMap<u64, Vec<u8>>,
+    /// Host memory of the worker the GPU may address (map_host): base → length.
+    mapped: BTreeMap<u64, u64>,
     next: u64,
     used: u64,
     streams: HashSet<u64>,
@@ -56,14 +58,25 @@ impl State {
     }
 
     /// The allocation containing `[addr, addr + len)`, and the offset of `addr` in it.
-    fn find(&mut self, addr: u64, len: u64) -> Option<(&mut Vec<u8>, usize)> {
+    /// The `len` bytes at device address `addr`: inside an allocation, or inside host memory
+    /// the session mapped for the GPU (a mirror of the client's pinned memory).
+    fn find(&mut self, addr: u64, len: u64) -> Option<&mut [u8]> {
+        if let Some((&base, &mirror_len)) = self.mapped.range(..=addr).next_back() {
+            let offset = addr - base;
+            if offset.checked_add(len)? <= mirror_len {
+                // SAFETY: the worker mapped [base, base + mirror_len) read-write before
+                // map_host recorded it, and unmaps it only after unmap_host forgot it.
+                let all = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, mirror_len as usize) };
+                return all.get_mut(offset as usize..(offset + len) as usize);
+            }
+        }
         let (base, buf) = self.allocations.range_mut(..=addr).next_back()?;
         let offset = addr - *base;
         let end = offset.checked_add(len)?;
         if end > buf.len() as u64 {
             return None;
         }
-        Some((buf, offset as usize))
+        buf.get_mut(offset as usize..end as usize)
     }
 }
 
@@ -123,7 +136,7 @@ impl Emulated {
         let mut s = self.state();
         let data: Vec<u8> = if src_device {
             match s.find(src, len) {
-                Some((buf, off)) => buf[off..off + n].to_vec(),
+                Some(bytes) => bytes.to_vec(),
                 None => return INVALID_VALUE,
             }
         } else {
@@ -132,7 +145,7 @@ impl Emulated {
         };
         if dst_device {
             match s.find(dst, len) {
-                Some((buf, off)) => buf[off..off + n].copy_from_slice(&data),
+                Some(bytes) => bytes.copy_from_slice(&data),
                 None => return INVALID_VALUE,
             }
         } else {
@@ -145,16 +158,16 @@ impl Emulated {
     fn memset(&self, dst: u64, value: u8, count: u64, width: u64) -> u64 {
         let Some(len) = count.checked_mul(width) else { return INVALID_VALUE };
         let mut s = self.state();
-        let Some((buf, off)) = s.find(dst, len) else { return INVALID_VALUE };
-        buf[off..off + len as usize].fill(value);
+        let Some(bytes) = s.find(dst, len) else { return INVALID_VALUE };
+        bytes.fill(value);
         SUCCESS
     }
 
     fn memset32(&self, dst: u64, value: u32, count: u64) -> u64 {
         let Some(len) = count.checked_mul(4) else { return INVALID_VALUE };
         let mut s = self.state();
-        let Some((buf, off)) = s.find(dst, len) else { return INVALID_VALUE };
-        for chunk in buf[off..off + len as usize].chunks_exact_mut(4) {
+        let Some(bytes) = s.find(dst, len) else { return INVALID_VALUE };
+        for chunk in bytes.chunks_exact_mut(4) {
             chunk.copy_from_slice(&value.to_le_bytes());
         }
         SUCCESS
@@ -576,6 +589,15 @@ impl Backend for Emulated {
 
     unsafe fn launch(&self, _launch: &Launch, _params: &mut [u8], _layout: &[(u32, u32)]) -> i64 {
         NOT_SUPPORTED
+    }
+
+    fn map_host(&self, base: u64, len: u64) -> Result<(), String> {
+        self.state().mapped.insert(base, len);
+        Ok(())
+    }
+
+    fn unmap_host(&self, base: u64) {
+        self.state().mapped.remove(&base);
     }
 
     fn host_fn(&self, _desc: &'static CallDesc, stream: u64, host: HostFn) -> Result<u64, String> {

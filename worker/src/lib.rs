@@ -9,6 +9,8 @@
 //!   held on the GPU.
 //! * [`backend`]: what executes calls: [`real`] (the NVIDIA libraries, loaded at run time)
 //!   or [`emulated`] (a recorded device profile and host memory, for tests without a GPU).
+//! * [`mirror`]: host memory at the client's pinned addresses, for kernels handed a
+//!   pointer to the client's pinned memory.
 
 pub mod backend;
 pub mod cache;
@@ -16,6 +18,7 @@ pub mod emulated;
 pub mod handles;
 pub mod io;
 pub mod loader;
+pub mod mirror;
 pub mod nvrtc;
 pub mod profile;
 pub mod real;

@@ -49,7 +49,13 @@ struct ModuleApi {
     func_get_param_info: unsafe extern "C" fn(u64, usize, *mut usize, *mut usize) -> CuResult,
     launch_kernel_ex: unsafe extern "C" fn(*const LaunchConfig, u64, *mut *mut c_void, *mut *mut c_void) -> CuResult,
     rt_free: unsafe extern "C" fn(*mut c_void) -> u32,
+    host_register: unsafe extern "C" fn(*mut c_void, usize, u32) -> u32,
+    host_unregister: unsafe extern "C" fn(*mut c_void) -> u32,
+    host_get_device_pointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u32) -> u32,
 }
+
+/// cudaHostRegisterPortable | cudaHostRegisterMapped: every context may address it.
+const HOST_REGISTER_PORTABLE_MAPPED: u32 = 1 | 2;
 
 /// CUlaunchConfig (56 bytes in every CUDA 12 and 13 release).
 #[repr(C)]
@@ -163,6 +169,9 @@ impl Real {
             func_get_param_info: fn_ptr!(driver, "cuFuncGetParamInfo", _),
             launch_kernel_ex: fn_ptr!(driver, "cuLaunchKernelEx", _),
             rt_free: fn_ptr!(cudart, "cudaFree", _),
+            host_register: fn_ptr!(cudart, "cudaHostRegister", _),
+            host_unregister: fn_ptr!(cudart, "cudaHostUnregister", _),
+            host_get_device_pointer: fn_ptr!(cudart, "cudaHostGetDevicePointer", _),
         };
         // SAFETY (block): each call passes valid out-pointers of the documented types.
         unsafe {
@@ -394,6 +403,36 @@ impl Backend for Real {
         i64::from(unsafe {
             (self.module_api.launch_kernel_ex)(&config, launch.function, pointers.as_mut_ptr(), std::ptr::null_mut())
         })
+    }
+
+    fn map_host(&self, base: u64, len: u64) -> Result<(), String> {
+        let api = &self.module_api;
+        let p = base as *mut c_void;
+        let len = usize::try_from(len).map_err(|_| "mirror too large".to_owned())?;
+        // SAFETY: the caller mapped [base, base + len) read-write in this process.
+        let rc = unsafe { (api.host_register)(p, len, HOST_REGISTER_PORTABLE_MAPPED) };
+        if rc != 0 {
+            return Err(format!("cudaHostRegister of {len} bytes at {base:#x} failed with status {rc}"));
+        }
+        let mut device: *mut c_void = std::ptr::null_mut();
+        // SAFETY: p is registered memory; `device` is a valid out-pointer.
+        let rc = unsafe { (api.host_get_device_pointer)(&mut device, p, 0) };
+        if rc != 0 || device != p {
+            // SAFETY: registered just above.
+            unsafe { (api.host_unregister)(p) };
+            return Err(format!(
+                "the GPU addresses host memory at {base:#x} as {device:p} (status {rc}): this GPU cannot read the client's pinned memory at its own address"
+            ));
+        }
+        Ok(())
+    }
+
+    fn unmap_host(&self, base: u64) {
+        // SAFETY: `base` was registered by map_host.
+        let rc = unsafe { (self.module_api.host_unregister)(base as *mut c_void) };
+        if rc != 0 {
+            tracing::warn!("cudaHostUnregister at {base:#x} failed with status {rc}");
+        }
     }
 
     unsafe fn invoke(&self, desc: &'static CallDesc, args: &[u64]) -> Result<u64, String> {

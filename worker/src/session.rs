@@ -29,6 +29,7 @@ use crate::backend::Backend;
 use crate::cache::{self, ModuleCache};
 use crate::handles::Handles;
 use crate::io::{ReadError, Writer, read_frame};
+use crate::mirror::Mirrors;
 
 /// A kernel's parameters: (offset, size) each, in order.
 type ParamLayout = Arc<Vec<(u32, u32)>>;
@@ -69,6 +70,8 @@ struct Session {
     /// Time in the library per function (calls, total), kept when `chidori::calls` logs at
     /// debug: where a slow remote run spends the server's time.
     timing: Option<Mutex<HashMap<&'static str, (u64, Duration)>>>,
+    /// Mirrors of the client's pinned memory that kernels and libraries were handed.
+    mirrors: Mutex<Mirrors>,
 }
 
 /// Log target of the per-function time the session spent in the libraries.
@@ -139,6 +142,7 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         layouts: Mutex::new(HashMap::new()),
         owned: Mutex::new(HashMap::new()),
         timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
+        mirrors: Mutex::new(Mirrors::default()),
     });
     reader.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
@@ -809,9 +813,33 @@ fn launch(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     Ok(())
 }
 
+/// cudaErrorNotSupported: what a program sees when its pinned memory cannot be mirrored.
+const MIRROR_FAILED: i64 = 801;
+
 fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let request: Service = messages::decode(frame, "service").map_err(|e| Fatal(e.to_string()))?;
     let reply = match request {
+        // Sent without waiting: only a failure is answered, as the next runtime call's status.
+        Service::MirrorWrite { base, len, runs } => {
+            let result = lock(&session.mirrors).write(&*session.backend, base, len, &runs, &frame.bulk);
+            return match result {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let err =
+                        AsyncError { status: MIRROR_FAILED, message: Some(format!("pinned memory for the GPU: {e}")) };
+                    let h = Header::new(Kind::AsyncError, LAUNCH_ERROR_RUNTIME, frame.header.thread, frame.header.seq);
+                    session
+                        .writer
+                        .send(h, &messages::encode(&err), &[])
+                        .map_err(|e| Fatal(format!("writing a reply: {e}")))
+                }
+            };
+        }
+        Service::MirrorDrop { base } => {
+            lock(&session.mirrors).remove(&*session.backend, base);
+            return Ok(());
+        }
+        Service::MirrorPull { bases } => ServiceReply::MirrorRuns { runs: lock(&session.mirrors).pull(&bases) },
         Service::LoadModule { hash } => {
             let known = lock(&session.modules).get(&hash).cloned();
             match known {

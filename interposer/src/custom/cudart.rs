@@ -482,6 +482,7 @@ pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: u32) -> u32
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }
         state::add(ptr as u64, size as u64, Memory::Registered { flags });
+        crate::mirror::note_registered();
         Ok(SUCCESS)
     })
 }
@@ -489,6 +490,7 @@ pub unsafe fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: u32) -> u32
 pub unsafe fn cudaHostUnregister(ptr: *mut c_void) -> u32 {
     runtime("cudaHostUnregister", || match state::find(ptr as u64) {
         Some(r) if r.base == ptr as u64 && matches!(r.memory, Memory::Registered { .. }) => {
+            crate::mirror::forget(r.base);
             state::remove(r.base);
             Ok(SUCCESS)
         }
@@ -501,6 +503,19 @@ pub unsafe fn cudaHostGetFlags(pFlags: *mut c_void, pHost: *mut c_void) -> u32 {
         // SAFETY: the caller's unsigned int.
         Some(Memory::Pinned { flags } | Memory::Registered { flags }) => unsafe { put(pFlags, flags) }.map(|_| SUCCESS),
         _ => Err(INVALID_VALUE),
+    })
+}
+
+/// The device address of pinned memory is its host address (unified addressing; the
+/// server mirrors the memory there when the GPU is handed a pointer into it).
+pub unsafe fn cudaHostGetDevicePointer(pDevice: *mut c_void, pHost: *mut c_void, flags: u32) -> u32 {
+    runtime("cudaHostGetDevicePointer", || {
+        if pDevice.is_null() || flags != 0 || !state::is_pinned(pHost as u64) {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: the caller's void**.
+        unsafe { put(pDevice, pHost) }?;
+        Ok(SUCCESS)
     })
 }
 

@@ -232,6 +232,7 @@ pub unsafe fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, Flags: u32) 
             return Err(HOST_MEMORY_ALREADY_REGISTERED);
         }
         state::add(p as u64, bytesize as u64, Memory::Registered { flags: Flags });
+        crate::mirror::note_registered();
         Ok(SUCCESS)
     })
 }
@@ -239,10 +240,30 @@ pub unsafe fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, Flags: u32) 
 pub unsafe fn cuMemHostUnregister(p: *mut c_void) -> u32 {
     driver("cuMemHostUnregister", || match state::find(p as u64) {
         Some(r) if r.base == p as u64 && matches!(r.memory, Memory::Registered { .. }) => {
+            crate::mirror::forget(r.base);
             state::remove(r.base);
             Ok(SUCCESS)
         }
         _ => Err(HOST_MEMORY_NOT_REGISTERED),
+    })
+}
+
+/// Pinned memory's device address is its host address (see cudaHostGetDevicePointer).
+pub unsafe fn cuMemHostGetDevicePointer_v2(pdptr: *mut c_void, p: *mut c_void, Flags: u32) -> u32 {
+    driver("cuMemHostGetDevicePointer_v2", || {
+        if pdptr.is_null() || Flags != 0 || !state::is_pinned(p as u64) {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: the caller's CUdeviceptr*.
+        unsafe { put(pdptr, p as u64) }
+    })
+}
+
+pub unsafe fn cuMemHostGetFlags(pFlags: *mut c_void, p: *mut c_void) -> u32 {
+    driver("cuMemHostGetFlags", || match state::find(p as u64).map(|r| r.memory) {
+        // SAFETY: the caller's unsigned int.
+        Some(Memory::Pinned { flags } | Memory::Registered { flags }) => unsafe { put(pFlags, flags) },
+        _ => Err(INVALID_VALUE),
     })
 }
 

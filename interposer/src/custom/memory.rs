@@ -12,25 +12,33 @@ use crate::state::{self, Memory};
 /// Bytes per call of a large copy (several such calls are in flight at once).
 pub const CHUNK: u64 = 8 << 20;
 
-/// Allocate pinned host memory on the client (page-aligned, recorded as pinned).
+/// Allocate pinned host memory on the client (page-aligned, recorded as pinned), in the
+/// arena both sides reserve, so the server can mirror it at the same address if the GPU is
+/// ever handed a pointer into it.
 pub fn host_alloc(size: usize, flags: u32) -> Option<*mut c_void> {
     if size == 0 {
         return Some(std::ptr::null_mut());
     }
-    // SAFETY: an anonymous private mapping; no existing memory is touched.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
+    let p = match arena::alloc(size as u64) {
+        Some(p) => p as *mut c_void,
+        None => {
+            // SAFETY: an anonymous private mapping; no existing memory is touched.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return None;
+            }
+            p
+        }
     };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
     state::add(p as u64, size as u64, Memory::Pinned { flags });
     Some(p)
 }
@@ -43,12 +51,148 @@ pub fn host_free(p: *mut c_void) -> bool {
     }
     match state::find(p as u64) {
         Some(r) if r.base == p as u64 && matches!(r.memory, Memory::Pinned { .. }) => {
+            crate::mirror::forget(r.base);
             state::remove(r.base);
-            // SAFETY: the mapping created by host_alloc with this base and length.
-            unsafe { libc::munmap(r.base as *mut c_void, r.len as usize) };
+            if !arena::free(r.base, r.len) {
+                // SAFETY: the mapping created by host_alloc with this base and length.
+                unsafe { libc::munmap(r.base as *mut c_void, r.len as usize) };
+            }
             true
         }
         _ => false,
+    }
+}
+
+/// The client's half of the pinned-memory arena (`chidori_protocol::mirror`): address space
+/// reserved on first use, handed out first fit by page.
+mod arena {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use chidori_protocol::mirror::{ARENA_BASE, ARENA_LEN, PAGE, in_arena};
+
+    /// Free extents (start → length); None until reserved, empty map if reserving failed.
+    static FREE: Mutex<Option<BTreeMap<u64, u64>>> = Mutex::new(None);
+
+    fn reserve() -> BTreeMap<u64, u64> {
+        // SAFETY: a reservation without access; MAP_FIXED_NOREPLACE replaces nothing.
+        let p = unsafe {
+            libc::mmap(
+                ARENA_BASE as *mut libc::c_void,
+                ARENA_LEN as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p as u64 == ARENA_BASE {
+            return BTreeMap::from([(ARENA_BASE, ARENA_LEN)]);
+        }
+        if p != libc::MAP_FAILED {
+            // SAFETY: placed elsewhere by an old kernel; just created.
+            unsafe { libc::munmap(p, ARENA_LEN as usize) };
+        }
+        tracing::debug!("the pinned-memory arena is taken in this process; pinned memory comes from mmap");
+        BTreeMap::new()
+    }
+
+    /// Page-aligned memory in the arena, readable and writable; None when there is no room.
+    pub fn alloc(size: u64) -> Option<u64> {
+        let len = size.checked_add(PAGE - 1)? / PAGE * PAGE;
+        let mut guard = FREE.lock().unwrap_or_else(|p| p.into_inner());
+        let free = guard.get_or_insert_with(reserve);
+        let (&start, &extent) = free.iter().find(|(_, l)| **l >= len)?;
+        free.remove(&start);
+        if extent > len {
+            free.insert(start + len, extent - len);
+        }
+        // SAFETY: [start, start + len) is part of this process's own reservation.
+        let p = unsafe {
+            libc::mmap(
+                start as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p as u64 != start {
+            give_back(free, start, len);
+            return None;
+        }
+        Some(start)
+    }
+
+    /// Return memory from [`alloc`] to the reservation. False if `base` is not arena memory.
+    pub fn free(base: u64, size: u64) -> bool {
+        if !in_arena(base) {
+            return false;
+        }
+        let len = size.div_ceil(PAGE) * PAGE;
+        // SAFETY: the pages [base, base + len) were handed out by alloc; this makes them a
+        // reservation again and releases their memory.
+        unsafe {
+            libc::mmap(
+                base as *mut libc::c_void,
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        let mut guard = FREE.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(free) = guard.as_mut() {
+            give_back(free, base, len);
+        }
+        true
+    }
+
+    /// Insert an extent, merged with its neighbours.
+    fn give_back(free: &mut BTreeMap<u64, u64>, mut start: u64, mut len: u64) {
+        if let Some((&before, &before_len)) = free.range(..start).next_back()
+            && before + before_len == start
+        {
+            free.remove(&before);
+            start = before;
+            len += before_len;
+        }
+        if let Some(after_len) = free.remove(&(start + len)) {
+            len += after_len;
+        }
+        free.insert(start, len);
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn extents_merge_when_given_back() {
+            let mut free = BTreeMap::new();
+            give_back(&mut free, 0x10000, 0x1000);
+            give_back(&mut free, 0x12000, 0x1000);
+            assert_eq!(free.len(), 2);
+            give_back(&mut free, 0x11000, 0x1000);
+            assert_eq!(free.into_iter().collect::<Vec<_>>(), vec![(0x10000, 0x3000)]);
+        }
+
+        #[test]
+        fn arena_memory_is_usable_and_reused() {
+            let a = alloc(10).expect("arena memory");
+            assert!(in_arena(a));
+            // SAFETY: a page of memory just allocated.
+            unsafe { std::ptr::write_bytes(a as *mut u8, 7, 4096) };
+            assert!(free(a, 10));
+            let b = alloc(4096).expect("arena memory");
+            assert_eq!(a, b, "the freed page comes back first");
+            // SAFETY: the page is mapped again, zero-filled.
+            assert_eq!(unsafe { *(b as *const u8) }, 0);
+            assert!(free(b, 4096));
+            assert!(!free(0x1000, 1), "not arena memory");
+        }
     }
 }
 
@@ -60,15 +204,22 @@ pub struct CopyForms {
 }
 
 /// Where a copy goes, given a cudaMemcpyKind (4 = Default: decided by the interval map).
+///
+/// The program's pinned memory is host memory whatever the kind says (a GPU maps it at its
+/// host address, so natively a "device" pointer into it is valid), except where the server
+/// mirrors it (the GPU was handed a pointer into it): then the copy runs on the server, in
+/// stream order with the GPU's other accesses to the mirror.
 pub fn direction(kind: u32, dst: u64, src: u64) -> Option<(bool, bool)> {
-    Some(match kind {
+    let (dst_claim, src_claim) = match kind {
         0 => (false, false),
         1 => (true, false),
         2 => (false, true),
         3 => (true, true),
         4 => (state::is_device(dst), state::is_device(src)),
         _ => return None,
-    })
+    };
+    let server_side = |claim: bool, p: u64| crate::mirror::is_mirrored(p) || (claim && !state::is_pinned(p));
+    Some((server_side(dst_claim, dst), server_side(src_claim, src)))
 }
 
 /// Copy `count` bytes. `tail` holds the arguments after (dst, src, count, kind), e.g. the

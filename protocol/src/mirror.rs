@@ -1,0 +1,178 @@
+//! Mirrors of the client's pinned host memory, for kernels that read it directly.
+//!
+//! Natively, pinned host memory (`cudaHostAlloc`, `cudaHostRegister`) is mapped into the
+//! GPU's address space at its host address: a kernel or library may be handed a pinned
+//! pointer and dereference it (MAGMA's batched solvers take arrays of matrix pointers that
+//! torch fills in pinned memory; `cudaHostGetDevicePointer` returns the same address). The
+//! GPU of a remote session cannot read the client's memory, so the worker keeps a *mirror*:
+//! host memory of its own at the same virtual address, registered with CUDA, whose contents
+//! the client brings up to date before the GPU may read them and reads back after it may
+//! have written them.
+//!
+//! For the same address to be free in both processes, the client places pinned allocations
+//! in an *arena* that both reserve early ([`ARENA_BASE`], [`ARENA_LEN`]): the worker before
+//! it initializes CUDA (so the driver's own reservations avoid it), the client before its
+//! first pinned allocation.
+//!
+//! Contents travel as byte runs: `(offset from the mirror's base, length)` pairs whose bytes
+//! follow one another in a frame's bulk section.
+
+/// Where both sides reserve address space for pinned memory: 63 TiB, far below the region
+/// where Linux places mappings (just under the stack, near 128 TiB) and far above
+/// executables and their heaps.
+pub const ARENA_BASE: u64 = 0x3f00_0000_0000;
+/// 4 TiB of address space; reserved without backing (PROT_NONE, MAP_NORESERVE).
+pub const ARENA_LEN: u64 = 4 << 40;
+/// Mirrors cover whole pages.
+pub const PAGE: u64 = 4096;
+/// The largest mirror one session may have, and all of them together.
+pub const MAX_MIRROR: u64 = 16 << 30;
+pub const MAX_MIRRORED: u64 = 64 << 30;
+
+/// Equal bytes shorter than this between two changed runs are sent with them (a run costs
+/// 16 bytes of description).
+const GAP: usize = 32;
+
+/// Whether `addr` lies in the arena.
+pub fn in_arena(addr: u64) -> bool {
+    (ARENA_BASE..ARENA_BASE + ARENA_LEN).contains(&addr)
+}
+
+/// The pages covering `[base, base + len)`: (first page, length in bytes), or None when the
+/// range is empty, overflows or leaves user space.
+pub fn pages(base: u64, len: u64) -> Option<(u64, u64)> {
+    if len == 0 {
+        return None;
+    }
+    let end = base.checked_add(len)?;
+    let first = base / PAGE * PAGE;
+    let last = end.checked_add(PAGE - 1)? / PAGE * PAGE;
+    // Below 64 KiB is never mappable; above 2^47 is not user space on x86_64.
+    if first < (64 << 10) || last > (1 << 47) {
+        return None;
+    }
+    Some((first, last - first))
+}
+
+/// Runs `(offset, length)` where `now` differs from `before` (same length), nearby runs
+/// merged.
+pub fn changed_runs(before: &[u8], now: &[u8]) -> Vec<(u64, u64)> {
+    debug_assert_eq!(before.len(), now.len());
+    let n = before.len().min(now.len());
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut i = 0;
+    while i < n {
+        // Skip equal bytes a word at a time where possible.
+        if i + 8 <= n && before[i..i + 8] == now[i..i + 8] {
+            i += 8;
+            continue;
+        }
+        if before[i] == now[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut end = i + 1;
+        let mut j = end;
+        while j < n && j - end < GAP {
+            if before[j] != now[j] {
+                end = j + 1;
+            }
+            j += 1;
+        }
+        match runs.last_mut() {
+            Some((o, l)) if start - (*o + *l) as usize <= GAP => *l = (end as u64) - *o,
+            _ => runs.push((start as u64, (end - start) as u64)),
+        }
+        i = end;
+    }
+    runs
+}
+
+/// Check runs sent for a mirror of `len` bytes with `bulk` bytes of contents: each inside
+/// the mirror, in order, not overlapping, and their lengths adding up to `bulk`.
+pub fn check_runs(runs: &[(u64, u64)], len: u64, bulk: u64) -> Result<(), String> {
+    let mut at = 0u64;
+    let mut total = 0u64;
+    for &(offset, n) in runs {
+        let end = offset.checked_add(n).ok_or("a run overflows")?;
+        if offset < at || end > len {
+            return Err(format!("run {offset}+{n} outside a mirror of {len} bytes or out of order"));
+        }
+        at = end;
+        total = total.checked_add(n).ok_or("runs overflow")?;
+    }
+    if total != bulk {
+        return Err(format!("runs of {total} bytes with {bulk} bytes of contents"));
+    }
+    Ok(())
+}
+
+/// Copy the bytes of `runs` (consecutive in `bytes`) into `dst` at their offsets. The runs
+/// must have passed [`check_runs`] for `dst.len()` and `bytes.len()`.
+pub fn apply_runs(runs: &[(u64, u64)], bytes: &[u8], dst: &mut [u8]) {
+    let mut at = 0usize;
+    for &(offset, n) in runs {
+        let (offset, n) = (offset as usize, n as usize);
+        dst[offset..offset + n].copy_from_slice(&bytes[at..at + n]);
+        at += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn runs_name_the_changed_bytes() {
+        let before = vec![0u8; 200];
+        let mut now = before.clone();
+        now[3] = 1;
+        now[5] = 1;
+        now[150] = 7;
+        assert_eq!(changed_runs(&before, &now), vec![(3, 3), (150, 1)]);
+        assert_eq!(changed_runs(&before, &before), vec![]);
+    }
+
+    #[test]
+    fn runs_are_checked() {
+        assert!(check_runs(&[(0, 4), (8, 4)], 16, 8).is_ok());
+        assert!(check_runs(&[(8, 4), (0, 4)], 16, 8).is_err(), "out of order");
+        assert!(check_runs(&[(0, 4), (2, 4)], 16, 8).is_err(), "overlapping");
+        assert!(check_runs(&[(12, 8)], 16, 8).is_err(), "past the end");
+        assert!(check_runs(&[(0, 4)], 16, 5).is_err(), "bulk of another size");
+        assert!(check_runs(&[(u64::MAX, 2)], 16, 2).is_err(), "overflow");
+    }
+
+    #[test]
+    fn pages_cover_the_range_and_refuse_what_is_no_user_memory() {
+        assert_eq!(pages(0x10_0010, 10), Some((0x10_0000, 4096)));
+        assert_eq!(pages(0x10_0ff0, 32), Some((0x10_0000, 8192)));
+        assert_eq!(pages(0x1000, 8), None);
+        assert_eq!(pages(1 << 47, 8), None);
+        assert_eq!(pages(u64::MAX - 4, 8), None);
+        assert_eq!(pages(0x10_0000, 0), None);
+    }
+
+    proptest! {
+        #[test]
+        fn applying_the_runs_reproduces_the_new_bytes(before in proptest::collection::vec(any::<u8>(), 0..600),
+                                                      edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..40)) {
+            let mut now = before.clone();
+            for (at, v) in edits {
+                if !now.is_empty() {
+                    let i = at % now.len();
+                    now[i] = v;
+                }
+            }
+            let runs = changed_runs(&before, &now);
+            let bytes: Vec<u8> = runs.iter().flat_map(|&(o, n)| now[o as usize..(o + n) as usize].to_vec()).collect();
+            prop_assert!(check_runs(&runs, before.len() as u64, bytes.len() as u64).is_ok());
+            let mut rebuilt = before.clone();
+            apply_runs(&runs, &bytes, &mut rebuilt);
+            prop_assert_eq!(rebuilt, now);
+        }
+    }
+}

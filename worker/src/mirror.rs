@@ -1,0 +1,193 @@
+//! The worker's side of pinned-memory mirrors (`chidori_protocol::mirror`): host memory at
+//! the client's addresses, registered with CUDA so kernels and libraries handed a client
+//! pinned pointer read and write it there.
+//!
+//! Each mirror keeps a shadow copy of the contents the client last saw, so a pull returns
+//! only the bytes the GPU changed (the client may have changed other bytes of the same
+//! range meanwhile).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use chidori_protocol::mirror::{self, ARENA_BASE, ARENA_LEN, MAX_MIRROR, MAX_MIRRORED};
+
+use crate::backend::Backend;
+
+/// Whether this process reserved the arena (then mirrors inside it replace part of the
+/// reservation instead of asking for fresh address space).
+static ARENA: AtomicBool = AtomicBool::new(false);
+
+/// Reserve the arena; call before CUDA is initialized, so the driver's own reservations
+/// avoid it. Without it, mirrors still work where the address happens to be free.
+pub fn reserve_arena() -> bool {
+    // SAFETY: a fresh reservation without access; MAP_FIXED_NOREPLACE never replaces a
+    // mapping (it fails instead).
+    let p = unsafe {
+        libc::mmap(
+            ARENA_BASE as *mut libc::c_void,
+            ARENA_LEN as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    let ok = p as u64 == ARENA_BASE;
+    if !ok && p != libc::MAP_FAILED {
+        // SAFETY: the mapping an old kernel placed elsewhere, just created.
+        unsafe { libc::munmap(p, ARENA_LEN as usize) };
+    }
+    if !ok {
+        tracing::warn!("could not reserve the pinned-memory arena at {ARENA_BASE:#x}; mirrors there may fail");
+    }
+    ARENA.store(ok, Ordering::Relaxed);
+    ok
+}
+
+struct Mirror {
+    /// The client's range.
+    base: u64,
+    len: u64,
+    /// The pages mapped for it.
+    page_base: u64,
+    page_len: u64,
+    /// The contents as the client last saw them.
+    shadow: Vec<u8>,
+}
+
+impl Mirror {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: [base, base + len) lies in the pages this mirror mapped read-write.
+        unsafe { std::slice::from_raw_parts(self.base as *const u8, self.len as usize) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; the session's mirror table is behind one lock.
+        unsafe { std::slice::from_raw_parts_mut(self.base as *mut u8, self.len as usize) }
+    }
+}
+
+/// A session's mirrors, by the client's base address.
+#[derive(Default)]
+pub struct Mirrors {
+    by_base: BTreeMap<u64, Mirror>,
+    total: u64,
+}
+
+impl Mirrors {
+    /// Apply a client's write to the mirror of `[base, base + len)`, making it first.
+    pub fn write(
+        &mut self,
+        backend: &dyn Backend,
+        base: u64,
+        len: u64,
+        runs: &[(u64, u64)],
+        bytes: &[u8],
+    ) -> Result<(), String> {
+        mirror::check_runs(runs, len, bytes.len() as u64)?;
+        if !self.by_base.contains_key(&base) {
+            self.create(backend, base, len)?;
+        }
+        let m = self.by_base.get_mut(&base).ok_or("no such mirror")?;
+        if m.len != len {
+            return Err(format!("the mirror at {base:#x} has {} bytes, not {len}", m.len));
+        }
+        mirror::apply_runs(runs, bytes, m.bytes_mut());
+        mirror::apply_runs(runs, bytes, &mut m.shadow);
+        Ok(())
+    }
+
+    fn create(&mut self, backend: &dyn Backend, base: u64, len: u64) -> Result<(), String> {
+        let (page_base, page_len) =
+            mirror::pages(base, len).ok_or_else(|| format!("{len} bytes at {base:#x} are no user memory"))?;
+        if len > MAX_MIRROR || self.total.saturating_add(len) > MAX_MIRRORED {
+            return Err(format!(
+                "mirroring {len} more bytes of pinned memory would pass the session's limit ({MAX_MIRRORED} bytes, {MAX_MIRROR} each)"
+            ));
+        }
+        let overlaps =
+            self.by_base.values().any(|m| page_base < m.page_base + m.page_len && m.page_base < page_base + page_len);
+        if overlaps {
+            return Err(format!("pinned ranges sharing pages cannot both be mirrored ({base:#x})"));
+        }
+        let in_arena =
+            ARENA.load(Ordering::Relaxed) && mirror::in_arena(page_base) && mirror::in_arena(page_base + page_len - 1);
+        // Inside the arena the pages replace part of this process's own reservation;
+        // elsewhere they must be free.
+        let fixed = if in_arena { libc::MAP_FIXED } else { libc::MAP_FIXED_NOREPLACE };
+        // SAFETY: inside the arena only our own reservation is replaced (no mirror overlaps,
+        // checked above); elsewhere MAP_FIXED_NOREPLACE touches no existing mapping.
+        let p = unsafe {
+            libc::mmap(
+                page_base as *mut libc::c_void,
+                page_len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | fixed,
+                -1,
+                0,
+            )
+        };
+        if p as u64 != page_base {
+            if p != libc::MAP_FAILED {
+                // SAFETY: a mapping placed elsewhere, just created.
+                unsafe { libc::munmap(p, page_len as usize) };
+            }
+            return Err(format!(
+                "the server has no free address space at {page_base:#x} to mirror the client's pinned memory"
+            ));
+        }
+        if let Err(e) = backend.map_host(page_base, page_len) {
+            release(page_base, page_len, in_arena);
+            return Err(e);
+        }
+        self.total += len;
+        self.by_base.insert(base, Mirror { base, len, page_base, page_len, shadow: vec![0; len as usize] });
+        Ok(())
+    }
+
+    /// The bytes of these mirrors that changed since the client last saw them, as
+    /// (address, bytes); the shadows take the new contents.
+    pub fn pull(&mut self, bases: &[u64]) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        for base in bases {
+            let Some(m) = self.by_base.get_mut(base) else { continue };
+            let now = m.bytes().to_vec();
+            for (offset, n) in mirror::changed_runs(&m.shadow, &now) {
+                let (o, n) = (offset as usize, n as usize);
+                out.push((m.base + offset, now[o..o + n].to_vec()));
+            }
+            m.shadow = now;
+        }
+        out
+    }
+
+    /// Forget the mirror at `base` (the client freed the memory).
+    pub fn remove(&mut self, backend: &dyn Backend, base: u64) {
+        if let Some(m) = self.by_base.remove(&base) {
+            self.total -= m.len;
+            backend.unmap_host(m.page_base);
+            let in_arena = ARENA.load(Ordering::Relaxed) && mirror::in_arena(m.page_base);
+            release(m.page_base, m.page_len, in_arena);
+        }
+    }
+}
+
+/// Give pages back: into the arena's reservation, or to the system.
+fn release(page_base: u64, page_len: u64, in_arena: bool) {
+    if in_arena {
+        // SAFETY: the pages are this process's mirror inside its own reservation.
+        unsafe {
+            libc::mmap(
+                page_base as *mut libc::c_void,
+                page_len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+    } else {
+        // SAFETY: the pages this mirror mapped.
+        unsafe { libc::munmap(page_base as *mut libc::c_void, page_len as usize) };
+    }
+}
