@@ -22,6 +22,12 @@
 #            function and in order
 #   repeat   decode with the dynamic cache through chidori $REPEAT times in each of
 #            $REPEAT_MODES (plain, mcheck, nocudnn): hunting an intermittent client abort
+#   repro    each step of gpu/opinfo/repro.py ($REPRO_STEPS: all) in its own process, native
+#            and remote; remotely also through a server run with CUDA_LAUNCH_BLOCKING=1 that
+#            logs every call (a fault is reported by the call that made it)
+#   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
+#            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
+#            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
 # The standard workloads and the WAN relay come from ../shared (copied into target/dist by
 # `cargo xtask dist`, since only the repository travels). Logs go to $LOGS, packed into
 # $LOGS/round-logs.tgz at the end (the device tool returns at most 8 files); a table last.
@@ -213,6 +219,40 @@ if want casetrace; then
     grep -E 'TRACE [A-Za-z_0-9]+ -> ' "$LOGS/case-$c.err" | awk '{print $2}' | uniq -c | sort -rn | head -12
     row "case $c" "$(grep TOTAL "$LOGS/case-$c.err" | awk '{print $2" calls, "$3" round trips"}')"
   done
+fi
+
+if want repro; then
+  DBG_PORT=43213
+  CUDA_LAUNCH_BLOCKING=1 CHIDORI_LOG=info,chidori::calls=debug "$CHIDORI" serve --bind 127.0.0.1 --port $DBG_PORT \
+    --module-cache "$CACHE" > "$LOGS/serve-debug.log" 2>&1 &
+  DBG_PID=$!
+  sleep 1
+  steps=${REPRO_STEPS:-$(python3 -c "import ast,sys; t=ast.parse(open('gpu/opinfo/repro.py').read()); print(' '.join(n.name for n in t.body if isinstance(n, ast.FunctionDef) and any(getattr(d,'id','')=='step' for d in n.decorator_list)))")}
+  for s in $steps; do
+    n=$(timeout 120 python3 gpu/opinfo/repro.py "$s" 2> "$LOGS/repro-$s-native.err" | head -1)
+    r=$(CHIDORI_LOG=warn,chidori::waits=trace timeout 120 "$CHIDORI" run -s $SERVER -- python3 gpu/opinfo/repro.py "$s" \
+      2> "$LOGS/repro-$s-remote.err" | head -1)
+    d=$(CHIDORI_LOG=warn,chidori::waits=trace timeout 120 "$CHIDORI" run -s 127.0.0.1:$DBG_PORT -- python3 gpu/opinfo/repro.py "$s" \
+      2> "$LOGS/repro-$s-debug.err" | head -1)
+    row "repro $s" "native [${n#*: }] remote [${r#*: }] blocking [${d#*: }]"
+  done
+  kill $DBG_PID 2>/dev/null
+  grep -E "WARN|ERROR|status [1-9]" "$LOGS/serve-debug.log" | head -20
+fi
+
+if want opinfo; then
+  twice=(); [[ ${OPINFO_TWICE:-0} == 1 ]] && twice=(--native-twice)
+  timeout $(( ${OPINFO_TOTAL:-420} + 120 )) python3 gpu/opinfo/conformance.py --chidori "$CHIDORI" --server $SERVER \
+    --work "$B/opinfo" --jobs ${OPINFO_JOBS:-6} --total ${OPINFO_TOTAL:-420} --op-timeout ${OPINFO_OP_TIMEOUT:-120} \
+    ${OPINFO_OPS:+--ops $OPINFO_OPS} ${OPINFO_FIRST:+--first $OPINFO_FIRST} ${OPINFO_DTYPES:+--dtypes $OPINFO_DTYPES} \
+    "${twice[@]}" --json "$LOGS/opinfo.json" > "$LOGS/opinfo.txt" 2>&1
+  rc=$?
+  mkdir -p "$LOGS/opinfo-logs"
+  for run in native remote native2; do
+    for f in "$B/opinfo/$run"/shard-*.log; do [[ -f $f ]] && cp "$f" "$LOGS/opinfo-logs/$run-${f##*/}"; done
+  done
+  grep -v "^    " "$LOGS/opinfo.txt" | tail -25
+  row "opinfo" "rc=$rc $(python3 -c "import json; s=json.load(open('$LOGS/opinfo.json'))['summary']; print(', '.join(f'{k} {s[k]}' for k in ('ops','compared','identical','within_tolerance','differ','remote_crash','remote_timeout','native_crash','not_run','seconds')))" 2>/dev/null)"
 fi
 
 if want torch; then

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""OpInfo conformance: PyTorch's operator database natively and through Chidori, compared.
+
+    python3 conformance.py --chidori PATH --server HOST:PORT --work DIR
+                           [--jobs N] [--ops a,b | --first N] [--dtypes ...]
+                           [--native-twice] [--op-timeout S] [--total S] [--json OUT]
+
+Runs `run_ops.py` over every op of `op_db` that supports CUDA (or the ones named), split
+into --jobs shards per run, natively and through `chidori run -s SERVER` side by side.
+A shard whose process dies, breaks its CUDA context or spends more than --op-timeout
+seconds in one op goes on in a fresh process from the next op; the op is recorded as a
+crash (or timeout) of that run. With --native-twice a second native run tells which ops
+give different values natively from run to run (nondeterministic kernels).
+
+A comparison is one result of one sample: an op's forward outputs, or the gradients of
+its backward, for one dtype and sample input. Tensors are compared bit for bit
+(`identical`), else with `torch.testing.assert_close`'s tolerances for the dtype
+(`within tolerance`), else they `differ`. An error raised in both runs with the same type
+and message counts as identical. The table comes last; exit status 0 only when nothing
+differs and no op crashed remotely that did not natively.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUN_OPS = os.path.join(HERE, "run_ops.py")
+
+
+@dataclass
+class OpEnd:
+    """How an op ended in one run: ok, crash (process died or context broken), timeout."""
+
+    state: str
+    detail: str = ""
+
+
+@dataclass
+class Run:
+    label: str
+    prefix: list[str]
+    out: str
+    ends: dict[str, OpEnd] = field(default_factory=dict)
+    restarts: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def list_ops(dtypes: str) -> list[str]:
+    proc = subprocess.run([sys.executable, RUN_OPS, "--list", "--dtypes", dtypes],
+                          capture_output=True, text=True, check=True)
+    seen: dict[str, None] = {}
+    for line in proc.stdout.splitlines():
+        if line.strip():
+            seen.setdefault(line.strip(), None)
+    return list(seen)
+
+
+def run_shard(run: Run, ops: list[str], dtypes: str, op_timeout: float, deadline: float, shard: int) -> None:
+    """Run ops in order in one process after another until all have ended."""
+    pending = list(ops)
+    log_path = os.path.join(run.out, f"shard-{shard}.log")
+    while pending:
+        if time.monotonic() > deadline:
+            with run.lock:
+                for name in pending:
+                    run.ends[name] = OpEnd("not run", "the time budget (--total) was spent")
+            return
+        cmd = run.prefix + [sys.executable, RUN_OPS, "--out", run.out, "--ops", ",".join(pending), "--dtypes", dtypes]
+        with open(log_path, "a") as log:
+            log.write(f"\n== {' '.join(cmd[:len(run.prefix) + 2])} ({len(pending)} ops, first {pending[0]})\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            started = time.monotonic()
+            timed_out = None
+            while proc.poll() is None:
+                time.sleep(0.5)
+                current = next((n for n in pending if not os.path.exists(os.path.join(run.out, n + ".pt"))), None)
+                if current is None:
+                    continue
+                marker = os.path.join(run.out, current + ".started")
+                since = os.path.getmtime(marker) if os.path.exists(marker) else None
+                now = time.time()
+                over_op = since is not None and now - since > op_timeout
+                over_total = time.monotonic() > deadline
+                if over_op or over_total or (since is None and time.monotonic() - started > op_timeout * 2):
+                    timed_out = current if (over_op or since is None) else None
+                    proc.kill()
+                    proc.wait()
+                    break
+            rc = proc.returncode
+        done = [n for n in pending if os.path.exists(os.path.join(run.out, n + ".pt"))]
+        with run.lock:
+            for n in done:
+                run.ends.setdefault(n, OpEnd("ok"))
+        rest = [n for n in pending if n not in done]
+        if rc == 3 and done:
+            # The last op written broke the context (run_ops.py exits 3 right after it).
+            last = max(done, key=lambda n: os.path.getmtime(os.path.join(run.out, n + ".pt")))
+            with run.lock:
+                run.ends[last] = OpEnd("crash", "the CUDA context was broken after this op")
+        if not rest:
+            return
+        first = rest[0]
+        with run.lock:
+            run.restarts += 1
+            if timed_out == first:
+                run.ends[first] = OpEnd("timeout", f"more than {op_timeout:.0f} s in this op")
+            elif time.monotonic() > deadline:
+                for name in rest:
+                    run.ends[name] = OpEnd("not run", "the time budget (--total) was spent")
+                return
+            else:
+                tail = open(log_path, errors="replace").read().splitlines()[-6:]
+                run.ends[first] = OpEnd("crash", f"process ended ({rc}) in this op: " + " | ".join(tail)[-400:])
+        pending = rest[1:]
+
+
+def run_all(runs: list[Run], ops: list[str], jobs: int, dtypes: str, op_timeout: float, total: float) -> None:
+    deadline = time.monotonic() + total
+    threads = []
+    for run in runs:
+        os.makedirs(run.out, exist_ok=True)
+        for shard in range(jobs):
+            part = ops[shard::jobs]
+            if part:
+                t = threading.Thread(target=run_shard, args=(run, part, dtypes, op_timeout, deadline, shard))
+                t.start()
+                threads.append(t)
+    for t in threads:
+        t.join()
+
+
+@dataclass
+class Tally:
+    compared: int = 0
+    identical: int = 0
+    within: int = 0
+    differ: int = 0
+    missing: int = 0
+    tensors: int = 0
+    failures: list[str] = field(default_factory=list)
+    tolerated: dict[str, int] = field(default_factory=dict)
+
+
+def leaf_equal(a: Any, b: Any) -> str:
+    """identical | within | differ, for two result leaves."""
+    import torch
+
+    if a[0] != b[0]:
+        return "differ"
+    if a[0] != "tensor":
+        return "identical" if a[1] == b[1] else "differ"
+    x, y = a[1], b[1]
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return "differ"
+    if x.dtype == torch.bool or not (x.is_floating_point() or x.is_complex()):
+        return "identical" if torch.equal(x, y) else "differ"
+    xv, yv = torch.view_as_real(x) if x.is_complex() else x, torch.view_as_real(y) if y.is_complex() else y
+    if xv.numel() == 0:
+        return "identical"
+    # Bitwise, with every NaN equal to every NaN.
+    nan = torch.isnan(xv) & torch.isnan(yv)
+    bits = xv.contiguous().view(torch.uint8) if xv.element_size() == 1 else None
+    if bits is None:
+        int_type = {2: torch.int16, 4: torch.int32, 8: torch.int64}[xv.element_size()]
+        same = (xv.contiguous().view(int_type) == yv.contiguous().view(int_type)) | nan
+    else:
+        same = (bits == yv.contiguous().view(torch.uint8))
+    if bool(same.all()):
+        return "identical"
+    try:
+        torch.testing.assert_close(y, x, equal_nan=True, check_stride=False)
+        return "within"
+    except AssertionError:
+        return "differ"
+
+
+def compare(native: Run, remote: Run, native2: Run | None, ops: list[str]) -> tuple[Tally, dict[str, list[str]]]:
+    import torch
+
+    tally = Tally()
+    by_state: dict[str, list[str]] = {"remote crash": [], "remote timeout": [], "native crash": [],
+                                      "not run": [], "nondeterministic natively": []}
+    for name in ops:
+        n_end = native.ends.get(name, OpEnd("not run"))
+        r_end = remote.ends.get(name, OpEnd("not run"))
+        if r_end.state == "not run" or n_end.state == "not run":
+            by_state["not run"].append(name)
+            continue
+        if r_end.state in ("crash", "timeout") and n_end.state == "ok":
+            by_state["remote " + r_end.state].append(f"{name}: {r_end.detail}")
+        if n_end.state != "ok":
+            by_state["native crash"].append(f"{name}: native {n_end.state} {n_end.detail}"[:300])
+        paths = [os.path.join(run.out, name + ".pt") for run in (native, remote)]
+        if not all(os.path.exists(p) for p in paths):
+            continue
+        a = torch.load(paths[0], weights_only=False)
+        b = torch.load(paths[1], weights_only=False)
+        c = None
+        if native2 is not None and os.path.exists(os.path.join(native2.out, name + ".pt")):
+            c = torch.load(os.path.join(native2.out, name + ".pt"), weights_only=False)
+        varies = False
+        for key in sorted(set(a) | set(b)):
+            if key == "__meta__":
+                continue
+            if key not in a or key not in b:
+                tally.missing += 1
+                tally.failures.append(f"{key}: only in the {'native' if key in a else 'remote'} run")
+                continue
+            la, lb = a[key], b[key]
+            tally.compared += 1
+            tally.tensors += sum(1 for x in la if x[0] == "tensor")
+            if len(la) != len(lb):
+                tally.differ += 1
+                tally.failures.append(f"{key}: {len(la)} native leaves, {len(lb)} remote")
+                continue
+            verdicts = [leaf_equal(x, y) for x, y in zip(la, lb)]
+            if c is not None and key in c and len(c[key]) == len(la):
+                if any(leaf_equal(x, z) != "identical" for x, z in zip(la, c[key])):
+                    varies = True
+            if all(v == "identical" for v in verdicts):
+                tally.identical += 1
+            elif all(v != "differ" for v in verdicts):
+                tally.within += 1
+                tally.tolerated[name] = tally.tolerated.get(name, 0) + 1
+            else:
+                tally.differ += 1
+                worst = next(i for i, v in enumerate(verdicts) if v == "differ")
+                x, y = la[worst], lb[worst]
+                what = (f"native {x[1]!r:.80} remote {y[1]!r:.80}" if x[0] != "tensor" or y[0] != "tensor"
+                        else f"leaf {worst}: {tuple(x[1].shape)} {x[1].dtype}")
+                tally.failures.append(f"{key}: {what}")
+        if varies:
+            by_state["nondeterministic natively"].append(name)
+    return tally, by_state
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--chidori", required=True)
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--work", required=True, help="directory for results and logs")
+    parser.add_argument("--jobs", type=int, default=4, help="processes per run")
+    parser.add_argument("--ops", default="", help="comma-separated op names (default: all)")
+    parser.add_argument("--first", type=int, default=0, help="only the first N ops")
+    parser.add_argument("--dtypes", default="float32,float16,bfloat16,complex64,int64")
+    parser.add_argument("--native-twice", action="store_true")
+    parser.add_argument("--op-timeout", type=float, default=120)
+    parser.add_argument("--total", type=float, default=480, help="seconds for all runs together")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    ops = args.ops.split(",") if args.ops else list_ops(args.dtypes)
+    if args.first:
+        ops = ops[: args.first]
+    print(f"conformance: {len(ops)} ops, dtypes {args.dtypes}, {args.jobs} processes per run", flush=True)
+    native = Run("native", [], os.path.join(args.work, "native"))
+    remote = Run("remote", [args.chidori, "run", "-s", args.server, "--"], os.path.join(args.work, "remote"))
+    native2 = Run("native2", [], os.path.join(args.work, "native2")) if args.native_twice else None
+    runs = [native, remote] + ([native2] if native2 else [])
+    run_all(runs, ops, args.jobs, args.dtypes, args.op_timeout, args.total)
+    ran = time.monotonic() - started
+    tally, by_state = compare(native, remote, native2, ops)
+
+    for title, names in by_state.items():
+        if names:
+            print(f"-- {title} ({len(names)}):")
+            for n in names[:60]:
+                print("   ", n)
+    if tally.tolerated:
+        print(f"-- within tolerance, not bit-identical ({len(tally.tolerated)} ops):")
+        print("   ", ", ".join(f"{k} ({v})" for k, v in sorted(tally.tolerated.items())))
+    if tally.failures:
+        print(f"-- differences ({len(tally.failures)}):")
+        for f in tally.failures[:200]:
+            print("   ", f)
+    summary = {
+        "ops": len(ops), "seconds": round(ran, 1), "compared": tally.compared, "tensors": tally.tensors,
+        "identical": tally.identical, "within_tolerance": tally.within, "differ": tally.differ,
+        "missing": tally.missing, "remote_crash": len(by_state["remote crash"]),
+        "remote_timeout": len(by_state["remote timeout"]), "native_crash": len(by_state["native crash"]),
+        "not_run": len(by_state["not run"]), "nondeterministic_natively": len(by_state["nondeterministic natively"]),
+        "restarts": {r.label: r.restarts for r in runs},
+    }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "states": by_state, "tolerated": tally.tolerated,
+                       "failures": tally.failures}, f, indent=1)
+    print("== OpInfo conformance (remote vs native)")
+    for k, v in summary.items():
+        print(f"{k:28} {v}")
+    bad = tally.differ + tally.missing + summary["remote_crash"] + summary["remote_timeout"]
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

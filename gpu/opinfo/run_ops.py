@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Run PyTorch's operator database (OpInfo) on CUDA in this process and save every result.
+
+    python3 run_ops.py --out DIR --ops NAME[,NAME...] [--dtypes float32,float16,...]
+    python3 run_ops.py --list [--dtypes ...]      # the ops that support CUDA, one a line
+
+For each op, in the order given, and each dtype it supports on CUDA: every sample input,
+forward, and backward where the op supports autograd in that dtype. The RNGs are seeded
+per (op, dtype), so two runs of the same op (natively and through `chidori run`) build the
+same inputs. `CHIDORI_OPINFO_DEVICE=cpu` runs on the CPU (to try the harness without a
+GPU). Results of one op go to `DIR/<op>.pt` (a dict of result key -> list of
+leaves), written when the op is done; `DIR/<op>.started` is written before it starts, so a
+driver can tell which op killed the process.
+
+After each op the process checks that its CUDA context still works (a device
+synchronization and a tiny kernel). If it does not, the op is recorded as having broken the
+context and the process exits with status 3: every later CUDA call of this process would
+fail, so the driver continues in a fresh one.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import sys
+import time
+import traceback
+from typing import Any, Iterable
+
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "complex64": torch.complex64,
+    "int64": torch.int64,
+}
+
+DEVICE = os.environ.get("CHIDORI_OPINFO_DEVICE", "cuda")
+
+# Ops whose outputs are uninitialized memory: only their metadata is comparable.
+UNINITIALIZED = {
+    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided", "empty_permuted",
+    "resize_", "resize_as_",
+}
+
+# A leaf of a result: ("tensor", cpu tensor), ("meta", shape/dtype/stride text),
+# ("value", repr of a non-tensor), ("none", "").
+Leaf = tuple[str, Any]
+
+
+def full_name(op: Any) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def seed_for(key: str) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little")
+
+
+def seed_all(key: str) -> None:
+    s = seed_for(key)
+    torch.manual_seed(s)
+    random.seed(s)
+    try:
+        import numpy
+
+        numpy.random.seed(s)
+    except ImportError:
+        pass
+
+
+def to_leaf(x: Any, metadata_only: bool) -> Leaf:
+    """One result leaf, on the CPU, detached."""
+    if x is None:
+        return ("none", "")
+    if isinstance(x, torch.Tensor):
+        if metadata_only:
+            return ("meta", f"{tuple(x.shape)} {x.dtype} {x.stride() if x.layout == torch.strided else x.layout}")
+        t = x.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        return ("tensor", t.cpu().clone())
+    if isinstance(x, (torch.dtype, torch.device, torch.Size, str, bool, int, float, complex, type(Ellipsis))):
+        return ("value", repr(x))
+    return ("value", type(x).__name__)
+
+
+def leaves(result: Any, metadata_only: bool) -> list[Leaf]:
+    flat, _ = tree_flatten(result)
+    return [to_leaf(x, metadata_only) for x in flat]
+
+
+def grad_inputs(sample: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten((sample.input, sample.args, sample.kwargs))
+    return [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
+
+
+def describe_error(e: BaseException) -> str:
+    """Type and first line: comparable across runs (no addresses, no traceback)."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first[:200]}"
+
+
+def context_alive() -> bool:
+    try:
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        return bool(torch.ones(2, device=DEVICE).add(1).sum().item() == 4.0)
+    except Exception:  # noqa: BLE001 - any failure here means the context is gone
+        return False
+
+
+def run_dtype(op: Any, dtype_name: str, results: dict[str, Any]) -> None:
+    dtype = DTYPES[dtype_name]
+    name = full_name(op)
+    backward = op.supports_autograd and dtype in op.supported_backward_dtypes(DEVICE)
+    metadata_only = op.name in UNINITIALIZED
+    seed_all(f"{name}|{dtype_name}")
+    try:
+        samples: Iterable[Any] = op.sample_inputs(DEVICE, dtype, requires_grad=backward)
+        for idx, sample in enumerate(samples):
+            key = f"{name}|{dtype_name}|{idx}"
+            try:
+                out = op(sample.input, *sample.args, **sample.kwargs)
+                results[key + "|fwd"] = leaves(out, metadata_only)
+            except Exception as e:  # noqa: BLE001 - the op's own error is a result too
+                results[key + "|fwd"] = [("error", describe_error(e))]
+                continue
+            if not backward or metadata_only:
+                continue
+            try:
+                outs = [t for t in tree_flatten(sample.output_process_fn_grad(out))[0]
+                        if isinstance(t, torch.Tensor) and t.requires_grad]
+                ins = grad_inputs(sample)
+                if not outs or not ins:
+                    continue
+                torch.manual_seed(seed_for(key))
+                grads = [torch.randn_like(t) for t in outs]
+                got = torch.autograd.grad(outs, ins, grads, allow_unused=True)
+                results[key + "|bwd"] = leaves(list(got), False)
+            except Exception as e:  # noqa: BLE001
+                results[key + "|bwd"] = [("error", describe_error(e))]
+    except Exception as e:  # noqa: BLE001 - sample generation itself failed
+        results[f"{name}|{dtype_name}|samples"] = [("error", describe_error(e))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", help="directory for the results")
+    parser.add_argument("--ops", help="comma-separated full op names (name.variant)")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--list", action="store_true", help="print the ops that support CUDA in --dtypes")
+    args = parser.parse_args()
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if args.list:
+        for op in op_db:
+            supported = op.supported_dtypes(DEVICE)
+            if any(DTYPES[d] in supported for d in dtypes):
+                print(full_name(op))
+        return 0
+    if not args.out or not args.ops:
+        parser.error("--out and --ops are required unless --list")
+    os.makedirs(args.out, exist_ok=True)
+    wanted = args.ops.split(",")
+    by_name = {full_name(op): op for op in op_db}
+    for name in wanted:
+        op = by_name.get(name)
+        if op is None:
+            continue
+        marker = os.path.join(args.out, name + ".started")
+        open(marker, "w").close()
+        started = time.monotonic()
+        results: dict[str, Any] = {}
+        supported = op.supported_dtypes(DEVICE)
+        for dtype_name in dtypes:
+            if DTYPES[dtype_name] in supported:
+                run_dtype(op, dtype_name, results)
+        alive = context_alive()
+        results["__meta__"] = {"seconds": time.monotonic() - started, "context_alive": alive}
+        tmp = os.path.join(args.out, name + ".pt.tmp")
+        torch.save(results, tmp)
+        os.replace(tmp, os.path.join(args.out, name + ".pt"))
+        if not alive:
+            print(f"run_ops: {name} left the CUDA context broken", file=sys.stderr, flush=True)
+            return 3
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        sys.exit(1)
