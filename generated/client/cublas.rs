@@ -6343,6 +6343,37 @@ pub unsafe extern "C" fn __chidori_cublas_cublasDnrm2_v2_64(
         ) as u32
     }
 }
+///`cublasDotEx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cublas_cublasDotEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *mut c_void,
+    xType: u32,
+    incx: i32,
+    y: *mut c_void,
+    yType: u32,
+    incy: i32,
+    result: *mut c_void,
+    resultType: u32,
+    executionType: u32,
+) -> u32 {
+    unsafe {
+        crate::custom::cublas::cublasDotEx(
+            handle,
+            n,
+            x,
+            xType,
+            incx,
+            y,
+            yType,
+            incy,
+            result,
+            resultType,
+            executionType,
+        )
+    }
+}
 ///`cublasDrot` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublas_cublasDrot(

@@ -747,15 +747,12 @@ cublasDnrm2_v2:
     .globl cublasDotEx
     .type cublasDotEx, @function
 cublasDotEx:
-    leaq .Lname16(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDotEx@PLT
     .size cublasDotEx, .-cublasDotEx
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -773,7 +770,7 @@ cublasDrot_v2:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -786,7 +783,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -799,7 +796,7 @@ cublasDrotm_v2:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -832,7 +829,7 @@ cublasDscal_v2:
     .globl cublasDspmv
     .type cublasDspmv, @function
 cublasDspmv:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -840,7 +837,7 @@ cublasDspmv:
     .globl cublasDspmv_v2
     .type cublasDspmv_v2, @function
 cublasDspmv_v2:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -848,7 +845,7 @@ cublasDspmv_v2:
     .globl cublasDspr
     .type cublasDspr, @function
 cublasDspr:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -856,7 +853,7 @@ cublasDspr:
     .globl cublasDspr2
     .type cublasDspr2, @function
 cublasDspr2:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -864,7 +861,7 @@ cublasDspr2:
     .globl cublasDspr2_v2
     .type cublasDspr2_v2, @function
 cublasDspr2_v2:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -872,7 +869,7 @@ cublasDspr2_v2:
     .globl cublasDspr_v2
     .type cublasDspr_v2, @function
 cublasDspr_v2:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -975,7 +972,7 @@ cublasDtbsv_v2:
     .globl cublasDtpmv
     .type cublasDtpmv, @function
 cublasDtpmv:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -983,7 +980,7 @@ cublasDtpmv:
     .globl cublasDtpmv_v2
     .type cublasDtpmv_v2, @function
 cublasDtpmv_v2:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -991,7 +988,7 @@ cublasDtpmv_v2:
     .globl cublasDtpsv
     .type cublasDtpsv, @function
 cublasDtpsv:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -999,7 +996,7 @@ cublasDtpsv:
     .globl cublasDtpsv_v2
     .type cublasDtpsv_v2, @function
 cublasDtpsv_v2:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1007,7 +1004,7 @@ cublasDtpsv_v2:
     .globl cublasDtpttr
     .type cublasDtpttr, @function
 cublasDtpttr:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1060,7 +1057,7 @@ cublasDtrsv_v2:
     .globl cublasDtrttp
     .type cublasDtrttp, @function
 cublasDtrttp:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1088,7 +1085,7 @@ cublasDznrm2_v2:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1116,7 +1113,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1134,7 +1131,7 @@ cublasGetError:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1162,7 +1159,7 @@ cublasGetPointerMode_v2:
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1170,7 +1167,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1203,7 +1200,7 @@ cublasGetVectorAsync:
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1211,7 +1208,7 @@ cublasGetVersion:
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1219,7 +1216,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1227,7 +1224,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1235,7 +1232,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1243,7 +1240,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1251,7 +1248,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1259,7 +1256,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1267,7 +1264,7 @@ cublasHgemmBatched:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1370,7 +1367,7 @@ cublasIzamin_v2:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1378,7 +1375,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1391,7 +1388,7 @@ cublasRotEx:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1399,7 +1396,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1407,7 +1404,7 @@ cublasRotmEx:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1435,7 +1432,7 @@ cublasSaxpy_v2:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1498,7 +1495,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1506,7 +1503,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1519,7 +1516,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1622,7 +1619,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1675,7 +1672,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1703,7 +1700,7 @@ cublasSrot_v2:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1716,7 +1713,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1729,7 +1726,7 @@ cublasSrotm_v2:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1762,7 +1759,7 @@ cublasSscal_v2:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1770,7 +1767,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1778,7 +1775,7 @@ cublasSspmv_v2:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1786,7 +1783,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1794,7 +1791,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1802,7 +1799,7 @@ cublasSspr2_v2:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1905,7 +1902,7 @@ cublasStbsv_v2:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1913,7 +1910,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1921,7 +1918,7 @@ cublasStpmv_v2:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1929,7 +1926,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1937,7 +1934,7 @@ cublasStpsv_v2:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1990,7 +1987,7 @@ cublasStrsv_v2:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2003,7 +2000,7 @@ cublasSwapEx:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2011,7 +2008,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2019,7 +2016,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2027,7 +2024,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2115,7 +2112,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2128,7 +2125,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2166,7 +2163,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2174,7 +2171,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2187,7 +2184,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2205,7 +2202,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2223,7 +2220,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2331,7 +2328,7 @@ cublasZaxpy_v2:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2354,7 +2351,7 @@ cublasZdgmm:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2367,7 +2364,7 @@ cublasZdotc_v2:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2450,7 +2447,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2593,7 +2590,7 @@ cublasZhpmv_v2:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2601,7 +2598,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2609,7 +2606,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2617,7 +2614,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2625,7 +2622,7 @@ cublasZhpr_v2:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2643,7 +2640,7 @@ cublasZrot_v2:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2816,7 +2813,7 @@ cublasZtrsv_v2:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2855,161 +2852,159 @@ cublasZtrttp:
 .Lname15:
     .asciz "cublasDmatinvBatched"
 .Lname16:
-    .asciz "cublasDotEx"
-.Lname17:
     .asciz "cublasDotcEx"
-.Lname18:
+.Lname17:
     .asciz "cublasDrotg"
-.Lname19:
+.Lname18:
     .asciz "cublasDrotm"
-.Lname20:
+.Lname19:
     .asciz "cublasDrotmg"
-.Lname21:
+.Lname20:
     .asciz "cublasDspmv"
-.Lname22:
+.Lname21:
     .asciz "cublasDspmv_v2"
-.Lname23:
+.Lname22:
     .asciz "cublasDspr"
-.Lname24:
+.Lname23:
     .asciz "cublasDspr2"
-.Lname25:
+.Lname24:
     .asciz "cublasDspr2_v2"
-.Lname26:
+.Lname25:
     .asciz "cublasDspr_v2"
-.Lname27:
+.Lname26:
     .asciz "cublasDtpmv"
-.Lname28:
+.Lname27:
     .asciz "cublasDtpmv_v2"
-.Lname29:
+.Lname28:
     .asciz "cublasDtpsv"
-.Lname30:
+.Lname29:
     .asciz "cublasDtpsv_v2"
-.Lname31:
+.Lname30:
     .asciz "cublasDtpttr"
-.Lname32:
+.Lname31:
     .asciz "cublasDtrttp"
-.Lname33:
+.Lname32:
     .asciz "cublasFree"
-.Lname34:
+.Lname33:
     .asciz "cublasGetBackdoor"
-.Lname35:
+.Lname34:
     .asciz "cublasGetLoggerCallback"
-.Lname36:
+.Lname35:
     .asciz "cublasGetProperty"
-.Lname37:
+.Lname36:
     .asciz "cublasGetSmCountTarget"
-.Lname38:
+.Lname37:
     .asciz "cublasGetVersion"
-.Lname39:
+.Lname38:
     .asciz "cublasGetVersion_v2"
-.Lname40:
+.Lname39:
     .asciz "cublasHSHgemvBatched"
-.Lname41:
+.Lname40:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname42:
+.Lname41:
     .asciz "cublasHSSgemvBatched"
-.Lname43:
+.Lname42:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname44:
+.Lname43:
     .asciz "cublasHgemm"
-.Lname45:
+.Lname44:
     .asciz "cublasHgemmBatched"
-.Lname46:
+.Lname45:
     .asciz "cublasHgemmStridedBatched"
-.Lname47:
+.Lname46:
     .asciz "cublasLoggerConfigure"
-.Lname48:
+.Lname47:
     .asciz "cublasNrm2Ex"
-.Lname49:
+.Lname48:
     .asciz "cublasRotgEx"
-.Lname50:
+.Lname49:
     .asciz "cublasRotmEx"
-.Lname51:
+.Lname50:
     .asciz "cublasRotmgEx"
-.Lname52:
+.Lname51:
     .asciz "cublasSbdmm"
-.Lname53:
+.Lname52:
     .asciz "cublasSetBackdoor"
-.Lname54:
+.Lname53:
     .asciz "cublasSetBackdoorEx"
-.Lname55:
+.Lname54:
     .asciz "cublasSetLoggerCallback"
-.Lname56:
+.Lname55:
     .asciz "cublasSgemvBatched"
-.Lname57:
+.Lname56:
     .asciz "cublasSmatinvBatched"
-.Lname58:
+.Lname57:
     .asciz "cublasSrotg"
-.Lname59:
+.Lname58:
     .asciz "cublasSrotm"
-.Lname60:
+.Lname59:
     .asciz "cublasSrotmg"
-.Lname61:
+.Lname60:
     .asciz "cublasSspmv"
-.Lname62:
+.Lname61:
     .asciz "cublasSspmv_v2"
-.Lname63:
+.Lname62:
     .asciz "cublasSspr"
-.Lname64:
+.Lname63:
     .asciz "cublasSspr2"
-.Lname65:
+.Lname64:
     .asciz "cublasSspr2_v2"
-.Lname66:
+.Lname65:
     .asciz "cublasSspr_v2"
-.Lname67:
+.Lname66:
     .asciz "cublasStpmv"
-.Lname68:
+.Lname67:
     .asciz "cublasStpmv_v2"
-.Lname69:
+.Lname68:
     .asciz "cublasStpsv"
-.Lname70:
+.Lname69:
     .asciz "cublasStpsv_v2"
-.Lname71:
+.Lname70:
     .asciz "cublasStpttr"
-.Lname72:
+.Lname71:
     .asciz "cublasStrttp"
-.Lname73:
+.Lname72:
     .asciz "cublasTSSgemvBatched"
-.Lname74:
+.Lname73:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname75:
+.Lname74:
     .asciz "cublasTSTgemvBatched"
-.Lname76:
+.Lname75:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname77:
+.Lname76:
     .asciz "cublasXtDeviceSelect"
-.Lname78:
+.Lname77:
     .asciz "cublasXtDspmm"
-.Lname79:
+.Lname78:
     .asciz "cublasXtGetBlockDim"
-.Lname80:
+.Lname79:
     .asciz "cublasXtGetNumBoards"
-.Lname81:
+.Lname80:
     .asciz "cublasXtMaxBoards"
-.Lname82:
+.Lname81:
     .asciz "cublasXtSetCpuRoutine"
-.Lname83:
+.Lname82:
     .asciz "cublasXtSspmm"
-.Lname84:
+.Lname83:
     .asciz "cublasZbdmm"
-.Lname85:
+.Lname84:
     .asciz "cublasZdotc"
-.Lname86:
+.Lname85:
     .asciz "cublasZdotu"
-.Lname87:
+.Lname86:
     .asciz "cublasZgemvBatched"
-.Lname88:
+.Lname87:
     .asciz "cublasZhpr"
-.Lname89:
+.Lname88:
     .asciz "cublasZhpr2"
-.Lname90:
+.Lname89:
     .asciz "cublasZhpr2_v2"
-.Lname91:
+.Lname90:
     .asciz "cublasZhpr_v2"
-.Lname92:
+.Lname91:
     .asciz "cublasZmatinvBatched"
-.Lname93:
+.Lname92:
     .asciz "cublasZrotg"
-.Lname94:
+.Lname93:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

@@ -1148,15 +1148,12 @@ cublasDnrm2_v2_64:
     .globl cublasDotEx
     .type cublasDotEx, @function
 cublasDotEx:
-    leaq .Lname23(%rip), %rdi
-    movq $15, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cublas_cublasDotEx@PLT
     .size cublasDotEx, .-cublasDotEx
     .globl cublasDotEx_64
     .type cublasDotEx_64, @function
 cublasDotEx_64:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1161,7 @@ cublasDotEx_64:
     .globl cublasDotcEx
     .type cublasDotcEx, @function
 cublasDotcEx:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1172,7 +1169,7 @@ cublasDotcEx:
     .globl cublasDotcEx_64
     .type cublasDotcEx_64, @function
 cublasDotcEx_64:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1195,7 +1192,7 @@ cublasDrot_v2_64:
     .globl cublasDrotg
     .type cublasDrotg, @function
 cublasDrotg:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1208,7 +1205,7 @@ cublasDrotg_v2:
     .globl cublasDrotm
     .type cublasDrotm, @function
 cublasDrotm:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1221,7 +1218,7 @@ cublasDrotm_v2:
     .globl cublasDrotm_v2_64
     .type cublasDrotm_v2_64, @function
 cublasDrotm_v2_64:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1229,7 +1226,7 @@ cublasDrotm_v2_64:
     .globl cublasDrotmg
     .type cublasDrotmg, @function
 cublasDrotmg:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1272,7 +1269,7 @@ cublasDscal_v2_64:
     .globl cublasDspmv
     .type cublasDspmv, @function
 cublasDspmv:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1280,7 +1277,7 @@ cublasDspmv:
     .globl cublasDspmv_v2
     .type cublasDspmv_v2, @function
 cublasDspmv_v2:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1288,7 +1285,7 @@ cublasDspmv_v2:
     .globl cublasDspmv_v2_64
     .type cublasDspmv_v2_64, @function
 cublasDspmv_v2_64:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1296,7 +1293,7 @@ cublasDspmv_v2_64:
     .globl cublasDspr
     .type cublasDspr, @function
 cublasDspr:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1304,7 +1301,7 @@ cublasDspr:
     .globl cublasDspr2
     .type cublasDspr2, @function
 cublasDspr2:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1312,7 +1309,7 @@ cublasDspr2:
     .globl cublasDspr2_v2
     .type cublasDspr2_v2, @function
 cublasDspr2_v2:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1320,7 +1317,7 @@ cublasDspr2_v2:
     .globl cublasDspr2_v2_64
     .type cublasDspr2_v2_64, @function
 cublasDspr2_v2_64:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1328,7 +1325,7 @@ cublasDspr2_v2_64:
     .globl cublasDspr_v2
     .type cublasDspr_v2, @function
 cublasDspr_v2:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1336,7 +1333,7 @@ cublasDspr_v2:
     .globl cublasDspr_v2_64
     .type cublasDspr_v2_64, @function
 cublasDspr_v2_64:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1489,7 +1486,7 @@ cublasDtbsv_v2_64:
     .globl cublasDtpmv
     .type cublasDtpmv, @function
 cublasDtpmv:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1497,7 +1494,7 @@ cublasDtpmv:
     .globl cublasDtpmv_v2
     .type cublasDtpmv_v2, @function
 cublasDtpmv_v2:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1505,7 +1502,7 @@ cublasDtpmv_v2:
     .globl cublasDtpmv_v2_64
     .type cublasDtpmv_v2_64, @function
 cublasDtpmv_v2_64:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1513,7 +1510,7 @@ cublasDtpmv_v2_64:
     .globl cublasDtpsv
     .type cublasDtpsv, @function
 cublasDtpsv:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1521,7 +1518,7 @@ cublasDtpsv:
     .globl cublasDtpsv_v2
     .type cublasDtpsv_v2, @function
 cublasDtpsv_v2:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1529,7 +1526,7 @@ cublasDtpsv_v2:
     .globl cublasDtpsv_v2_64
     .type cublasDtpsv_v2_64, @function
 cublasDtpsv_v2_64:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1537,7 +1534,7 @@ cublasDtpsv_v2_64:
     .globl cublasDtpttr
     .type cublasDtpttr, @function
 cublasDtpttr:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1615,7 +1612,7 @@ cublasDtrsv_v2_64:
     .globl cublasDtrttp
     .type cublasDtrttp, @function
 cublasDtrttp:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1653,7 +1650,7 @@ cublasDznrm2_v2_64:
     .globl cublasFree
     .type cublasFree, @function
 cublasFree:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1681,7 +1678,7 @@ cublasGemmEx_64:
     .globl cublasGemmGroupedBatchedEx
     .type cublasGemmGroupedBatchedEx, @function
 cublasGemmGroupedBatchedEx:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1689,7 +1686,7 @@ cublasGemmGroupedBatchedEx:
     .globl cublasGemmGroupedBatchedEx_64
     .type cublasGemmGroupedBatchedEx_64, @function
 cublasGemmGroupedBatchedEx_64:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1712,7 +1709,7 @@ cublasGetAtomicsMode:
     .globl cublasGetBackdoor
     .type cublasGetBackdoor, @function
 cublasGetBackdoor:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1725,7 +1722,7 @@ cublasGetCudartVersion:
     .globl cublasGetEmulationSpecialValuesSupport
     .type cublasGetEmulationSpecialValuesSupport, @function
 cublasGetEmulationSpecialValuesSupport:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1733,7 +1730,7 @@ cublasGetEmulationSpecialValuesSupport:
     .globl cublasGetEmulationStrategy
     .type cublasGetEmulationStrategy, @function
 cublasGetEmulationStrategy:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1741,7 +1738,7 @@ cublasGetEmulationStrategy:
     .globl cublasGetEnvironmentMode
     .type cublasGetEnvironmentMode, @function
 cublasGetEnvironmentMode:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1754,7 +1751,7 @@ cublasGetError:
     .globl cublasGetFixedPointEmulationMantissaBitCountPointer
     .type cublasGetFixedPointEmulationMantissaBitCountPointer, @function
 cublasGetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1762,7 +1759,7 @@ cublasGetFixedPointEmulationMantissaBitCountPointer:
     .globl cublasGetFixedPointEmulationMantissaBitOffset
     .type cublasGetFixedPointEmulationMantissaBitOffset, @function
 cublasGetFixedPointEmulationMantissaBitOffset:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1770,7 +1767,7 @@ cublasGetFixedPointEmulationMantissaBitOffset:
     .globl cublasGetFixedPointEmulationMantissaControl
     .type cublasGetFixedPointEmulationMantissaControl, @function
 cublasGetFixedPointEmulationMantissaControl:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1778,7 +1775,7 @@ cublasGetFixedPointEmulationMantissaControl:
     .globl cublasGetFixedPointEmulationMaxMantissaBitCount
     .type cublasGetFixedPointEmulationMaxMantissaBitCount, @function
 cublasGetFixedPointEmulationMaxMantissaBitCount:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1786,7 +1783,7 @@ cublasGetFixedPointEmulationMaxMantissaBitCount:
     .globl cublasGetLoggerCallback
     .type cublasGetLoggerCallback, @function
 cublasGetLoggerCallback:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1824,7 +1821,7 @@ cublasGetPointerMode_v2:
     .globl cublasGetProperty
     .type cublasGetProperty, @function
 cublasGetProperty:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1832,7 +1829,7 @@ cublasGetProperty:
     .globl cublasGetSmCountTarget
     .type cublasGetSmCountTarget, @function
 cublasGetSmCountTarget:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1875,7 +1872,7 @@ cublasGetVector_64:
     .globl cublasGetVersion
     .type cublasGetVersion, @function
 cublasGetVersion:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1883,7 +1880,7 @@ cublasGetVersion:
     .globl cublasGetVersion_v2
     .type cublasGetVersion_v2, @function
 cublasGetVersion_v2:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1891,7 +1888,7 @@ cublasGetVersion_v2:
     .globl cublasHSHgemvBatched
     .type cublasHSHgemvBatched, @function
 cublasHSHgemvBatched:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1899,7 +1896,7 @@ cublasHSHgemvBatched:
     .globl cublasHSHgemvBatched_64
     .type cublasHSHgemvBatched_64, @function
 cublasHSHgemvBatched_64:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1907,7 +1904,7 @@ cublasHSHgemvBatched_64:
     .globl cublasHSHgemvStridedBatched
     .type cublasHSHgemvStridedBatched, @function
 cublasHSHgemvStridedBatched:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1915,7 +1912,7 @@ cublasHSHgemvStridedBatched:
     .globl cublasHSHgemvStridedBatched_64
     .type cublasHSHgemvStridedBatched_64, @function
 cublasHSHgemvStridedBatched_64:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1923,7 +1920,7 @@ cublasHSHgemvStridedBatched_64:
     .globl cublasHSSgemvBatched
     .type cublasHSSgemvBatched, @function
 cublasHSSgemvBatched:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1931,7 +1928,7 @@ cublasHSSgemvBatched:
     .globl cublasHSSgemvBatched_64
     .type cublasHSSgemvBatched_64, @function
 cublasHSSgemvBatched_64:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1939,7 +1936,7 @@ cublasHSSgemvBatched_64:
     .globl cublasHSSgemvStridedBatched
     .type cublasHSSgemvStridedBatched, @function
 cublasHSSgemvStridedBatched:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1947,7 +1944,7 @@ cublasHSSgemvStridedBatched:
     .globl cublasHSSgemvStridedBatched_64
     .type cublasHSSgemvStridedBatched_64, @function
 cublasHSSgemvStridedBatched_64:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1955,7 +1952,7 @@ cublasHSSgemvStridedBatched_64:
     .globl cublasHgemm
     .type cublasHgemm, @function
 cublasHgemm:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1963,7 +1960,7 @@ cublasHgemm:
     .globl cublasHgemmBatched
     .type cublasHgemmBatched, @function
 cublasHgemmBatched:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1971,7 +1968,7 @@ cublasHgemmBatched:
     .globl cublasHgemmBatched_64
     .type cublasHgemmBatched_64, @function
 cublasHgemmBatched_64:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1979,7 +1976,7 @@ cublasHgemmBatched_64:
     .globl cublasHgemmStridedBatched
     .type cublasHgemmStridedBatched, @function
 cublasHgemmStridedBatched:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1987,7 +1984,7 @@ cublasHgemmStridedBatched:
     .globl cublasHgemmStridedBatched_64
     .type cublasHgemmStridedBatched_64, @function
 cublasHgemmStridedBatched_64:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1995,7 +1992,7 @@ cublasHgemmStridedBatched_64:
     .globl cublasHgemm_64
     .type cublasHgemm_64, @function
 cublasHgemm_64:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2148,7 +2145,7 @@ cublasIzamin_v2_64:
     .globl cublasLoggerConfigure
     .type cublasLoggerConfigure, @function
 cublasLoggerConfigure:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2156,7 +2153,7 @@ cublasLoggerConfigure:
     .globl cublasNrm2Ex
     .type cublasNrm2Ex, @function
 cublasNrm2Ex:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2164,7 +2161,7 @@ cublasNrm2Ex:
     .globl cublasNrm2Ex_64
     .type cublasNrm2Ex_64, @function
 cublasNrm2Ex_64:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2182,7 +2179,7 @@ cublasRotEx_64:
     .globl cublasRotgEx
     .type cublasRotgEx, @function
 cublasRotgEx:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2190,7 +2187,7 @@ cublasRotgEx:
     .globl cublasRotmEx
     .type cublasRotmEx, @function
 cublasRotmEx:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2198,7 +2195,7 @@ cublasRotmEx:
     .globl cublasRotmEx_64
     .type cublasRotmEx_64, @function
 cublasRotmEx_64:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2206,7 +2203,7 @@ cublasRotmEx_64:
     .globl cublasRotmgEx
     .type cublasRotmgEx, @function
 cublasRotmgEx:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2244,7 +2241,7 @@ cublasSaxpy_v2_64:
     .globl cublasSbdmm
     .type cublasSbdmm, @function
 cublasSbdmm:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2337,7 +2334,7 @@ cublasSetAtomicsMode:
     .globl cublasSetBackdoor
     .type cublasSetBackdoor, @function
 cublasSetBackdoor:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2345,7 +2342,7 @@ cublasSetBackdoor:
     .globl cublasSetBackdoorEx
     .type cublasSetBackdoorEx, @function
 cublasSetBackdoorEx:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2363,7 +2360,7 @@ cublasSetEmulationStrategy:
     .globl cublasSetEnvironmentMode
     .type cublasSetEnvironmentMode, @function
 cublasSetEnvironmentMode:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2371,7 +2368,7 @@ cublasSetEnvironmentMode:
     .globl cublasSetFixedPointEmulationMantissaBitCountPointer
     .type cublasSetFixedPointEmulationMantissaBitCountPointer, @function
 cublasSetFixedPointEmulationMantissaBitCountPointer:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2399,7 +2396,7 @@ cublasSetKernelStream:
     .globl cublasSetLoggerCallback
     .type cublasSetLoggerCallback, @function
 cublasSetLoggerCallback:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2527,7 +2524,7 @@ cublasSgemmEx_64:
     .globl cublasSgemmGroupedBatched
     .type cublasSgemmGroupedBatched, @function
 cublasSgemmGroupedBatched:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2535,7 +2532,7 @@ cublasSgemmGroupedBatched:
     .globl cublasSgemmGroupedBatched_64
     .type cublasSgemmGroupedBatched_64, @function
 cublasSgemmGroupedBatched_64:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2568,7 +2565,7 @@ cublasSgemv:
     .globl cublasSgemvBatched
     .type cublasSgemvBatched, @function
 cublasSgemvBatched:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2576,7 +2573,7 @@ cublasSgemvBatched:
     .globl cublasSgemvBatched_64
     .type cublasSgemvBatched_64, @function
 cublasSgemvBatched_64:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2644,7 +2641,7 @@ cublasShutdown:
     .globl cublasSmatinvBatched
     .type cublasSmatinvBatched, @function
 cublasSmatinvBatched:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2682,7 +2679,7 @@ cublasSrot_v2_64:
     .globl cublasSrotg
     .type cublasSrotg, @function
 cublasSrotg:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2695,7 +2692,7 @@ cublasSrotg_v2:
     .globl cublasSrotm
     .type cublasSrotm, @function
 cublasSrotm:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2708,7 +2705,7 @@ cublasSrotm_v2:
     .globl cublasSrotm_v2_64
     .type cublasSrotm_v2_64, @function
 cublasSrotm_v2_64:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2716,7 +2713,7 @@ cublasSrotm_v2_64:
     .globl cublasSrotmg
     .type cublasSrotmg, @function
 cublasSrotmg:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2759,7 +2756,7 @@ cublasSscal_v2_64:
     .globl cublasSspmv
     .type cublasSspmv, @function
 cublasSspmv:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2767,7 +2764,7 @@ cublasSspmv:
     .globl cublasSspmv_v2
     .type cublasSspmv_v2, @function
 cublasSspmv_v2:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2775,7 +2772,7 @@ cublasSspmv_v2:
     .globl cublasSspmv_v2_64
     .type cublasSspmv_v2_64, @function
 cublasSspmv_v2_64:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2783,7 +2780,7 @@ cublasSspmv_v2_64:
     .globl cublasSspr
     .type cublasSspr, @function
 cublasSspr:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2791,7 +2788,7 @@ cublasSspr:
     .globl cublasSspr2
     .type cublasSspr2, @function
 cublasSspr2:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2799,7 +2796,7 @@ cublasSspr2:
     .globl cublasSspr2_v2
     .type cublasSspr2_v2, @function
 cublasSspr2_v2:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2807,7 +2804,7 @@ cublasSspr2_v2:
     .globl cublasSspr2_v2_64
     .type cublasSspr2_v2_64, @function
 cublasSspr2_v2_64:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2815,7 +2812,7 @@ cublasSspr2_v2_64:
     .globl cublasSspr_v2
     .type cublasSspr_v2, @function
 cublasSspr_v2:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2823,7 +2820,7 @@ cublasSspr_v2:
     .globl cublasSspr_v2_64
     .type cublasSspr_v2_64, @function
 cublasSspr_v2_64:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2976,7 +2973,7 @@ cublasStbsv_v2_64:
     .globl cublasStpmv
     .type cublasStpmv, @function
 cublasStpmv:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2984,7 +2981,7 @@ cublasStpmv:
     .globl cublasStpmv_v2
     .type cublasStpmv_v2, @function
 cublasStpmv_v2:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2992,7 +2989,7 @@ cublasStpmv_v2:
     .globl cublasStpmv_v2_64
     .type cublasStpmv_v2_64, @function
 cublasStpmv_v2_64:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3000,7 +2997,7 @@ cublasStpmv_v2_64:
     .globl cublasStpsv
     .type cublasStpsv, @function
 cublasStpsv:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3008,7 +3005,7 @@ cublasStpsv:
     .globl cublasStpsv_v2
     .type cublasStpsv_v2, @function
 cublasStpsv_v2:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3016,7 +3013,7 @@ cublasStpsv_v2:
     .globl cublasStpsv_v2_64
     .type cublasStpsv_v2_64, @function
 cublasStpsv_v2_64:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3024,7 +3021,7 @@ cublasStpsv_v2_64:
     .globl cublasStpttr
     .type cublasStpttr, @function
 cublasStpttr:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3102,7 +3099,7 @@ cublasStrsv_v2_64:
     .globl cublasStrttp
     .type cublasStrttp, @function
 cublasStrttp:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3120,7 +3117,7 @@ cublasSwapEx_64:
     .globl cublasTSSgemvBatched
     .type cublasTSSgemvBatched, @function
 cublasTSSgemvBatched:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3128,7 +3125,7 @@ cublasTSSgemvBatched:
     .globl cublasTSSgemvBatched_64
     .type cublasTSSgemvBatched_64, @function
 cublasTSSgemvBatched_64:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3136,7 +3133,7 @@ cublasTSSgemvBatched_64:
     .globl cublasTSSgemvStridedBatched
     .type cublasTSSgemvStridedBatched, @function
 cublasTSSgemvStridedBatched:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3144,7 +3141,7 @@ cublasTSSgemvStridedBatched:
     .globl cublasTSSgemvStridedBatched_64
     .type cublasTSSgemvStridedBatched_64, @function
 cublasTSSgemvStridedBatched_64:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3152,7 +3149,7 @@ cublasTSSgemvStridedBatched_64:
     .globl cublasTSTgemvBatched
     .type cublasTSTgemvBatched, @function
 cublasTSTgemvBatched:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3160,7 +3157,7 @@ cublasTSTgemvBatched:
     .globl cublasTSTgemvBatched_64
     .type cublasTSTgemvBatched_64, @function
 cublasTSTgemvBatched_64:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3168,7 +3165,7 @@ cublasTSTgemvBatched_64:
     .globl cublasTSTgemvStridedBatched
     .type cublasTSTgemvStridedBatched, @function
 cublasTSTgemvStridedBatched:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3176,7 +3173,7 @@ cublasTSTgemvStridedBatched:
     .globl cublasTSTgemvStridedBatched_64
     .type cublasTSTgemvStridedBatched_64, @function
 cublasTSTgemvStridedBatched_64:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3264,7 +3261,7 @@ cublasXtDestroy:
     .globl cublasXtDeviceSelect
     .type cublasXtDeviceSelect, @function
 cublasXtDeviceSelect:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3277,7 +3274,7 @@ cublasXtDgemm:
     .globl cublasXtDspmm
     .type cublasXtDspmm, @function
 cublasXtDspmm:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3315,7 +3312,7 @@ cublasXtDtrsm:
     .globl cublasXtGetBlockDim
     .type cublasXtGetBlockDim, @function
 cublasXtGetBlockDim:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3323,7 +3320,7 @@ cublasXtGetBlockDim:
     .globl cublasXtGetNumBoards
     .type cublasXtGetNumBoards, @function
 cublasXtGetNumBoards:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3336,7 +3333,7 @@ cublasXtGetPinningMemMode:
     .globl cublasXtMaxBoards
     .type cublasXtMaxBoards, @function
 cublasXtMaxBoards:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3354,7 +3351,7 @@ cublasXtSetCpuRatio:
     .globl cublasXtSetCpuRoutine
     .type cublasXtSetCpuRoutine, @function
 cublasXtSetCpuRoutine:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3372,7 +3369,7 @@ cublasXtSgemm:
     .globl cublasXtSspmm
     .type cublasXtSspmm, @function
 cublasXtSspmm:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3485,7 +3482,7 @@ cublasZaxpy_v2_64:
     .globl cublasZbdmm
     .type cublasZbdmm, @function
 cublasZbdmm:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3518,7 +3515,7 @@ cublasZdgmm_64:
     .globl cublasZdotc
     .type cublasZdotc, @function
 cublasZdotc:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3536,7 +3533,7 @@ cublasZdotc_v2_64:
     .globl cublasZdotu
     .type cublasZdotu, @function
 cublasZdotu:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3664,7 +3661,7 @@ cublasZgemv:
     .globl cublasZgemvBatched
     .type cublasZgemvBatched, @function
 cublasZgemvBatched:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3672,7 +3669,7 @@ cublasZgemvBatched:
     .globl cublasZgemvBatched_64
     .type cublasZgemvBatched_64, @function
 cublasZgemvBatched_64:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3880,7 +3877,7 @@ cublasZhpmv_v2_64:
     .globl cublasZhpr
     .type cublasZhpr, @function
 cublasZhpr:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3888,7 +3885,7 @@ cublasZhpr:
     .globl cublasZhpr2
     .type cublasZhpr2, @function
 cublasZhpr2:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3896,7 +3893,7 @@ cublasZhpr2:
     .globl cublasZhpr2_v2
     .type cublasZhpr2_v2, @function
 cublasZhpr2_v2:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3904,7 +3901,7 @@ cublasZhpr2_v2:
     .globl cublasZhpr2_v2_64
     .type cublasZhpr2_v2_64, @function
 cublasZhpr2_v2_64:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3912,7 +3909,7 @@ cublasZhpr2_v2_64:
     .globl cublasZhpr_v2
     .type cublasZhpr_v2, @function
 cublasZhpr_v2:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3920,7 +3917,7 @@ cublasZhpr_v2:
     .globl cublasZhpr_v2_64
     .type cublasZhpr_v2_64, @function
 cublasZhpr_v2_64:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3928,7 +3925,7 @@ cublasZhpr_v2_64:
     .globl cublasZmatinvBatched
     .type cublasZmatinvBatched, @function
 cublasZmatinvBatched:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3951,7 +3948,7 @@ cublasZrot_v2_64:
     .globl cublasZrotg
     .type cublasZrotg, @function
 cublasZrotg:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4214,7 +4211,7 @@ cublasZtrsv_v2_64:
     .globl cublasZtrttp
     .type cublasZtrttp, @function
 cublasZtrttp:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $15, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -4267,249 +4264,247 @@ cublasZtrttp:
 .Lname22:
     .asciz "cublasDmatinvBatched"
 .Lname23:
-    .asciz "cublasDotEx"
-.Lname24:
     .asciz "cublasDotEx_64"
-.Lname25:
+.Lname24:
     .asciz "cublasDotcEx"
-.Lname26:
+.Lname25:
     .asciz "cublasDotcEx_64"
-.Lname27:
+.Lname26:
     .asciz "cublasDrotg"
-.Lname28:
+.Lname27:
     .asciz "cublasDrotm"
-.Lname29:
+.Lname28:
     .asciz "cublasDrotm_v2_64"
-.Lname30:
+.Lname29:
     .asciz "cublasDrotmg"
-.Lname31:
+.Lname30:
     .asciz "cublasDspmv"
-.Lname32:
+.Lname31:
     .asciz "cublasDspmv_v2"
-.Lname33:
+.Lname32:
     .asciz "cublasDspmv_v2_64"
-.Lname34:
+.Lname33:
     .asciz "cublasDspr"
-.Lname35:
+.Lname34:
     .asciz "cublasDspr2"
-.Lname36:
+.Lname35:
     .asciz "cublasDspr2_v2"
-.Lname37:
+.Lname36:
     .asciz "cublasDspr2_v2_64"
-.Lname38:
+.Lname37:
     .asciz "cublasDspr_v2"
-.Lname39:
+.Lname38:
     .asciz "cublasDspr_v2_64"
-.Lname40:
+.Lname39:
     .asciz "cublasDtpmv"
-.Lname41:
+.Lname40:
     .asciz "cublasDtpmv_v2"
-.Lname42:
+.Lname41:
     .asciz "cublasDtpmv_v2_64"
-.Lname43:
+.Lname42:
     .asciz "cublasDtpsv"
-.Lname44:
+.Lname43:
     .asciz "cublasDtpsv_v2"
-.Lname45:
+.Lname44:
     .asciz "cublasDtpsv_v2_64"
-.Lname46:
+.Lname45:
     .asciz "cublasDtpttr"
-.Lname47:
+.Lname46:
     .asciz "cublasDtrttp"
-.Lname48:
+.Lname47:
     .asciz "cublasFree"
-.Lname49:
+.Lname48:
     .asciz "cublasGemmGroupedBatchedEx"
-.Lname50:
+.Lname49:
     .asciz "cublasGemmGroupedBatchedEx_64"
-.Lname51:
+.Lname50:
     .asciz "cublasGetBackdoor"
-.Lname52:
+.Lname51:
     .asciz "cublasGetEmulationSpecialValuesSupport"
-.Lname53:
+.Lname52:
     .asciz "cublasGetEmulationStrategy"
-.Lname54:
+.Lname53:
     .asciz "cublasGetEnvironmentMode"
-.Lname55:
+.Lname54:
     .asciz "cublasGetFixedPointEmulationMantissaBitCountPointer"
-.Lname56:
+.Lname55:
     .asciz "cublasGetFixedPointEmulationMantissaBitOffset"
-.Lname57:
+.Lname56:
     .asciz "cublasGetFixedPointEmulationMantissaControl"
-.Lname58:
+.Lname57:
     .asciz "cublasGetFixedPointEmulationMaxMantissaBitCount"
-.Lname59:
+.Lname58:
     .asciz "cublasGetLoggerCallback"
-.Lname60:
+.Lname59:
     .asciz "cublasGetProperty"
-.Lname61:
+.Lname60:
     .asciz "cublasGetSmCountTarget"
-.Lname62:
+.Lname61:
     .asciz "cublasGetVersion"
-.Lname63:
+.Lname62:
     .asciz "cublasGetVersion_v2"
-.Lname64:
+.Lname63:
     .asciz "cublasHSHgemvBatched"
-.Lname65:
+.Lname64:
     .asciz "cublasHSHgemvBatched_64"
-.Lname66:
+.Lname65:
     .asciz "cublasHSHgemvStridedBatched"
-.Lname67:
+.Lname66:
     .asciz "cublasHSHgemvStridedBatched_64"
-.Lname68:
+.Lname67:
     .asciz "cublasHSSgemvBatched"
-.Lname69:
+.Lname68:
     .asciz "cublasHSSgemvBatched_64"
-.Lname70:
+.Lname69:
     .asciz "cublasHSSgemvStridedBatched"
-.Lname71:
+.Lname70:
     .asciz "cublasHSSgemvStridedBatched_64"
-.Lname72:
+.Lname71:
     .asciz "cublasHgemm"
-.Lname73:
+.Lname72:
     .asciz "cublasHgemmBatched"
-.Lname74:
+.Lname73:
     .asciz "cublasHgemmBatched_64"
-.Lname75:
+.Lname74:
     .asciz "cublasHgemmStridedBatched"
-.Lname76:
+.Lname75:
     .asciz "cublasHgemmStridedBatched_64"
-.Lname77:
+.Lname76:
     .asciz "cublasHgemm_64"
-.Lname78:
+.Lname77:
     .asciz "cublasLoggerConfigure"
-.Lname79:
+.Lname78:
     .asciz "cublasNrm2Ex"
-.Lname80:
+.Lname79:
     .asciz "cublasNrm2Ex_64"
-.Lname81:
+.Lname80:
     .asciz "cublasRotgEx"
-.Lname82:
+.Lname81:
     .asciz "cublasRotmEx"
-.Lname83:
+.Lname82:
     .asciz "cublasRotmEx_64"
-.Lname84:
+.Lname83:
     .asciz "cublasRotmgEx"
-.Lname85:
+.Lname84:
     .asciz "cublasSbdmm"
-.Lname86:
+.Lname85:
     .asciz "cublasSetBackdoor"
-.Lname87:
+.Lname86:
     .asciz "cublasSetBackdoorEx"
-.Lname88:
+.Lname87:
     .asciz "cublasSetEnvironmentMode"
-.Lname89:
+.Lname88:
     .asciz "cublasSetFixedPointEmulationMantissaBitCountPointer"
-.Lname90:
+.Lname89:
     .asciz "cublasSetLoggerCallback"
-.Lname91:
+.Lname90:
     .asciz "cublasSgemmGroupedBatched"
-.Lname92:
+.Lname91:
     .asciz "cublasSgemmGroupedBatched_64"
-.Lname93:
+.Lname92:
     .asciz "cublasSgemvBatched"
-.Lname94:
+.Lname93:
     .asciz "cublasSgemvBatched_64"
-.Lname95:
+.Lname94:
     .asciz "cublasSmatinvBatched"
-.Lname96:
+.Lname95:
     .asciz "cublasSrotg"
-.Lname97:
+.Lname96:
     .asciz "cublasSrotm"
-.Lname98:
+.Lname97:
     .asciz "cublasSrotm_v2_64"
-.Lname99:
+.Lname98:
     .asciz "cublasSrotmg"
-.Lname100:
+.Lname99:
     .asciz "cublasSspmv"
-.Lname101:
+.Lname100:
     .asciz "cublasSspmv_v2"
-.Lname102:
+.Lname101:
     .asciz "cublasSspmv_v2_64"
-.Lname103:
+.Lname102:
     .asciz "cublasSspr"
-.Lname104:
+.Lname103:
     .asciz "cublasSspr2"
-.Lname105:
+.Lname104:
     .asciz "cublasSspr2_v2"
-.Lname106:
+.Lname105:
     .asciz "cublasSspr2_v2_64"
-.Lname107:
+.Lname106:
     .asciz "cublasSspr_v2"
-.Lname108:
+.Lname107:
     .asciz "cublasSspr_v2_64"
-.Lname109:
+.Lname108:
     .asciz "cublasStpmv"
-.Lname110:
+.Lname109:
     .asciz "cublasStpmv_v2"
-.Lname111:
+.Lname110:
     .asciz "cublasStpmv_v2_64"
-.Lname112:
+.Lname111:
     .asciz "cublasStpsv"
-.Lname113:
+.Lname112:
     .asciz "cublasStpsv_v2"
-.Lname114:
+.Lname113:
     .asciz "cublasStpsv_v2_64"
-.Lname115:
+.Lname114:
     .asciz "cublasStpttr"
-.Lname116:
+.Lname115:
     .asciz "cublasStrttp"
-.Lname117:
+.Lname116:
     .asciz "cublasTSSgemvBatched"
-.Lname118:
+.Lname117:
     .asciz "cublasTSSgemvBatched_64"
-.Lname119:
+.Lname118:
     .asciz "cublasTSSgemvStridedBatched"
-.Lname120:
+.Lname119:
     .asciz "cublasTSSgemvStridedBatched_64"
-.Lname121:
+.Lname120:
     .asciz "cublasTSTgemvBatched"
-.Lname122:
+.Lname121:
     .asciz "cublasTSTgemvBatched_64"
-.Lname123:
+.Lname122:
     .asciz "cublasTSTgemvStridedBatched"
-.Lname124:
+.Lname123:
     .asciz "cublasTSTgemvStridedBatched_64"
-.Lname125:
+.Lname124:
     .asciz "cublasXtDeviceSelect"
-.Lname126:
+.Lname125:
     .asciz "cublasXtDspmm"
-.Lname127:
+.Lname126:
     .asciz "cublasXtGetBlockDim"
-.Lname128:
+.Lname127:
     .asciz "cublasXtGetNumBoards"
-.Lname129:
+.Lname128:
     .asciz "cublasXtMaxBoards"
-.Lname130:
+.Lname129:
     .asciz "cublasXtSetCpuRoutine"
-.Lname131:
+.Lname130:
     .asciz "cublasXtSspmm"
-.Lname132:
+.Lname131:
     .asciz "cublasZbdmm"
-.Lname133:
+.Lname132:
     .asciz "cublasZdotc"
-.Lname134:
+.Lname133:
     .asciz "cublasZdotu"
-.Lname135:
+.Lname134:
     .asciz "cublasZgemvBatched"
-.Lname136:
+.Lname135:
     .asciz "cublasZgemvBatched_64"
-.Lname137:
+.Lname136:
     .asciz "cublasZhpr"
-.Lname138:
+.Lname137:
     .asciz "cublasZhpr2"
-.Lname139:
+.Lname138:
     .asciz "cublasZhpr2_v2"
-.Lname140:
+.Lname139:
     .asciz "cublasZhpr2_v2_64"
-.Lname141:
+.Lname140:
     .asciz "cublasZhpr_v2"
-.Lname142:
+.Lname141:
     .asciz "cublasZhpr_v2_64"
-.Lname143:
+.Lname142:
     .asciz "cublasZmatinvBatched"
-.Lname144:
+.Lname143:
     .asciz "cublasZrotg"
-.Lname145:
+.Lname144:
     .asciz "cublasZtrttp"
     .section .note.GNU-stack,"",@progbits

@@ -29,7 +29,13 @@ import traceback
 from typing import Any, Iterable
 
 import torch
-from torch.testing._internal.common_methods_invocations import op_db
+
+try:
+    import expecttest  # noqa: F401 - torch's test utilities import it
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stubs"))
+
+from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 from torch.utils._pytree import tree_flatten
 
 DTYPES = {
@@ -118,6 +124,23 @@ def context_alive() -> bool:
         return False
 
 
+def own_tolerance(op: Any, dtype: torch.dtype) -> tuple[float, float]:
+    """The loosest (atol, rtol) the op's own test decorators allow for `dtype` in any of
+    PyTorch's tests (toleranceOverride, precisionOverride); (0, 0) when none does."""
+    atol, rtol = 0.0, 0.0
+    for info in getattr(op, "decorators", ()) or ():
+        for dec in getattr(info, "decorators", [info]):
+            table = getattr(dec, "d", None)
+            if not isinstance(table, dict) or dtype not in table:
+                continue
+            t = table[dtype]
+            if isinstance(t, (int, float)):
+                atol = max(atol, float(t))
+            else:
+                atol, rtol = max(atol, float(getattr(t, "atol", 0.0))), max(rtol, float(getattr(t, "rtol", 0.0)))
+    return atol, rtol
+
+
 def run_dtype(op: Any, dtype_name: str, results: dict[str, Any]) -> None:
     dtype = DTYPES[dtype_name]
     name = full_name(op)
@@ -180,11 +203,13 @@ def main() -> int:
         started = time.monotonic()
         results: dict[str, Any] = {}
         supported = op.supported_dtypes(DEVICE)
+        tolerances: dict[str, tuple[float, float]] = {}
         for dtype_name in dtypes:
             if DTYPES[dtype_name] in supported:
                 run_dtype(op, dtype_name, results)
+                tolerances[dtype_name] = own_tolerance(op, DTYPES[dtype_name])
         alive = context_alive()
-        results["__meta__"] = {"seconds": time.monotonic() - started, "context_alive": alive}
+        results["__meta__"] = {"seconds": time.monotonic() - started, "context_alive": alive, "tolerance": tolerances}
         tmp = os.path.join(args.out, name + ".pt.tmp")
         torch.save(results, tmp)
         os.replace(tmp, os.path.join(args.out, name + ".pt"))

@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 11194873460791442942u64;
+pub const SCHEMA_HASH: u64 = 5730092886750099931u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2247usize] = [
+pub static FUNCTIONS: [&str; 2248usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -199,6 +199,7 @@ pub static FUNCTIONS: [&str; 2247usize] = [
     "cublasDnrm2",
     "cublasDnrm2_v2",
     "cublasDnrm2_v2_64",
+    "cublasDotEx",
     "cublasDrot",
     "cublasDrot_v2",
     "cublasDrot_v2_64",
@@ -2256,7 +2257,8 @@ pub static FUNCTIONS: [&str; 2247usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2247usize] = [
+pub static LIBRARY_OF: [&str; 2248usize] = [
+    "cublas",
     "cublas",
     "cublas",
     "cublas",
@@ -5278,6 +5280,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cublas::cublasDnrm2,
     &cublas::cublasDnrm2_v2,
     &cublas::cublasDnrm2_v2_64,
+    &cublas::cublasDotEx__device,
+    &cublas::cublasDotEx__host,
     &cublas::cublasDrot,
     &cublas::cublasDrot_v2,
     &cublas::cublasDrot_v2_64,
@@ -6976,6 +6980,7 @@ pub static VARIANTS: &[&CallDesc] = &[
 ];
 pub mod cublas {
     use chidori_protocol::desc::*;
+    static LEN_cublasDotEx__host_0: Len = Len::Lit(16u64);
     pub static cublasAxpyEx: CallDesc = CallDesc {
         wire: 579u32,
         call: 558u32,
@@ -17361,9 +17366,122 @@ pub mod cublas {
         },
         only_waits: false,
     };
-    pub static cublasDrot: CallDesc = CallDesc {
+    pub static cublasDotEx__device: CallDesc = CallDesc {
         wire: 771u32,
         call: 750u32,
+        name: "cublasDotEx",
+        form: Some("device"),
+        library: "cublas",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasDotEx__host: CallDesc = CallDesc {
+        wire: 772u32,
+        call: 750u32,
+        name: "cublasDotEx",
+        form: Some("host"),
+        library: "cublas",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 37u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cublasDotEx__host_0),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 15i64,
+            unavailable: 1i64,
+            invalid_handle: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cublasDrot: CallDesc = CallDesc {
+        wire: 773u32,
+        call: 751u32,
         name: "cublasDrot",
         form: None,
         library: "cublas",
@@ -17403,8 +17521,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 751u32,
+        wire: 774u32,
+        call: 752u32,
         name: "cublasDrot_v2",
         form: None,
         library: "cublas",
@@ -17450,8 +17568,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 752u32,
+        wire: 775u32,
+        call: 753u32,
         name: "cublasDrot_v2_64",
         form: None,
         library: "cublas",
@@ -17497,8 +17615,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 753u32,
+        wire: 776u32,
+        call: 754u32,
         name: "cublasDrotg_v2",
         form: None,
         library: "cublas",
@@ -17540,8 +17658,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotm_v2: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 754u32,
+        wire: 777u32,
+        call: 755u32,
         name: "cublasDrotm_v2",
         form: None,
         library: "cublas",
@@ -17582,8 +17700,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotmg_v2: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 755u32,
+        wire: 778u32,
+        call: 756u32,
         name: "cublasDrotmg_v2",
         form: None,
         library: "cublas",
@@ -17630,8 +17748,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 756u32,
+        wire: 779u32,
+        call: 757u32,
         name: "cublasDsbmv",
         form: None,
         library: "cublas",
@@ -17684,8 +17802,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 757u32,
+        wire: 780u32,
+        call: 758u32,
         name: "cublasDsbmv_v2",
         form: None,
         library: "cublas",
@@ -17744,8 +17862,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 758u32,
+        wire: 781u32,
+        call: 759u32,
         name: "cublasDsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -17804,8 +17922,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 759u32,
+        wire: 782u32,
+        call: 760u32,
         name: "cublasDscal",
         form: None,
         library: "cublas",
@@ -17836,8 +17954,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 760u32,
+        wire: 783u32,
+        call: 761u32,
         name: "cublasDscal_v2",
         form: None,
         library: "cublas",
@@ -17873,8 +17991,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 761u32,
+        wire: 784u32,
+        call: 762u32,
         name: "cublasDscal_v2_64",
         form: None,
         library: "cublas",
@@ -17910,8 +18028,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 762u32,
+        wire: 785u32,
+        call: 763u32,
         name: "cublasDswap",
         form: None,
         library: "cublas",
@@ -17943,8 +18061,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 763u32,
+        wire: 786u32,
+        call: 764u32,
         name: "cublasDswap_v2",
         form: None,
         library: "cublas",
@@ -17980,8 +18098,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 764u32,
+        wire: 787u32,
+        call: 765u32,
         name: "cublasDswap_v2_64",
         form: None,
         library: "cublas",
@@ -18017,8 +18135,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 765u32,
+        wire: 788u32,
+        call: 766u32,
         name: "cublasDsymm",
         form: None,
         library: "cublas",
@@ -18075,8 +18193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 766u32,
+        wire: 789u32,
+        call: 767u32,
         name: "cublasDsymm_v2",
         form: None,
         library: "cublas",
@@ -18139,8 +18257,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 767u32,
+        wire: 790u32,
+        call: 768u32,
         name: "cublasDsymm_v2_64",
         form: None,
         library: "cublas",
@@ -18203,8 +18321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 768u32,
+        wire: 791u32,
+        call: 769u32,
         name: "cublasDsymv",
         form: None,
         library: "cublas",
@@ -18253,8 +18371,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 769u32,
+        wire: 792u32,
+        call: 770u32,
         name: "cublasDsymv_v2",
         form: None,
         library: "cublas",
@@ -18309,8 +18427,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 770u32,
+        wire: 793u32,
+        call: 771u32,
         name: "cublasDsymv_v2_64",
         form: None,
         library: "cublas",
@@ -18365,8 +18483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 771u32,
+        wire: 794u32,
+        call: 772u32,
         name: "cublasDsyr",
         form: None,
         library: "cublas",
@@ -18406,8 +18524,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 772u32,
+        wire: 795u32,
+        call: 773u32,
         name: "cublasDsyr2",
         form: None,
         library: "cublas",
@@ -18452,8 +18570,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 773u32,
+        wire: 796u32,
+        call: 774u32,
         name: "cublasDsyr2_v2",
         form: None,
         library: "cublas",
@@ -18503,8 +18621,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 774u32,
+        wire: 797u32,
+        call: 775u32,
         name: "cublasDsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -18554,8 +18672,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 775u32,
+        wire: 798u32,
+        call: 776u32,
         name: "cublasDsyr2k",
         form: None,
         library: "cublas",
@@ -18612,8 +18730,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 776u32,
+        wire: 799u32,
+        call: 777u32,
         name: "cublasDsyr2k_v2",
         form: None,
         library: "cublas",
@@ -18676,8 +18794,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 777u32,
+        wire: 800u32,
+        call: 778u32,
         name: "cublasDsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -18740,8 +18858,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 778u32,
+        wire: 801u32,
+        call: 779u32,
         name: "cublasDsyr_v2",
         form: None,
         library: "cublas",
@@ -18786,8 +18904,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 779u32,
+        wire: 802u32,
+        call: 780u32,
         name: "cublasDsyr_v2_64",
         form: None,
         library: "cublas",
@@ -18832,8 +18950,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 780u32,
+        wire: 803u32,
+        call: 781u32,
         name: "cublasDsyrk",
         form: None,
         library: "cublas",
@@ -18885,8 +19003,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 781u32,
+        wire: 804u32,
+        call: 782u32,
         name: "cublasDsyrk_v2",
         form: None,
         library: "cublas",
@@ -18944,8 +19062,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 782u32,
+        wire: 805u32,
+        call: 783u32,
         name: "cublasDsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -19003,8 +19121,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 783u32,
+        wire: 806u32,
+        call: 784u32,
         name: "cublasDsyrkx",
         form: None,
         library: "cublas",
@@ -19067,8 +19185,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 784u32,
+        wire: 807u32,
+        call: 785u32,
         name: "cublasDsyrkx_64",
         form: None,
         library: "cublas",
@@ -19131,8 +19249,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 785u32,
+        wire: 808u32,
+        call: 786u32,
         name: "cublasDtbmv",
         form: None,
         library: "cublas",
@@ -19180,8 +19298,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 786u32,
+        wire: 809u32,
+        call: 787u32,
         name: "cublasDtbmv_v2",
         form: None,
         library: "cublas",
@@ -19233,8 +19351,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 787u32,
+        wire: 810u32,
+        call: 788u32,
         name: "cublasDtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -19286,8 +19404,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 788u32,
+        wire: 811u32,
+        call: 789u32,
         name: "cublasDtbsv",
         form: None,
         library: "cublas",
@@ -19335,8 +19453,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 789u32,
+        wire: 812u32,
+        call: 790u32,
         name: "cublasDtbsv_v2",
         form: None,
         library: "cublas",
@@ -19388,8 +19506,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 790u32,
+        wire: 813u32,
+        call: 791u32,
         name: "cublasDtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -19441,8 +19559,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 791u32,
+        wire: 814u32,
+        call: 792u32,
         name: "cublasDtrmm",
         form: None,
         library: "cublas",
@@ -19498,8 +19616,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 792u32,
+        wire: 815u32,
+        call: 793u32,
         name: "cublasDtrmm_v2",
         form: None,
         library: "cublas",
@@ -19565,8 +19683,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 793u32,
+        wire: 816u32,
+        call: 794u32,
         name: "cublasDtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -19632,8 +19750,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 794u32,
+        wire: 817u32,
+        call: 795u32,
         name: "cublasDtrmv",
         form: None,
         library: "cublas",
@@ -19677,8 +19795,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 795u32,
+        wire: 818u32,
+        call: 796u32,
         name: "cublasDtrmv_v2",
         form: None,
         library: "cublas",
@@ -19726,8 +19844,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 796u32,
+        wire: 819u32,
+        call: 797u32,
         name: "cublasDtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -19775,8 +19893,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 797u32,
+        wire: 820u32,
+        call: 798u32,
         name: "cublasDtrsm",
         form: None,
         library: "cublas",
@@ -19832,8 +19950,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 798u32,
+        wire: 821u32,
+        call: 799u32,
         name: "cublasDtrsmBatched",
         form: None,
         library: "cublas",
@@ -19898,8 +20016,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 799u32,
+        wire: 822u32,
+        call: 800u32,
         name: "cublasDtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -19964,8 +20082,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 800u32,
+        wire: 823u32,
+        call: 801u32,
         name: "cublasDtrsm_v2",
         form: None,
         library: "cublas",
@@ -20026,8 +20144,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 801u32,
+        wire: 824u32,
+        call: 802u32,
         name: "cublasDtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -20088,8 +20206,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 802u32,
+        wire: 825u32,
+        call: 803u32,
         name: "cublasDtrsv",
         form: None,
         library: "cublas",
@@ -20133,8 +20251,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 803u32,
+        wire: 826u32,
+        call: 804u32,
         name: "cublasDtrsv_v2",
         form: None,
         library: "cublas",
@@ -20182,8 +20300,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 804u32,
+        wire: 827u32,
+        call: 805u32,
         name: "cublasDtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -20231,8 +20349,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 805u32,
+        wire: 828u32,
+        call: 806u32,
         name: "cublasDzasum",
         form: None,
         library: "cublas",
@@ -20262,8 +20380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 806u32,
+        wire: 829u32,
+        call: 807u32,
         name: "cublasDzasum_v2",
         form: None,
         library: "cublas",
@@ -20299,8 +20417,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 807u32,
+        wire: 830u32,
+        call: 808u32,
         name: "cublasDzasum_v2_64",
         form: None,
         library: "cublas",
@@ -20336,8 +20454,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 808u32,
+        wire: 831u32,
+        call: 809u32,
         name: "cublasDznrm2",
         form: None,
         library: "cublas",
@@ -20367,8 +20485,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 809u32,
+        wire: 832u32,
+        call: 810u32,
         name: "cublasDznrm2_v2",
         form: None,
         library: "cublas",
@@ -20404,8 +20522,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 810u32,
+        wire: 833u32,
+        call: 811u32,
         name: "cublasDznrm2_v2_64",
         form: None,
         library: "cublas",
@@ -20441,8 +20559,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 811u32,
+        wire: 834u32,
+        call: 812u32,
         name: "cublasGemmBatchedEx",
         form: None,
         library: "cublas",
@@ -20533,8 +20651,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 812u32,
+        wire: 835u32,
+        call: 813u32,
         name: "cublasGemmBatchedEx_64",
         form: None,
         library: "cublas",
@@ -20625,8 +20743,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 813u32,
+        wire: 836u32,
+        call: 814u32,
         name: "cublasGemmEx",
         form: None,
         library: "cublas",
@@ -20713,8 +20831,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 814u32,
+        wire: 837u32,
+        call: 815u32,
         name: "cublasGemmEx_64",
         form: None,
         library: "cublas",
@@ -20801,8 +20919,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 815u32,
+        wire: 838u32,
+        call: 816u32,
         name: "cublasGemmStridedBatchedEx",
         form: None,
         library: "cublas",
@@ -20905,8 +21023,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 816u32,
+        wire: 839u32,
+        call: 817u32,
         name: "cublasGemmStridedBatchedEx_64",
         form: None,
         library: "cublas",
@@ -21009,8 +21127,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 817u32,
+        wire: 840u32,
+        call: 818u32,
         name: "cublasGetAtomicsMode",
         form: None,
         library: "cublas",
@@ -21038,8 +21156,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 818u32,
+        wire: 841u32,
+        call: 819u32,
         name: "cublasGetCudartVersion",
         form: None,
         library: "cublas",
@@ -21059,8 +21177,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 819u32,
+        wire: 842u32,
+        call: 820u32,
         name: "cublasGetError",
         form: None,
         library: "cublas",
@@ -21077,8 +21195,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetMathMode__call: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 820u32,
+        wire: 843u32,
+        call: 821u32,
         name: "cublasGetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -21106,8 +21224,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 821u32,
+        wire: 844u32,
+        call: 822u32,
         name: "cublasGetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -21135,8 +21253,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 822u32,
+        wire: 845u32,
+        call: 823u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -21162,8 +21280,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 823u32,
+        wire: 846u32,
+        call: 824u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -21203,8 +21321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 824u32,
+        wire: 847u32,
+        call: 825u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -21244,8 +21362,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 825u32,
+        wire: 848u32,
+        call: 826u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -21285,8 +21403,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 826u32,
+        wire: 849u32,
+        call: 827u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -21326,8 +21444,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 827u32,
+        wire: 850u32,
+        call: 828u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -21357,8 +21475,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 828u32,
+        wire: 851u32,
+        call: 829u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -21394,8 +21512,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 829u32,
+        wire: 852u32,
+        call: 830u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -21431,8 +21549,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 830u32,
+        wire: 853u32,
+        call: 831u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -21462,8 +21580,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 831u32,
+        wire: 854u32,
+        call: 832u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -21499,8 +21617,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 832u32,
+        wire: 855u32,
+        call: 833u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -21536,8 +21654,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 833u32,
+        wire: 856u32,
+        call: 834u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -21567,8 +21685,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 834u32,
+        wire: 857u32,
+        call: 835u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -21604,8 +21722,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 835u32,
+        wire: 858u32,
+        call: 836u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -21641,8 +21759,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 836u32,
+        wire: 859u32,
+        call: 837u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -21672,8 +21790,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 837u32,
+        wire: 860u32,
+        call: 838u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -21709,8 +21827,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 838u32,
+        wire: 861u32,
+        call: 839u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -21746,8 +21864,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 839u32,
+        wire: 862u32,
+        call: 840u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -21764,8 +21882,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 840u32,
+        wire: 863u32,
+        call: 841u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -21795,8 +21913,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 841u32,
+        wire: 864u32,
+        call: 842u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -21832,8 +21950,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 842u32,
+        wire: 865u32,
+        call: 843u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -21869,8 +21987,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 843u32,
+        wire: 866u32,
+        call: 844u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -21900,8 +22018,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 844u32,
+        wire: 867u32,
+        call: 845u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -21937,8 +22055,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 845u32,
+        wire: 868u32,
+        call: 846u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -21974,8 +22092,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 846u32,
+        wire: 869u32,
+        call: 847u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -22005,8 +22123,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 847u32,
+        wire: 870u32,
+        call: 848u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -22042,8 +22160,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 848u32,
+        wire: 871u32,
+        call: 849u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -22079,8 +22197,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 849u32,
+        wire: 872u32,
+        call: 850u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -22110,8 +22228,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 850u32,
+        wire: 873u32,
+        call: 851u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -22147,8 +22265,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 851u32,
+        wire: 874u32,
+        call: 852u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -22184,8 +22302,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 852u32,
+        wire: 875u32,
+        call: 853u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -22247,8 +22365,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 853u32,
+        wire: 876u32,
+        call: 854u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -22310,8 +22428,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 854u32,
+        wire: 877u32,
+        call: 855u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -22341,8 +22459,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 855u32,
+        wire: 878u32,
+        call: 856u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -22378,8 +22496,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 856u32,
+        wire: 879u32,
+        call: 857u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -22415,8 +22533,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 857u32,
+        wire: 880u32,
+        call: 858u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -22452,8 +22570,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 858u32,
+        wire: 881u32,
+        call: 859u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -22494,8 +22612,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 859u32,
+        wire: 882u32,
+        call: 860u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -22536,8 +22654,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 860u32,
+        wire: 883u32,
+        call: 861u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -22585,8 +22703,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 861u32,
+        wire: 884u32,
+        call: 862u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -22634,8 +22752,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 862u32,
+        wire: 885u32,
+        call: 863u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -22665,8 +22783,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 863u32,
+        wire: 886u32,
+        call: 864u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -22702,8 +22820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 864u32,
+        wire: 887u32,
+        call: 865u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -22739,8 +22857,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 865u32,
+        wire: 888u32,
+        call: 866u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -22770,8 +22888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 866u32,
+        wire: 889u32,
+        call: 867u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -22807,8 +22925,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 867u32,
+        wire: 890u32,
+        call: 868u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -22844,8 +22962,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 868u32,
+        wire: 891u32,
+        call: 869u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -22877,8 +22995,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 869u32,
+        wire: 892u32,
+        call: 870u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -22914,8 +23032,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 870u32,
+        wire: 893u32,
+        call: 871u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -22951,8 +23069,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 871u32,
+        wire: 894u32,
+        call: 872u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -23001,8 +23119,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 872u32,
+        wire: 895u32,
+        call: 873u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -23051,8 +23169,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 873u32,
+        wire: 896u32,
+        call: 874u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -23087,8 +23205,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 874u32,
+        wire: 897u32,
+        call: 875u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -23129,8 +23247,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 875u32,
+        wire: 898u32,
+        call: 876u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -23171,8 +23289,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 876u32,
+        wire: 899u32,
+        call: 877u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -23198,8 +23316,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 877u32,
+        wire: 900u32,
+        call: 878u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -23225,8 +23343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 878u32,
+        wire: 901u32,
+        call: 879u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -23252,8 +23370,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 879u32,
+        wire: 902u32,
+        call: 880u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -23279,8 +23397,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 880u32,
+        wire: 903u32,
+        call: 881u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -23306,8 +23424,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 881u32,
+        wire: 904u32,
+        call: 882u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -23333,8 +23451,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 882u32,
+        wire: 905u32,
+        call: 883u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -23356,8 +23474,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 883u32,
+        wire: 906u32,
+        call: 884u32,
         name: "cublasSetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -23383,8 +23501,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 884u32,
+        wire: 907u32,
+        call: 885u32,
         name: "cublasSetPointerMode_v2",
         form: Some("call"),
         library: "cublas",
@@ -23410,8 +23528,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 885u32,
+        wire: 908u32,
+        call: 886u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -23437,8 +23555,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 886u32,
+        wire: 909u32,
+        call: 887u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -23464,8 +23582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 887u32,
+        wire: 910u32,
+        call: 888u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -23492,8 +23610,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 888u32,
+        wire: 911u32,
+        call: 889u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -23554,8 +23672,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 889u32,
+        wire: 912u32,
+        call: 890u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -23622,8 +23740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 890u32,
+        wire: 913u32,
+        call: 891u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -23690,8 +23808,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 891u32,
+        wire: 914u32,
+        call: 892u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -23754,8 +23872,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 892u32,
+        wire: 915u32,
+        call: 893u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -23818,8 +23936,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 893u32,
+        wire: 916u32,
+        call: 894u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -23878,8 +23996,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 894u32,
+        wire: 917u32,
+        call: 895u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -23940,8 +24058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 895u32,
+        wire: 918u32,
+        call: 896u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -24012,8 +24130,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 896u32,
+        wire: 919u32,
+        call: 897u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -24084,8 +24202,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 897u32,
+        wire: 920u32,
+        call: 898u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -24164,8 +24282,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 898u32,
+        wire: 921u32,
+        call: 899u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -24244,8 +24362,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 899u32,
+        wire: 922u32,
+        call: 900u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -24328,8 +24446,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 900u32,
+        wire: 923u32,
+        call: 901u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -24412,8 +24530,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 901u32,
+        wire: 924u32,
+        call: 902u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -24480,8 +24598,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 902u32,
+        wire: 925u32,
+        call: 903u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -24548,8 +24666,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 903u32,
+        wire: 926u32,
+        call: 904u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -24602,8 +24720,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 904u32,
+        wire: 927u32,
+        call: 905u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -24678,8 +24796,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 905u32,
+        wire: 928u32,
+        call: 906u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -24754,8 +24872,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 906u32,
+        wire: 929u32,
+        call: 907u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -24814,8 +24932,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 907u32,
+        wire: 930u32,
+        call: 908u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -24874,8 +24992,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 908u32,
+        wire: 931u32,
+        call: 909u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -24921,8 +25039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 909u32,
+        wire: 932u32,
+        call: 910u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -24967,8 +25085,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 910u32,
+        wire: 933u32,
+        call: 911u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -25018,8 +25136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 911u32,
+        wire: 934u32,
+        call: 912u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -25069,8 +25187,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 912u32,
+        wire: 935u32,
+        call: 913u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -25107,8 +25225,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 913u32,
+        wire: 936u32,
+        call: 914u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -25155,8 +25273,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 914u32,
+        wire: 937u32,
+        call: 915u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -25211,8 +25329,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 915u32,
+        wire: 938u32,
+        call: 916u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -25229,8 +25347,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 916u32,
+        wire: 939u32,
+        call: 917u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -25260,8 +25378,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 917u32,
+        wire: 940u32,
+        call: 918u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -25297,8 +25415,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 918u32,
+        wire: 941u32,
+        call: 919u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -25334,8 +25452,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 919u32,
+        wire: 942u32,
+        call: 920u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -25375,8 +25493,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 920u32,
+        wire: 943u32,
+        call: 921u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -25422,8 +25540,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 921u32,
+        wire: 944u32,
+        call: 922u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -25469,8 +25587,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 922u32,
+        wire: 945u32,
+        call: 923u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -25512,8 +25630,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotm_v2: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 923u32,
+        wire: 946u32,
+        call: 924u32,
         name: "cublasSrotm_v2",
         form: None,
         library: "cublas",
@@ -25554,8 +25672,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotmg_v2: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 924u32,
+        wire: 947u32,
+        call: 925u32,
         name: "cublasSrotmg_v2",
         form: None,
         library: "cublas",
@@ -25602,8 +25720,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 925u32,
+        wire: 948u32,
+        call: 926u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -25656,8 +25774,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 926u32,
+        wire: 949u32,
+        call: 927u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -25716,8 +25834,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 927u32,
+        wire: 950u32,
+        call: 928u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -25776,8 +25894,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 928u32,
+        wire: 951u32,
+        call: 929u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -25808,8 +25926,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 929u32,
+        wire: 952u32,
+        call: 930u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -25845,8 +25963,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 930u32,
+        wire: 953u32,
+        call: 931u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -25882,8 +26000,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 931u32,
+        wire: 954u32,
+        call: 932u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -25915,8 +26033,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 932u32,
+        wire: 955u32,
+        call: 933u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -25952,8 +26070,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 933u32,
+        wire: 956u32,
+        call: 934u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -25989,8 +26107,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 934u32,
+        wire: 957u32,
+        call: 935u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -26047,8 +26165,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 935u32,
+        wire: 958u32,
+        call: 936u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -26111,8 +26229,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 936u32,
+        wire: 959u32,
+        call: 937u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -26175,8 +26293,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 937u32,
+        wire: 960u32,
+        call: 938u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -26225,8 +26343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 938u32,
+        wire: 961u32,
+        call: 939u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -26281,8 +26399,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 939u32,
+        wire: 962u32,
+        call: 940u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -26337,8 +26455,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 940u32,
+        wire: 963u32,
+        call: 941u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -26378,8 +26496,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 941u32,
+        wire: 964u32,
+        call: 942u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -26424,8 +26542,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 942u32,
+        wire: 965u32,
+        call: 943u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -26475,8 +26593,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 943u32,
+        wire: 966u32,
+        call: 944u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -26526,8 +26644,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 944u32,
+        wire: 967u32,
+        call: 945u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -26584,8 +26702,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 945u32,
+        wire: 968u32,
+        call: 946u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -26648,8 +26766,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 946u32,
+        wire: 969u32,
+        call: 947u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -26712,8 +26830,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 947u32,
+        wire: 970u32,
+        call: 948u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -26758,8 +26876,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 948u32,
+        wire: 971u32,
+        call: 949u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -26804,8 +26922,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 949u32,
+        wire: 972u32,
+        call: 950u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -26857,8 +26975,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 950u32,
+        wire: 973u32,
+        call: 951u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -26916,8 +27034,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 951u32,
+        wire: 974u32,
+        call: 952u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -26975,8 +27093,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 952u32,
+        wire: 975u32,
+        call: 953u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -27039,8 +27157,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 953u32,
+        wire: 976u32,
+        call: 954u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -27103,8 +27221,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 954u32,
+        wire: 977u32,
+        call: 955u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -27152,8 +27270,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 955u32,
+        wire: 978u32,
+        call: 956u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -27205,8 +27323,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 956u32,
+        wire: 979u32,
+        call: 957u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -27258,8 +27376,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 957u32,
+        wire: 980u32,
+        call: 958u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -27307,8 +27425,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 958u32,
+        wire: 981u32,
+        call: 959u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -27360,8 +27478,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 959u32,
+        wire: 982u32,
+        call: 960u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -27413,8 +27531,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 960u32,
+        wire: 983u32,
+        call: 961u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -27470,8 +27588,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 961u32,
+        wire: 984u32,
+        call: 962u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -27537,8 +27655,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 962u32,
+        wire: 985u32,
+        call: 963u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -27604,8 +27722,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 963u32,
+        wire: 986u32,
+        call: 964u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -27649,8 +27767,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 964u32,
+        wire: 987u32,
+        call: 965u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -27698,8 +27816,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 965u32,
+        wire: 988u32,
+        call: 966u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -27747,8 +27865,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 966u32,
+        wire: 989u32,
+        call: 967u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -27804,8 +27922,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 967u32,
+        wire: 990u32,
+        call: 968u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -27870,8 +27988,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 968u32,
+        wire: 991u32,
+        call: 969u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -27936,8 +28054,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 969u32,
+        wire: 992u32,
+        call: 970u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -27998,8 +28116,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 970u32,
+        wire: 993u32,
+        call: 971u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -28060,8 +28178,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 971u32,
+        wire: 994u32,
+        call: 972u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -28105,8 +28223,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 972u32,
+        wire: 995u32,
+        call: 973u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -28154,8 +28272,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 973u32,
+        wire: 996u32,
+        call: 974u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -28203,8 +28321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 974u32,
+        wire: 997u32,
+        call: 975u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -28248,8 +28366,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 975u32,
+        wire: 998u32,
+        call: 976u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -28293,8 +28411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 976u32,
+        wire: 999u32,
+        call: 977u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -28375,8 +28493,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 977u32,
+        wire: 1000u32,
+        call: 978u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -28399,8 +28517,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 978u32,
+        wire: 1001u32,
+        call: 979u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -28467,8 +28585,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 979u32,
+        wire: 1002u32,
+        call: 980u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -28531,8 +28649,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 980u32,
+        wire: 1003u32,
+        call: 981u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -28595,8 +28713,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 981u32,
+        wire: 1004u32,
+        call: 982u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -28654,8 +28772,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 982u32,
+        wire: 1005u32,
+        call: 983u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -28718,8 +28836,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 983u32,
+        wire: 1006u32,
+        call: 984u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -28741,8 +28859,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 984u32,
+        wire: 1007u32,
+        call: 985u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -28806,8 +28924,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 985u32,
+        wire: 1008u32,
+        call: 986u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -28870,8 +28988,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 986u32,
+        wire: 1009u32,
+        call: 987u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -28934,8 +29052,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 987u32,
+        wire: 1010u32,
+        call: 988u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -28993,8 +29111,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 988u32,
+        wire: 1011u32,
+        call: 989u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -29057,8 +29175,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 989u32,
+        wire: 1012u32,
+        call: 990u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -29124,8 +29242,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 990u32,
+        wire: 1013u32,
+        call: 991u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -29186,8 +29304,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 991u32,
+        wire: 1014u32,
+        call: 992u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -29209,8 +29327,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 992u32,
+        wire: 1015u32,
+        call: 993u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -29277,8 +29395,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 993u32,
+        wire: 1016u32,
+        call: 994u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -29341,8 +29459,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 994u32,
+        wire: 1017u32,
+        call: 995u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -29405,8 +29523,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 995u32,
+        wire: 1018u32,
+        call: 996u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -29464,8 +29582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 996u32,
+        wire: 1019u32,
+        call: 997u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -29528,8 +29646,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 997u32,
+        wire: 1020u32,
+        call: 998u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -29595,8 +29713,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 998u32,
+        wire: 1021u32,
+        call: 999u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -29657,8 +29775,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 999u32,
+        wire: 1022u32,
+        call: 1000u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -29686,8 +29804,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 1000u32,
+        wire: 1023u32,
+        call: 1001u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -29713,8 +29831,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 1001u32,
+        wire: 1024u32,
+        call: 1002u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -29748,8 +29866,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 1002u32,
+        wire: 1025u32,
+        call: 1003u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -29775,8 +29893,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 1003u32,
+        wire: 1026u32,
+        call: 1004u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -29843,8 +29961,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 1004u32,
+        wire: 1027u32,
+        call: 1005u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -29907,8 +30025,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 1005u32,
+        wire: 1028u32,
+        call: 1006u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -29971,8 +30089,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 1006u32,
+        wire: 1029u32,
+        call: 1007u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -30030,8 +30148,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 1007u32,
+        wire: 1030u32,
+        call: 1008u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -30094,8 +30212,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 1008u32,
+        wire: 1031u32,
+        call: 1009u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -30161,8 +30279,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 1009u32,
+        wire: 1032u32,
+        call: 1010u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -30223,8 +30341,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 1010u32,
+        wire: 1033u32,
+        call: 1011u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -30291,8 +30409,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 1011u32,
+        wire: 1034u32,
+        call: 1012u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -30355,8 +30473,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 1012u32,
+        wire: 1035u32,
+        call: 1013u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -30419,8 +30537,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 1013u32,
+        wire: 1036u32,
+        call: 1014u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -30478,8 +30596,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 1014u32,
+        wire: 1037u32,
+        call: 1015u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -30542,8 +30660,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 1015u32,
+        wire: 1038u32,
+        call: 1016u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -30607,8 +30725,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 1016u32,
+        wire: 1039u32,
+        call: 1017u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -30671,8 +30789,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 1017u32,
+        wire: 1040u32,
+        call: 1018u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -30735,8 +30853,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 1018u32,
+        wire: 1041u32,
+        call: 1019u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -30794,8 +30912,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 1019u32,
+        wire: 1042u32,
+        call: 1020u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -30858,8 +30976,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 1020u32,
+        wire: 1043u32,
+        call: 1021u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -30925,8 +31043,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 1021u32,
+        wire: 1044u32,
+        call: 1022u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -30987,8 +31105,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 1022u32,
+        wire: 1045u32,
+        call: 1023u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -31021,8 +31139,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 1023u32,
+        wire: 1046u32,
+        call: 1024u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -31063,8 +31181,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 1024u32,
+        wire: 1047u32,
+        call: 1025u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -31105,8 +31223,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 1025u32,
+        wire: 1048u32,
+        call: 1026u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -31138,8 +31256,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 1026u32,
+        wire: 1049u32,
+        call: 1027u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -31175,8 +31293,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 1027u32,
+        wire: 1050u32,
+        call: 1028u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -31212,8 +31330,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 1028u32,
+        wire: 1051u32,
+        call: 1029u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -31262,8 +31380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 1029u32,
+        wire: 1052u32,
+        call: 1030u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -31312,8 +31430,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 1030u32,
+        wire: 1053u32,
+        call: 1031u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -31354,8 +31472,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 1031u32,
+        wire: 1054u32,
+        call: 1032u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -31396,8 +31514,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 1032u32,
+        wire: 1055u32,
+        call: 1033u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -31438,8 +31556,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 1033u32,
+        wire: 1056u32,
+        call: 1034u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -31480,8 +31598,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 1034u32,
+        wire: 1057u32,
+        call: 1035u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -31521,8 +31639,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 1035u32,
+        wire: 1058u32,
+        call: 1036u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -31568,8 +31686,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 1036u32,
+        wire: 1059u32,
+        call: 1037u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -31615,8 +31733,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 1037u32,
+        wire: 1060u32,
+        call: 1038u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -31647,8 +31765,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 1038u32,
+        wire: 1061u32,
+        call: 1039u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -31684,8 +31802,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 1039u32,
+        wire: 1062u32,
+        call: 1040u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -31721,8 +31839,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 1040u32,
+        wire: 1063u32,
+        call: 1041u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -31777,8 +31895,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 1041u32,
+        wire: 1064u32,
+        call: 1042u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -31845,8 +31963,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 1042u32,
+        wire: 1065u32,
+        call: 1043u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -31913,8 +32031,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 1043u32,
+        wire: 1066u32,
+        call: 1044u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -31977,8 +32095,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 1044u32,
+        wire: 1067u32,
+        call: 1045u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -32041,8 +32159,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 1045u32,
+        wire: 1068u32,
+        call: 1046u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -32101,8 +32219,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 1046u32,
+        wire: 1069u32,
+        call: 1047u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -32157,8 +32275,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 1047u32,
+        wire: 1070u32,
+        call: 1048u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -32225,8 +32343,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 1048u32,
+        wire: 1071u32,
+        call: 1049u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -32293,8 +32411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 1049u32,
+        wire: 1072u32,
+        call: 1050u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -32365,8 +32483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 1050u32,
+        wire: 1073u32,
+        call: 1051u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -32437,8 +32555,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 1051u32,
+        wire: 1074u32,
+        call: 1052u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -32521,8 +32639,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 1052u32,
+        wire: 1075u32,
+        call: 1053u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -32605,8 +32723,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 1053u32,
+        wire: 1076u32,
+        call: 1054u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -32673,8 +32791,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 1054u32,
+        wire: 1077u32,
+        call: 1055u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -32741,8 +32859,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 1055u32,
+        wire: 1078u32,
+        call: 1056u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -32789,8 +32907,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 1056u32,
+        wire: 1079u32,
+        call: 1057u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -32865,8 +32983,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 1057u32,
+        wire: 1080u32,
+        call: 1058u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -32941,8 +33059,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 1058u32,
+        wire: 1081u32,
+        call: 1059u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -33001,8 +33119,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 1059u32,
+        wire: 1082u32,
+        call: 1060u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -33061,8 +33179,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 1060u32,
+        wire: 1083u32,
+        call: 1061u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -33108,8 +33226,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 1061u32,
+        wire: 1084u32,
+        call: 1062u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -33151,8 +33269,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 1062u32,
+        wire: 1085u32,
+        call: 1063u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -33202,8 +33320,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 1063u32,
+        wire: 1086u32,
+        call: 1064u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -33253,8 +33371,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 1064u32,
+        wire: 1087u32,
+        call: 1065u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -33296,8 +33414,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 1065u32,
+        wire: 1088u32,
+        call: 1066u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -33347,8 +33465,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 1066u32,
+        wire: 1089u32,
+        call: 1067u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -33398,8 +33516,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 1067u32,
+        wire: 1090u32,
+        call: 1068u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -33436,8 +33554,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 1068u32,
+        wire: 1091u32,
+        call: 1069u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -33484,8 +33602,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 1069u32,
+        wire: 1092u32,
+        call: 1070u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -33540,8 +33658,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 1070u32,
+        wire: 1093u32,
+        call: 1071u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -33588,8 +33706,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 1071u32,
+        wire: 1094u32,
+        call: 1072u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -33648,8 +33766,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 1072u32,
+        wire: 1095u32,
+        call: 1073u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -33708,8 +33826,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 1073u32,
+        wire: 1096u32,
+        call: 1074u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -33760,8 +33878,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 1074u32,
+        wire: 1097u32,
+        call: 1075u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -33824,8 +33942,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 1075u32,
+        wire: 1098u32,
+        call: 1076u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -33888,8 +34006,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 1076u32,
+        wire: 1099u32,
+        call: 1077u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -33932,8 +34050,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 1077u32,
+        wire: 1100u32,
+        call: 1078u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -33988,8 +34106,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 1078u32,
+        wire: 1101u32,
+        call: 1079u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -34044,8 +34162,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 1079u32,
+        wire: 1102u32,
+        call: 1080u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -34085,8 +34203,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 1080u32,
+        wire: 1103u32,
+        call: 1081u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -34128,8 +34246,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 1081u32,
+        wire: 1104u32,
+        call: 1082u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -34179,8 +34297,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 1082u32,
+        wire: 1105u32,
+        call: 1083u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -34230,8 +34348,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 1083u32,
+        wire: 1106u32,
+        call: 1084u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -34285,8 +34403,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 1084u32,
+        wire: 1107u32,
+        call: 1085u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -34349,8 +34467,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 1085u32,
+        wire: 1108u32,
+        call: 1086u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -34413,8 +34531,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 1086u32,
+        wire: 1109u32,
+        call: 1087u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -34459,8 +34577,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 1087u32,
+        wire: 1110u32,
+        call: 1088u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -34505,8 +34623,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 1088u32,
+        wire: 1111u32,
+        call: 1089u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -34558,8 +34676,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 1089u32,
+        wire: 1112u32,
+        call: 1090u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -34617,8 +34735,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 1090u32,
+        wire: 1113u32,
+        call: 1091u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -34676,8 +34794,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 1091u32,
+        wire: 1114u32,
+        call: 1092u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -34740,8 +34858,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 1092u32,
+        wire: 1115u32,
+        call: 1093u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -34804,8 +34922,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 1093u32,
+        wire: 1116u32,
+        call: 1094u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -34849,8 +34967,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 1094u32,
+        wire: 1117u32,
+        call: 1095u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -34906,8 +35024,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 1095u32,
+        wire: 1118u32,
+        call: 1096u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -34963,8 +35081,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 1096u32,
+        wire: 1119u32,
+        call: 1097u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -35001,8 +35119,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 1097u32,
+        wire: 1120u32,
+        call: 1098u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -35048,8 +35166,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 1098u32,
+        wire: 1121u32,
+        call: 1099u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -35095,8 +35213,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 1099u32,
+        wire: 1122u32,
+        call: 1100u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -35138,8 +35256,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 1100u32,
+        wire: 1123u32,
+        call: 1101u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -35167,8 +35285,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 1101u32,
+        wire: 1124u32,
+        call: 1102u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -35204,8 +35322,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 1102u32,
+        wire: 1125u32,
+        call: 1103u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -35241,8 +35359,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 1103u32,
+        wire: 1126u32,
+        call: 1104u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -35274,8 +35392,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1104u32,
+        wire: 1127u32,
+        call: 1105u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -35311,8 +35429,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1105u32,
+        wire: 1128u32,
+        call: 1106u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -35348,8 +35466,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1106u32,
+        wire: 1129u32,
+        call: 1107u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -35400,8 +35518,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1107u32,
+        wire: 1130u32,
+        call: 1108u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -35464,8 +35582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1108u32,
+        wire: 1131u32,
+        call: 1109u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -35528,8 +35646,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1109u32,
+        wire: 1132u32,
+        call: 1110u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -35584,8 +35702,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1110u32,
+        wire: 1133u32,
+        call: 1111u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -35640,8 +35758,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1111u32,
+        wire: 1134u32,
+        call: 1112u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -35691,8 +35809,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1112u32,
+        wire: 1135u32,
+        call: 1113u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -35742,8 +35860,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1113u32,
+        wire: 1136u32,
+        call: 1114u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -35794,8 +35912,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1114u32,
+        wire: 1137u32,
+        call: 1115u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -35858,8 +35976,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1115u32,
+        wire: 1138u32,
+        call: 1116u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -35922,8 +36040,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1116u32,
+        wire: 1139u32,
+        call: 1117u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -35968,8 +36086,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1117u32,
+        wire: 1140u32,
+        call: 1118u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -36014,8 +36132,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1118u32,
+        wire: 1141u32,
+        call: 1119u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -36061,8 +36179,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1119u32,
+        wire: 1142u32,
+        call: 1120u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -36120,8 +36238,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1120u32,
+        wire: 1143u32,
+        call: 1121u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -36179,8 +36297,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1121u32,
+        wire: 1144u32,
+        call: 1122u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -36243,8 +36361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1122u32,
+        wire: 1145u32,
+        call: 1123u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -36307,8 +36425,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1123u32,
+        wire: 1146u32,
+        call: 1124u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -36356,8 +36474,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1124u32,
+        wire: 1147u32,
+        call: 1125u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -36409,8 +36527,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1125u32,
+        wire: 1148u32,
+        call: 1126u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -36462,8 +36580,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1126u32,
+        wire: 1149u32,
+        call: 1127u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -36511,8 +36629,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1127u32,
+        wire: 1150u32,
+        call: 1128u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -36564,8 +36682,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1128u32,
+        wire: 1151u32,
+        call: 1129u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -36617,8 +36735,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1129u32,
+        wire: 1152u32,
+        call: 1130u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -36663,8 +36781,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1130u32,
+        wire: 1153u32,
+        call: 1131u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -36713,8 +36831,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1131u32,
+        wire: 1154u32,
+        call: 1132u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -36763,8 +36881,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1132u32,
+        wire: 1155u32,
+        call: 1133u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -36809,8 +36927,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1133u32,
+        wire: 1156u32,
+        call: 1134u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -36859,8 +36977,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1134u32,
+        wire: 1157u32,
+        call: 1135u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -36909,8 +37027,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1135u32,
+        wire: 1158u32,
+        call: 1136u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -36951,8 +37069,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1136u32,
+        wire: 1159u32,
+        call: 1137u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -37005,8 +37123,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1137u32,
+        wire: 1160u32,
+        call: 1138u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -37072,8 +37190,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1138u32,
+        wire: 1161u32,
+        call: 1139u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -37139,8 +37257,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1139u32,
+        wire: 1162u32,
+        call: 1140u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -37184,8 +37302,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1140u32,
+        wire: 1163u32,
+        call: 1141u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -37233,8 +37351,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1141u32,
+        wire: 1164u32,
+        call: 1142u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -37282,8 +37400,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1142u32,
+        wire: 1165u32,
+        call: 1143u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -37336,8 +37454,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1143u32,
+        wire: 1166u32,
+        call: 1144u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -37402,8 +37520,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1144u32,
+        wire: 1167u32,
+        call: 1145u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -37468,8 +37586,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1145u32,
+        wire: 1168u32,
+        call: 1146u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -37530,8 +37648,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1146u32,
+        wire: 1169u32,
+        call: 1147u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -37592,8 +37710,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1147u32,
+        wire: 1170u32,
+        call: 1148u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -37637,8 +37755,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1148u32,
+        wire: 1171u32,
+        call: 1149u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -37686,8 +37804,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1149u32,
+        wire: 1172u32,
+        call: 1150u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -37750,8 +37868,8 @@ pub mod cublaslt {
     );
     static LEN_cublasLtMatrixLayoutSetAttribute__call_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1150u32,
+        wire: 1173u32,
+        call: 1151u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -37773,8 +37891,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1151u32,
+        wire: 1174u32,
+        call: 1152u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -37796,8 +37914,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1152u32,
+        wire: 1175u32,
+        call: 1153u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -37822,8 +37940,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1153u32,
+        wire: 1176u32,
+        call: 1154u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -37845,8 +37963,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1154u32,
+        wire: 1177u32,
+        call: 1155u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -37868,8 +37986,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1155u32,
+        wire: 1178u32,
+        call: 1156u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -37895,8 +38013,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1156u32,
+        wire: 1179u32,
+        call: 1157u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -37916,8 +38034,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1157u32,
+        wire: 1180u32,
+        call: 1158u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -37937,8 +38055,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1158u32,
+        wire: 1181u32,
+        call: 1159u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -37960,8 +38078,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1159u32,
+        wire: 1182u32,
+        call: 1160u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -37978,8 +38096,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1160u32,
+        wire: 1183u32,
+        call: 1161u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -38001,8 +38119,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1161u32,
+        wire: 1184u32,
+        call: 1162u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -38024,8 +38142,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1162u32,
+        wire: 1185u32,
+        call: 1163u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -38096,8 +38214,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1162u32,
+        wire: 1186u32,
+        call: 1163u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -38168,8 +38286,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1163u32,
+        wire: 1187u32,
+        call: 1164u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -38231,8 +38349,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1163u32,
+        wire: 1188u32,
+        call: 1164u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -38294,8 +38412,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1163u32,
+        wire: 1189u32,
+        call: 1164u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -38357,8 +38475,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1164u32,
+        wire: 1190u32,
+        call: 1165u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38388,8 +38506,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1164u32,
+        wire: 1191u32,
+        call: 1165u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38419,8 +38537,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1165u32,
+        wire: 1192u32,
+        call: 1166u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38442,8 +38560,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1165u32,
+        wire: 1193u32,
+        call: 1166u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38465,8 +38583,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1166u32,
+        wire: 1194u32,
+        call: 1167u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -38500,8 +38618,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1166u32,
+        wire: 1195u32,
+        call: 1167u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -38535,8 +38653,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1167u32,
+        wire: 1196u32,
+        call: 1168u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38572,8 +38690,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1167u32,
+        wire: 1197u32,
+        call: 1168u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38609,8 +38727,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1168u32,
+        wire: 1198u32,
+        call: 1169u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38632,8 +38750,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1168u32,
+        wire: 1199u32,
+        call: 1169u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38655,8 +38773,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1169u32,
+        wire: 1200u32,
+        call: 1170u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38678,8 +38796,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1169u32,
+        wire: 1201u32,
+        call: 1170u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38701,8 +38819,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1170u32,
+        wire: 1202u32,
+        call: 1171u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -38728,8 +38846,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1170u32,
+        wire: 1203u32,
+        call: 1171u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -38755,8 +38873,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1171u32,
+        wire: 1204u32,
+        call: 1172u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38792,8 +38910,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1171u32,
+        wire: 1205u32,
+        call: 1172u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38829,8 +38947,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1172u32,
+        wire: 1206u32,
+        call: 1173u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -38868,8 +38986,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1173u32,
+        wire: 1207u32,
+        call: 1174u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -38891,8 +39009,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1174u32,
+        wire: 1208u32,
+        call: 1175u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -38934,8 +39052,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1175u32,
+        wire: 1209u32,
+        call: 1176u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -38971,8 +39089,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1176u32,
+        wire: 1210u32,
+        call: 1177u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -38998,8 +39116,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1177u32,
+        wire: 1211u32,
+        call: 1178u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -39021,8 +39139,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1178u32,
+        wire: 1212u32,
+        call: 1179u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -45963,8 +46081,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1179u32,
+        wire: 1213u32,
+        call: 1180u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -46022,8 +46140,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1179u32,
+        wire: 1214u32,
+        call: 1180u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -46081,8 +46199,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1180u32,
+        wire: 1215u32,
+        call: 1181u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -46130,8 +46248,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1180u32,
+        wire: 1216u32,
+        call: 1181u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -46179,8 +46297,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1181u32,
+        wire: 1217u32,
+        call: 1182u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -46197,8 +46315,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1182u32,
+        wire: 1218u32,
+        call: 1183u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -46215,8 +46333,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1183u32,
+        wire: 1219u32,
+        call: 1184u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -46233,8 +46351,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1184u32,
+        wire: 1220u32,
+        call: 1185u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -46260,8 +46378,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1184u32,
+        wire: 1221u32,
+        call: 1185u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -46287,8 +46405,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1184u32,
+        wire: 1222u32,
+        call: 1185u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -46314,8 +46432,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1184u32,
+        wire: 1223u32,
+        call: 1185u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -46341,8 +46459,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1185u32,
+        wire: 1224u32,
+        call: 1186u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -46364,8 +46482,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1185u32,
+        wire: 1225u32,
+        call: 1186u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -46387,8 +46505,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1186u32,
+        wire: 1226u32,
+        call: 1187u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -46418,8 +46536,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1186u32,
+        wire: 1227u32,
+        call: 1187u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -46449,8 +46567,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1187u32,
+        wire: 1228u32,
+        call: 1188u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -46472,8 +46590,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1187u32,
+        wire: 1229u32,
+        call: 1188u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -46495,8 +46613,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1187u32,
+        wire: 1230u32,
+        call: 1188u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -46518,8 +46636,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1187u32,
+        wire: 1231u32,
+        call: 1188u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -46541,8 +46659,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1188u32,
+        wire: 1232u32,
+        call: 1189u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -46588,8 +46706,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1188u32,
+        wire: 1233u32,
+        call: 1189u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -46633,8 +46751,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1188u32,
+        wire: 1234u32,
+        call: 1189u32,
         name: "cudnnBackendGetAttribute",
         form: Some("refill"),
         library: "cudnn",
@@ -46673,8 +46791,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1188u32,
+        wire: 1235u32,
+        call: 1189u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -46720,8 +46838,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1188u32,
+        wire: 1236u32,
+        call: 1189u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -46765,8 +46883,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1188u32,
+        wire: 1237u32,
+        call: 1189u32,
         name: "cudnnBackendGetAttribute",
         form: Some("refill"),
         library: "cudnn",
@@ -46805,8 +46923,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1189u32,
+        wire: 1238u32,
+        call: 1190u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -46828,8 +46946,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1189u32,
+        wire: 1239u32,
+        call: 1190u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -46851,8 +46969,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1190u32,
+        wire: 1240u32,
+        call: 1191u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -46886,8 +47004,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1191u32,
+        wire: 1241u32,
+        call: 1192u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -46927,8 +47045,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1191u32,
+        wire: 1242u32,
+        call: 1192u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -46966,8 +47084,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1191u32,
+        wire: 1243u32,
+        call: 1192u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -47007,8 +47125,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1191u32,
+        wire: 1244u32,
+        call: 1192u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -47048,8 +47166,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1191u32,
+        wire: 1245u32,
+        call: 1192u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -47087,8 +47205,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1191u32,
+        wire: 1246u32,
+        call: 1192u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -47128,8 +47246,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1192u32,
+        wire: 1247u32,
+        call: 1193u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -47163,8 +47281,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1193u32,
+        wire: 1248u32,
+        call: 1194u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -47271,8 +47389,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1193u32,
+        wire: 1249u32,
+        call: 1194u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -47379,8 +47497,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1194u32,
+        wire: 1250u32,
+        call: 1195u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -47440,8 +47558,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1194u32,
+        wire: 1251u32,
+        call: 1195u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -47501,8 +47619,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1195u32,
+        wire: 1252u32,
+        call: 1196u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -47568,8 +47686,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1195u32,
+        wire: 1253u32,
+        call: 1196u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -47635,8 +47753,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1196u32,
+        wire: 1254u32,
+        call: 1197u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -47725,8 +47843,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1196u32,
+        wire: 1255u32,
+        call: 1197u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -47815,8 +47933,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1197u32,
+        wire: 1256u32,
+        call: 1198u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -47846,8 +47964,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1197u32,
+        wire: 1257u32,
+        call: 1198u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -47877,8 +47995,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1198u32,
+        wire: 1258u32,
+        call: 1199u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -47927,8 +48045,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1198u32,
+        wire: 1259u32,
+        call: 1199u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -47977,8 +48095,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1199u32,
+        wire: 1260u32,
+        call: 1200u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -47995,8 +48113,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1200u32,
+        wire: 1261u32,
+        call: 1201u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -48013,8 +48131,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1201u32,
+        wire: 1262u32,
+        call: 1202u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -48031,8 +48149,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1202u32,
+        wire: 1263u32,
+        call: 1203u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -48094,8 +48212,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1202u32,
+        wire: 1264u32,
+        call: 1203u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -48157,8 +48275,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1203u32,
+        wire: 1265u32,
+        call: 1204u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -48220,8 +48338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1203u32,
+        wire: 1266u32,
+        call: 1204u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -48283,8 +48401,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1204u32,
+        wire: 1267u32,
+        call: 1205u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -48360,8 +48478,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1204u32,
+        wire: 1268u32,
+        call: 1205u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -48437,8 +48555,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1205u32,
+        wire: 1269u32,
+        call: 1206u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -48500,8 +48618,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1205u32,
+        wire: 1270u32,
+        call: 1206u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -48563,8 +48681,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1206u32,
+        wire: 1271u32,
+        call: 1207u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -48590,8 +48708,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1207u32,
+        wire: 1272u32,
+        call: 1208u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -48613,8 +48731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1207u32,
+        wire: 1273u32,
+        call: 1208u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -48636,8 +48754,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1208u32,
+        wire: 1274u32,
+        call: 1209u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -48659,8 +48777,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1208u32,
+        wire: 1275u32,
+        call: 1209u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -48682,8 +48800,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1209u32,
+        wire: 1276u32,
+        call: 1210u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -48705,8 +48823,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1210u32,
+        wire: 1277u32,
+        call: 1211u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -48732,8 +48850,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1211u32,
+        wire: 1278u32,
+        call: 1212u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -48755,8 +48873,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1211u32,
+        wire: 1279u32,
+        call: 1212u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -48778,8 +48896,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1212u32,
+        wire: 1280u32,
+        call: 1213u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -48801,8 +48919,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1212u32,
+        wire: 1281u32,
+        call: 1213u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -48824,8 +48942,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1213u32,
+        wire: 1282u32,
+        call: 1214u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -48847,8 +48965,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1213u32,
+        wire: 1283u32,
+        call: 1214u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -48870,8 +48988,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1214u32,
+        wire: 1284u32,
+        call: 1215u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -48893,8 +49011,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1214u32,
+        wire: 1285u32,
+        call: 1215u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -48916,8 +49034,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1215u32,
+        wire: 1286u32,
+        call: 1216u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -48939,8 +49057,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1215u32,
+        wire: 1287u32,
+        call: 1216u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -48962,8 +49080,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1216u32,
+        wire: 1288u32,
+        call: 1217u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -48989,8 +49107,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1216u32,
+        wire: 1289u32,
+        call: 1217u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -49016,8 +49134,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1217u32,
+        wire: 1290u32,
+        call: 1218u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -49043,8 +49161,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1217u32,
+        wire: 1291u32,
+        call: 1218u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -49070,8 +49188,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1218u32,
+        wire: 1292u32,
+        call: 1219u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -49097,8 +49215,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1218u32,
+        wire: 1293u32,
+        call: 1219u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -49124,8 +49242,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1219u32,
+        wire: 1294u32,
+        call: 1220u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -49147,8 +49265,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1219u32,
+        wire: 1295u32,
+        call: 1220u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -49170,8 +49288,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1220u32,
+        wire: 1296u32,
+        call: 1221u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49193,8 +49311,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1220u32,
+        wire: 1297u32,
+        call: 1221u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49216,8 +49334,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1221u32,
+        wire: 1298u32,
+        call: 1222u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -49251,8 +49369,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1222u32,
+        wire: 1299u32,
+        call: 1223u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -49274,8 +49392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1222u32,
+        wire: 1300u32,
+        call: 1223u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -49297,8 +49415,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1223u32,
+        wire: 1301u32,
+        call: 1224u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49320,8 +49438,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1223u32,
+        wire: 1302u32,
+        call: 1224u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49343,8 +49461,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1224u32,
+        wire: 1303u32,
+        call: 1225u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -49366,8 +49484,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1224u32,
+        wire: 1304u32,
+        call: 1225u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -49389,8 +49507,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1225u32,
+        wire: 1305u32,
+        call: 1226u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49412,8 +49530,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1225u32,
+        wire: 1306u32,
+        call: 1226u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49435,8 +49553,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1226u32,
+        wire: 1307u32,
+        call: 1227u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49458,8 +49576,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1226u32,
+        wire: 1308u32,
+        call: 1227u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -49481,8 +49599,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1227u32,
+        wire: 1309u32,
+        call: 1228u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -49504,8 +49622,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1227u32,
+        wire: 1310u32,
+        call: 1228u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -49527,8 +49645,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1228u32,
+        wire: 1311u32,
+        call: 1229u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49550,8 +49668,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1228u32,
+        wire: 1312u32,
+        call: 1229u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49573,8 +49691,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1229u32,
+        wire: 1313u32,
+        call: 1230u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -49596,8 +49714,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1229u32,
+        wire: 1314u32,
+        call: 1230u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -49619,8 +49737,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1230u32,
+        wire: 1315u32,
+        call: 1231u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49650,8 +49768,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1230u32,
+        wire: 1316u32,
+        call: 1231u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49681,8 +49799,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1231u32,
+        wire: 1317u32,
+        call: 1232u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49720,8 +49838,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1231u32,
+        wire: 1318u32,
+        call: 1232u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -49759,8 +49877,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1232u32,
+        wire: 1319u32,
+        call: 1233u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -49782,8 +49900,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1232u32,
+        wire: 1320u32,
+        call: 1233u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -49805,8 +49923,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1233u32,
+        wire: 1321u32,
+        call: 1234u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -49828,8 +49946,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1233u32,
+        wire: 1322u32,
+        call: 1234u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -49851,8 +49969,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1234u32,
+        wire: 1323u32,
+        call: 1235u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -49874,8 +49992,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1235u32,
+        wire: 1324u32,
+        call: 1236u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -49901,8 +50019,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1236u32,
+        wire: 1325u32,
+        call: 1237u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -49924,8 +50042,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1236u32,
+        wire: 1326u32,
+        call: 1237u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -49947,8 +50065,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1237u32,
+        wire: 1327u32,
+        call: 1238u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -49970,8 +50088,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1237u32,
+        wire: 1328u32,
+        call: 1238u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -49993,8 +50111,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1238u32,
+        wire: 1329u32,
+        call: 1239u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -50016,8 +50134,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1238u32,
+        wire: 1330u32,
+        call: 1239u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -50039,8 +50157,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1239u32,
+        wire: 1331u32,
+        call: 1240u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -50062,8 +50180,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1239u32,
+        wire: 1332u32,
+        call: 1240u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -50085,8 +50203,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1240u32,
+        wire: 1333u32,
+        call: 1241u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -50108,8 +50226,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1240u32,
+        wire: 1334u32,
+        call: 1241u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -50131,8 +50249,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1241u32,
+        wire: 1335u32,
+        call: 1242u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -50154,8 +50272,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1241u32,
+        wire: 1336u32,
+        call: 1242u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -50177,8 +50295,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1242u32,
+        wire: 1337u32,
+        call: 1243u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -50200,8 +50318,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1242u32,
+        wire: 1338u32,
+        call: 1243u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -50223,8 +50341,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1243u32,
+        wire: 1339u32,
+        call: 1244u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -50246,8 +50364,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1243u32,
+        wire: 1340u32,
+        call: 1244u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -50269,8 +50387,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1244u32,
+        wire: 1341u32,
+        call: 1245u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -50292,8 +50410,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1244u32,
+        wire: 1342u32,
+        call: 1245u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -50315,8 +50433,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1245u32,
+        wire: 1343u32,
+        call: 1246u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50338,8 +50456,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1245u32,
+        wire: 1344u32,
+        call: 1246u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50361,8 +50479,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1246u32,
+        wire: 1345u32,
+        call: 1247u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -50384,8 +50502,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1247u32,
+        wire: 1346u32,
+        call: 1248u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -50407,8 +50525,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1247u32,
+        wire: 1347u32,
+        call: 1248u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -50430,8 +50548,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1248u32,
+        wire: 1348u32,
+        call: 1249u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50453,8 +50571,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1248u32,
+        wire: 1349u32,
+        call: 1249u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50476,8 +50594,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1249u32,
+        wire: 1350u32,
+        call: 1250u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -50499,8 +50617,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1249u32,
+        wire: 1351u32,
+        call: 1250u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -50522,8 +50640,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1250u32,
+        wire: 1352u32,
+        call: 1251u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50545,8 +50663,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1250u32,
+        wire: 1353u32,
+        call: 1251u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50568,8 +50686,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1251u32,
+        wire: 1354u32,
+        call: 1252u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50591,8 +50709,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1251u32,
+        wire: 1355u32,
+        call: 1252u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -50614,8 +50732,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1252u32,
+        wire: 1356u32,
+        call: 1253u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -50637,8 +50755,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1252u32,
+        wire: 1357u32,
+        call: 1253u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -50660,8 +50778,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1253u32,
+        wire: 1358u32,
+        call: 1254u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50683,8 +50801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1253u32,
+        wire: 1359u32,
+        call: 1254u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -50706,8 +50824,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1254u32,
+        wire: 1360u32,
+        call: 1255u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -50729,8 +50847,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1254u32,
+        wire: 1361u32,
+        call: 1255u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -50752,8 +50870,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1255u32,
+        wire: 1362u32,
+        call: 1256u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -50794,8 +50912,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1255u32,
+        wire: 1363u32,
+        call: 1256u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -50836,8 +50954,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1256u32,
+        wire: 1364u32,
+        call: 1257u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -50878,8 +50996,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1256u32,
+        wire: 1365u32,
+        call: 1257u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -50920,8 +51038,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1257u32,
+        wire: 1366u32,
+        call: 1258u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -50949,8 +51067,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1257u32,
+        wire: 1367u32,
+        call: 1258u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -50978,8 +51096,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1258u32,
+        wire: 1368u32,
+        call: 1259u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -51007,8 +51125,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1258u32,
+        wire: 1369u32,
+        call: 1259u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -51036,8 +51154,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1259u32,
+        wire: 1370u32,
+        call: 1260u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51099,8 +51217,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1259u32,
+        wire: 1371u32,
+        call: 1260u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51162,8 +51280,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1260u32,
+        wire: 1372u32,
+        call: 1261u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51225,8 +51343,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1260u32,
+        wire: 1373u32,
+        call: 1261u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51288,8 +51406,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1261u32,
+        wire: 1374u32,
+        call: 1262u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51351,8 +51469,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1261u32,
+        wire: 1375u32,
+        call: 1262u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -51414,8 +51532,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1262u32,
+        wire: 1376u32,
+        call: 1263u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -51445,8 +51563,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1262u32,
+        wire: 1377u32,
+        call: 1263u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -51476,8 +51594,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1263u32,
+        wire: 1378u32,
+        call: 1264u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -51517,8 +51635,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1263u32,
+        wire: 1379u32,
+        call: 1264u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -51558,8 +51676,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1264u32,
+        wire: 1380u32,
+        call: 1265u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -51587,8 +51705,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1264u32,
+        wire: 1381u32,
+        call: 1265u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -51616,8 +51734,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1265u32,
+        wire: 1382u32,
+        call: 1266u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -51661,8 +51779,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1266u32,
+        wire: 1383u32,
+        call: 1267u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -51694,8 +51812,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1267u32,
+        wire: 1384u32,
+        call: 1268u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51759,8 +51877,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1267u32,
+        wire: 1385u32,
+        call: 1268u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51824,8 +51942,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1268u32,
+        wire: 1386u32,
+        call: 1269u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51881,8 +51999,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1268u32,
+        wire: 1387u32,
+        call: 1269u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -51938,8 +52056,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1269u32,
+        wire: 1388u32,
+        call: 1270u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -51983,8 +52101,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1269u32,
+        wire: 1389u32,
+        call: 1270u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -52028,8 +52146,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1270u32,
+        wire: 1390u32,
+        call: 1271u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -52057,8 +52175,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1270u32,
+        wire: 1391u32,
+        call: 1271u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -52086,8 +52204,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1271u32,
+        wire: 1392u32,
+        call: 1272u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -52127,8 +52245,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1271u32,
+        wire: 1393u32,
+        call: 1272u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -52168,8 +52286,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1272u32,
+        wire: 1394u32,
+        call: 1273u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -52213,8 +52331,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1272u32,
+        wire: 1395u32,
+        call: 1273u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -52258,8 +52376,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1273u32,
+        wire: 1396u32,
+        call: 1274u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -52329,8 +52447,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1273u32,
+        wire: 1397u32,
+        call: 1274u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -52400,8 +52518,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1274u32,
+        wire: 1398u32,
+        call: 1275u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -52450,8 +52568,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1274u32,
+        wire: 1399u32,
+        call: 1275u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -52500,8 +52618,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1275u32,
+        wire: 1400u32,
+        call: 1276u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52529,8 +52647,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1275u32,
+        wire: 1401u32,
+        call: 1276u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52558,8 +52676,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1276u32,
+        wire: 1402u32,
+        call: 1277u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52613,8 +52731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1276u32,
+        wire: 1403u32,
+        call: 1277u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52668,8 +52786,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1277u32,
+        wire: 1404u32,
+        call: 1278u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52717,8 +52835,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1277u32,
+        wire: 1405u32,
+        call: 1278u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52766,8 +52884,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1278u32,
+        wire: 1406u32,
+        call: 1279u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52795,8 +52913,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1278u32,
+        wire: 1407u32,
+        call: 1279u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -52824,8 +52942,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1279u32,
+        wire: 1408u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52879,8 +52997,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1279u32,
+        wire: 1409u32,
+        call: 1280u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -52934,8 +53052,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1280u32,
+        wire: 1410u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -52983,8 +53101,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1280u32,
+        wire: 1411u32,
+        call: 1281u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53032,8 +53150,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1281u32,
+        wire: 1412u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -53061,8 +53179,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1281u32,
+        wire: 1413u32,
+        call: 1282u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -53090,8 +53208,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1282u32,
+        wire: 1414u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -53145,8 +53263,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1282u32,
+        wire: 1415u32,
+        call: 1283u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -53200,8 +53318,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1283u32,
+        wire: 1416u32,
+        call: 1284u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53249,8 +53367,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1283u32,
+        wire: 1417u32,
+        call: 1284u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -53298,8 +53416,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1284u32,
+        wire: 1418u32,
+        call: 1285u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -53327,8 +53445,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1284u32,
+        wire: 1419u32,
+        call: 1285u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -53356,8 +53474,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1285u32,
+        wire: 1420u32,
+        call: 1286u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -53385,8 +53503,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1285u32,
+        wire: 1421u32,
+        call: 1286u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -53414,8 +53532,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1286u32,
+        wire: 1422u32,
+        call: 1287u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -53455,8 +53573,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1286u32,
+        wire: 1423u32,
+        call: 1287u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -53496,8 +53614,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1287u32,
+        wire: 1424u32,
+        call: 1288u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -53525,8 +53643,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1287u32,
+        wire: 1425u32,
+        call: 1288u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -53554,8 +53672,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1288u32,
+        wire: 1426u32,
+        call: 1289u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -53575,8 +53693,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1288u32,
+        wire: 1427u32,
+        call: 1289u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -53596,8 +53714,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1289u32,
+        wire: 1428u32,
+        call: 1290u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -53636,8 +53754,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1289u32,
+        wire: 1429u32,
+        call: 1290u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -53676,8 +53794,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1290u32,
+        wire: 1430u32,
+        call: 1291u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -53730,8 +53848,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1290u32,
+        wire: 1431u32,
+        call: 1291u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -53784,8 +53902,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1291u32,
+        wire: 1432u32,
+        call: 1292u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -53835,8 +53953,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1291u32,
+        wire: 1433u32,
+        call: 1292u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -53886,8 +54004,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1292u32,
+        wire: 1434u32,
+        call: 1293u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -53915,8 +54033,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1292u32,
+        wire: 1435u32,
+        call: 1293u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -53944,8 +54062,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1293u32,
+        wire: 1436u32,
+        call: 1294u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -54019,8 +54137,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1293u32,
+        wire: 1437u32,
+        call: 1294u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -54094,8 +54212,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1294u32,
+        wire: 1438u32,
+        call: 1295u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -54141,8 +54259,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1294u32,
+        wire: 1439u32,
+        call: 1295u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -54188,8 +54306,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1295u32,
+        wire: 1440u32,
+        call: 1296u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -54217,8 +54335,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1296u32,
+        wire: 1441u32,
+        call: 1297u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -54238,8 +54356,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1296u32,
+        wire: 1442u32,
+        call: 1297u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -54259,8 +54377,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1297u32,
+        wire: 1443u32,
+        call: 1298u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54336,8 +54454,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1297u32,
+        wire: 1444u32,
+        call: 1298u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54413,8 +54531,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1298u32,
+        wire: 1445u32,
+        call: 1299u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54482,8 +54600,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1298u32,
+        wire: 1446u32,
+        call: 1299u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -54551,8 +54669,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1299u32,
+        wire: 1447u32,
+        call: 1300u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -54604,8 +54722,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1299u32,
+        wire: 1448u32,
+        call: 1300u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -54657,8 +54775,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1300u32,
+        wire: 1449u32,
+        call: 1301u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54698,8 +54816,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1300u32,
+        wire: 1450u32,
+        call: 1301u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54739,8 +54857,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1301u32,
+        wire: 1451u32,
+        call: 1302u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -54810,8 +54928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1301u32,
+        wire: 1452u32,
+        call: 1302u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -54881,8 +54999,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1302u32,
+        wire: 1453u32,
+        call: 1303u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -54927,8 +55045,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1302u32,
+        wire: 1454u32,
+        call: 1303u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -54973,8 +55091,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1303u32,
+        wire: 1455u32,
+        call: 1304u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -55036,8 +55154,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1303u32,
+        wire: 1456u32,
+        call: 1304u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -55099,8 +55217,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1304u32,
+        wire: 1457u32,
+        call: 1305u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -55136,8 +55254,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1304u32,
+        wire: 1458u32,
+        call: 1305u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -55173,8 +55291,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1305u32,
+        wire: 1459u32,
+        call: 1306u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -55202,8 +55320,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1305u32,
+        wire: 1460u32,
+        call: 1306u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -55231,8 +55349,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1306u32,
+        wire: 1461u32,
+        call: 1307u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -55264,8 +55382,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1307u32,
+        wire: 1462u32,
+        call: 1308u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -55297,8 +55415,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1308u32,
+        wire: 1463u32,
+        call: 1309u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -55326,8 +55444,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1309u32,
+        wire: 1464u32,
+        call: 1310u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -55359,8 +55477,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1310u32,
+        wire: 1465u32,
+        call: 1311u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -55392,8 +55510,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1311u32,
+        wire: 1466u32,
+        call: 1312u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -55421,8 +55539,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1312u32,
+        wire: 1467u32,
+        call: 1313u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -55450,8 +55568,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1313u32,
+        wire: 1468u32,
+        call: 1314u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -55491,8 +55609,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1314u32,
+        wire: 1469u32,
+        call: 1315u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -55538,8 +55656,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1314u32,
+        wire: 1470u32,
+        call: 1315u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -55585,8 +55703,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1315u32,
+        wire: 1471u32,
+        call: 1316u32,
         name: "cudnnGetRNNWeightParams",
         form: Some("call"),
         library: "cudnn",
@@ -55645,8 +55763,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1315u32,
+        wire: 1472u32,
+        call: 1316u32,
         name: "cudnnGetRNNWeightParams",
         form: Some("call"),
         library: "cudnn",
@@ -55705,8 +55823,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1316u32,
+        wire: 1473u32,
+        call: 1317u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -55738,8 +55856,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1316u32,
+        wire: 1474u32,
+        call: 1317u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -55771,8 +55889,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1317u32,
+        wire: 1475u32,
+        call: 1318u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55824,8 +55942,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1317u32,
+        wire: 1476u32,
+        call: 1318u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55877,8 +55995,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1318u32,
+        wire: 1477u32,
+        call: 1319u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -55918,8 +56036,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1318u32,
+        wire: 1478u32,
+        call: 1319u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -55959,8 +56077,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1319u32,
+        wire: 1479u32,
+        call: 1320u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56000,8 +56118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1319u32,
+        wire: 1480u32,
+        call: 1320u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56041,8 +56159,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1320u32,
+        wire: 1481u32,
+        call: 1321u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -56068,8 +56186,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1320u32,
+        wire: 1482u32,
+        call: 1321u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -56095,8 +56213,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1321u32,
+        wire: 1483u32,
+        call: 1322u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -56167,8 +56285,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1321u32,
+        wire: 1484u32,
+        call: 1322u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -56239,8 +56357,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1322u32,
+        wire: 1485u32,
+        call: 1323u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -56290,8 +56408,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1322u32,
+        wire: 1486u32,
+        call: 1323u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -56341,8 +56459,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1323u32,
+        wire: 1487u32,
+        call: 1324u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -56370,8 +56488,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1323u32,
+        wire: 1488u32,
+        call: 1324u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -56399,8 +56517,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1324u32,
+        wire: 1489u32,
+        call: 1325u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -56456,8 +56574,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1324u32,
+        wire: 1490u32,
+        call: 1325u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -56513,8 +56631,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1325u32,
+        wire: 1491u32,
+        call: 1326u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -56534,8 +56652,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1325u32,
+        wire: 1492u32,
+        call: 1326u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -56555,8 +56673,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1326u32,
+        wire: 1493u32,
+        call: 1327u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -56573,8 +56691,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1327u32,
+        wire: 1494u32,
+        call: 1328u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -56610,8 +56728,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1327u32,
+        wire: 1495u32,
+        call: 1328u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -56647,8 +56765,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1328u32,
+        wire: 1496u32,
+        call: 1329u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -56710,8 +56828,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1328u32,
+        wire: 1497u32,
+        call: 1329u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -56773,8 +56891,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1329u32,
+        wire: 1498u32,
+        call: 1330u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -56826,8 +56944,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1329u32,
+        wire: 1499u32,
+        call: 1330u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -56879,8 +56997,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1330u32,
+        wire: 1500u32,
+        call: 1331u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -56916,8 +57034,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1330u32,
+        wire: 1501u32,
+        call: 1331u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -56953,8 +57071,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1331u32,
+        wire: 1502u32,
+        call: 1332u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -56971,8 +57089,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1332u32,
+        wire: 1503u32,
+        call: 1333u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -56989,8 +57107,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1333u32,
+        wire: 1504u32,
+        call: 1334u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -57007,8 +57125,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1334u32,
+        wire: 1505u32,
+        call: 1335u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -57066,8 +57184,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1334u32,
+        wire: 1506u32,
+        call: 1335u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -57125,8 +57243,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1335u32,
+        wire: 1507u32,
+        call: 1336u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -57174,8 +57292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1335u32,
+        wire: 1508u32,
+        call: 1336u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -57223,8 +57341,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1336u32,
+        wire: 1509u32,
+        call: 1337u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -57260,8 +57378,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1336u32,
+        wire: 1510u32,
+        call: 1337u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -57297,8 +57415,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1337u32,
+        wire: 1511u32,
+        call: 1338u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -57365,8 +57483,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1337u32,
+        wire: 1512u32,
+        call: 1338u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -57433,8 +57551,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1338u32,
+        wire: 1513u32,
+        call: 1339u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -57490,8 +57608,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1339u32,
+        wire: 1514u32,
+        call: 1340u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -57552,8 +57670,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1339u32,
+        wire: 1515u32,
+        call: 1340u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -57614,8 +57732,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1340u32,
+        wire: 1516u32,
+        call: 1341u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -57683,8 +57801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1340u32,
+        wire: 1517u32,
+        call: 1341u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -57752,8 +57870,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1341u32,
+        wire: 1518u32,
+        call: 1342u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -57803,8 +57921,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1342u32,
+        wire: 1519u32,
+        call: 1343u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -57850,8 +57968,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1342u32,
+        wire: 1520u32,
+        call: 1343u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -57897,8 +58015,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1343u32,
+        wire: 1521u32,
+        call: 1344u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -57938,8 +58056,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1344u32,
+        wire: 1522u32,
+        call: 1345u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -57981,8 +58099,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1345u32,
+        wire: 1523u32,
+        call: 1346u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -58020,8 +58138,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1345u32,
+        wire: 1524u32,
+        call: 1346u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -58059,8 +58177,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1346u32,
+        wire: 1525u32,
+        call: 1347u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -58094,8 +58212,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1347u32,
+        wire: 1526u32,
+        call: 1348u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58134,8 +58252,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1347u32,
+        wire: 1527u32,
+        call: 1348u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58174,8 +58292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1348u32,
+        wire: 1528u32,
+        call: 1349u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -58208,8 +58326,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1348u32,
+        wire: 1529u32,
+        call: 1349u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -58242,8 +58360,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1349u32,
+        wire: 1530u32,
+        call: 1350u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -58277,8 +58395,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1349u32,
+        wire: 1531u32,
+        call: 1350u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -58312,8 +58430,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1350u32,
+        wire: 1532u32,
+        call: 1351u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -58339,8 +58457,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1350u32,
+        wire: 1533u32,
+        call: 1351u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -58366,8 +58484,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1351u32,
+        wire: 1534u32,
+        call: 1352u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -58390,8 +58508,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1352u32,
+        wire: 1535u32,
+        call: 1353u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -58429,8 +58547,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1353u32,
+        wire: 1536u32,
+        call: 1354u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58528,8 +58646,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1353u32,
+        wire: 1537u32,
+        call: 1354u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -58627,8 +58745,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1354u32,
+        wire: 1538u32,
+        call: 1355u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58654,8 +58772,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1354u32,
+        wire: 1539u32,
+        call: 1355u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -58681,8 +58799,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1355u32,
+        wire: 1540u32,
+        call: 1356u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -58716,8 +58834,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1355u32,
+        wire: 1541u32,
+        call: 1356u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -58751,8 +58869,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1356u32,
+        wire: 1542u32,
+        call: 1357u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -58790,8 +58908,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1356u32,
+        wire: 1543u32,
+        call: 1357u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -58829,8 +58947,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1357u32,
+        wire: 1544u32,
+        call: 1358u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -58868,8 +58986,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1358u32,
+        wire: 1545u32,
+        call: 1359u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -58923,8 +59041,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1358u32,
+        wire: 1546u32,
+        call: 1359u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -58978,8 +59096,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1359u32,
+        wire: 1547u32,
+        call: 1360u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -59005,8 +59123,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1359u32,
+        wire: 1548u32,
+        call: 1360u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -59032,8 +59150,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1360u32,
+        wire: 1549u32,
+        call: 1361u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -59059,8 +59177,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1360u32,
+        wire: 1550u32,
+        call: 1361u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -59086,8 +59204,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1361u32,
+        wire: 1551u32,
+        call: 1362u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59139,8 +59257,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1361u32,
+        wire: 1552u32,
+        call: 1362u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59192,8 +59310,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1362u32,
+        wire: 1553u32,
+        call: 1363u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -59219,8 +59337,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1362u32,
+        wire: 1554u32,
+        call: 1363u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -59246,8 +59364,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1363u32,
+        wire: 1555u32,
+        call: 1364u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59286,8 +59404,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1363u32,
+        wire: 1556u32,
+        call: 1364u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -59326,8 +59444,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1364u32,
+        wire: 1557u32,
+        call: 1365u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -59373,8 +59491,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1364u32,
+        wire: 1558u32,
+        call: 1365u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -59420,8 +59538,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1365u32,
+        wire: 1559u32,
+        call: 1366u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59461,8 +59579,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1365u32,
+        wire: 1560u32,
+        call: 1366u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59502,8 +59620,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1366u32,
+        wire: 1561u32,
+        call: 1367u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59541,8 +59659,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1366u32,
+        wire: 1562u32,
+        call: 1367u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -59580,8 +59698,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1367u32,
+        wire: 1563u32,
+        call: 1368u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59615,8 +59733,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1367u32,
+        wire: 1564u32,
+        call: 1368u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59650,8 +59768,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1368u32,
+        wire: 1565u32,
+        call: 1369u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -59677,8 +59795,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1369u32,
+        wire: 1566u32,
+        call: 1370u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59732,8 +59850,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1369u32,
+        wire: 1567u32,
+        call: 1370u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59787,8 +59905,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1370u32,
+        wire: 1568u32,
+        call: 1371u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -59818,8 +59936,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1371u32,
+        wire: 1569u32,
+        call: 1372u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -59845,8 +59963,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1372u32,
+        wire: 1570u32,
+        call: 1373u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59900,8 +60018,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1372u32,
+        wire: 1571u32,
+        call: 1373u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -59955,8 +60073,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1373u32,
+        wire: 1572u32,
+        call: 1374u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -60014,8 +60132,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1374u32,
+        wire: 1573u32,
+        call: 1375u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -60093,8 +60211,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1374u32,
+        wire: 1574u32,
+        call: 1375u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -60172,8 +60290,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1375u32,
+        wire: 1575u32,
+        call: 1376u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -60199,8 +60317,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1376u32,
+        wire: 1576u32,
+        call: 1377u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -60226,8 +60344,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1377u32,
+        wire: 1577u32,
+        call: 1378u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -60261,8 +60379,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1378u32,
+        wire: 1578u32,
+        call: 1379u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60304,8 +60422,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1378u32,
+        wire: 1579u32,
+        call: 1379u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60347,8 +60465,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1379u32,
+        wire: 1580u32,
+        call: 1380u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60388,8 +60506,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1379u32,
+        wire: 1581u32,
+        call: 1380u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60429,8 +60547,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1380u32,
+        wire: 1582u32,
+        call: 1381u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60456,8 +60574,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1380u32,
+        wire: 1583u32,
+        call: 1381u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60483,8 +60601,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1381u32,
+        wire: 1584u32,
+        call: 1382u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60530,8 +60648,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1381u32,
+        wire: 1585u32,
+        call: 1382u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60577,8 +60695,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1382u32,
+        wire: 1586u32,
+        call: 1383u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -60636,8 +60754,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1382u32,
+        wire: 1587u32,
+        call: 1383u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -60695,8 +60813,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1383u32,
+        wire: 1588u32,
+        call: 1384u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60738,8 +60856,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1383u32,
+        wire: 1589u32,
+        call: 1384u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -60781,8 +60899,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1384u32,
+        wire: 1590u32,
+        call: 1385u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -60839,8 +60957,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1384u32,
+        wire: 1591u32,
+        call: 1385u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -60897,8 +61015,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1385u32,
+        wire: 1592u32,
+        call: 1386u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -60950,8 +61068,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1385u32,
+        wire: 1593u32,
+        call: 1386u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -61003,8 +61121,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1386u32,
+        wire: 1594u32,
+        call: 1387u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -61032,8 +61150,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1386u32,
+        wire: 1595u32,
+        call: 1387u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -61061,8 +61179,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1387u32,
+        wire: 1596u32,
+        call: 1388u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -61090,8 +61208,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1387u32,
+        wire: 1597u32,
+        call: 1388u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -61119,8 +61237,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1388u32,
+        wire: 1598u32,
+        call: 1389u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -61187,8 +61305,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1388u32,
+        wire: 1599u32,
+        call: 1389u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -61255,8 +61373,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1389u32,
+        wire: 1600u32,
+        call: 1390u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -61305,8 +61423,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1389u32,
+        wire: 1601u32,
+        call: 1390u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -61355,8 +61473,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1390u32,
+        wire: 1602u32,
+        call: 1391u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -61400,8 +61518,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1390u32,
+        wire: 1603u32,
+        call: 1391u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -61451,8 +61569,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1592u32,
+        wire: 1805u32,
+        call: 1593u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -61476,8 +61594,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1593u32,
+        wire: 1806u32,
+        call: 1594u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -61499,8 +61617,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1594u32,
+        wire: 1807u32,
+        call: 1595u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -61526,8 +61644,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1595u32,
+        wire: 1808u32,
+        call: 1596u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -61553,8 +61671,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1596u32,
+        wire: 1809u32,
+        call: 1597u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -61584,8 +61702,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1597u32,
+        wire: 1810u32,
+        call: 1598u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -61611,8 +61729,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1598u32,
+        wire: 1811u32,
+        call: 1599u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -61635,8 +61753,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1599u32,
+        wire: 1812u32,
+        call: 1600u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -61662,8 +61780,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1600u32,
+        wire: 1813u32,
+        call: 1601u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -61691,8 +61809,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1601u32,
+        wire: 1814u32,
+        call: 1602u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -61774,8 +61892,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1602u32,
+        wire: 1815u32,
+        call: 1603u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -61805,8 +61923,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1603u32,
+        wire: 1816u32,
+        call: 1604u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -61843,8 +61961,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1604u32,
+        wire: 1817u32,
+        call: 1605u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -61870,8 +61988,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1605u32,
+        wire: 1818u32,
+        call: 1606u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -61897,8 +62015,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1606u32,
+        wire: 1819u32,
+        call: 1607u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -61924,8 +62042,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1607u32,
+        wire: 1820u32,
+        call: 1608u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -61947,8 +62065,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1608u32,
+        wire: 1821u32,
+        call: 1609u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -61970,8 +62088,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1609u32,
+        wire: 1822u32,
+        call: 1610u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -61993,8 +62111,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1610u32,
+        wire: 1823u32,
+        call: 1611u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -62020,8 +62138,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1611u32,
+        wire: 1824u32,
+        call: 1612u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -62047,8 +62165,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1612u32,
+        wire: 1825u32,
+        call: 1613u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -62074,8 +62192,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1613u32,
+        wire: 1826u32,
+        call: 1614u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -62101,8 +62219,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1614u32,
+        wire: 1827u32,
+        call: 1615u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -62140,8 +62258,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1918u32,
+        wire: 2131u32,
+        call: 1919u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62177,8 +62295,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1919u32,
+        wire: 2132u32,
+        call: 1920u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -62220,8 +62338,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1920u32,
+        wire: 2133u32,
+        call: 1921u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -62262,8 +62380,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1921u32,
+        wire: 2134u32,
+        call: 1922u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -62324,8 +62442,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1922u32,
+        wire: 2135u32,
+        call: 1923u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -62361,8 +62479,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1923u32,
+        wire: 2136u32,
+        call: 1924u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -62448,8 +62566,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1924u32,
+        wire: 2137u32,
+        call: 1925u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -62529,8 +62647,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1925u32,
+        wire: 2138u32,
+        call: 1926u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -62594,8 +62712,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1926u32,
+        wire: 2139u32,
+        call: 1927u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -62659,8 +62777,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1927u32,
+        wire: 2140u32,
+        call: 1928u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -62724,8 +62842,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1928u32,
+        wire: 2141u32,
+        call: 1929u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -62789,8 +62907,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1929u32,
+        wire: 2142u32,
+        call: 1930u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -62828,8 +62946,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1930u32,
+        wire: 2143u32,
+        call: 1931u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -62870,8 +62988,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1931u32,
+        wire: 2144u32,
+        call: 1932u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -62917,8 +63035,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1932u32,
+        wire: 2145u32,
+        call: 1933u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -62964,8 +63082,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1933u32,
+        wire: 2146u32,
+        call: 1934u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -63011,8 +63129,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1934u32,
+        wire: 2147u32,
+        call: 1935u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -63062,8 +63180,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1935u32,
+        wire: 2148u32,
+        call: 1936u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -63117,8 +63235,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1936u32,
+        wire: 2149u32,
+        call: 1937u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -63172,8 +63290,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1937u32,
+        wire: 2150u32,
+        call: 1938u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -63223,8 +63341,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1938u32,
+        wire: 2151u32,
+        call: 1939u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -63279,8 +63397,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1939u32,
+        wire: 2152u32,
+        call: 1940u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -63335,8 +63453,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1940u32,
+        wire: 2153u32,
+        call: 1941u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -63395,8 +63513,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1941u32,
+        wire: 2154u32,
+        call: 1942u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -63455,8 +63573,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1942u32,
+        wire: 2155u32,
+        call: 1943u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -63500,8 +63618,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1943u32,
+        wire: 2156u32,
+        call: 1944u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -63542,8 +63660,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1944u32,
+        wire: 2157u32,
+        call: 1945u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -63584,8 +63702,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1945u32,
+        wire: 2158u32,
+        call: 1946u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -63626,8 +63744,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1946u32,
+        wire: 2159u32,
+        call: 1947u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -63667,8 +63785,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1947u32,
+        wire: 2160u32,
+        call: 1948u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -63709,8 +63827,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1948u32,
+        wire: 2161u32,
+        call: 1949u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -63751,8 +63869,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1949u32,
+        wire: 2162u32,
+        call: 1950u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -63793,8 +63911,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1950u32,
+        wire: 2163u32,
+        call: 1951u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -63839,8 +63957,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1951u32,
+        wire: 2164u32,
+        call: 1952u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -63889,8 +64007,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1952u32,
+        wire: 2165u32,
+        call: 1953u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -63912,8 +64030,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1953u32,
+        wire: 2166u32,
+        call: 1954u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -63935,8 +64053,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1954u32,
+        wire: 2167u32,
+        call: 1955u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -63958,8 +64076,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1955u32,
+        wire: 2168u32,
+        call: 1956u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -63981,8 +64099,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1956u32,
+        wire: 2169u32,
+        call: 1957u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -64024,8 +64142,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1957u32,
+        wire: 2170u32,
+        call: 1958u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64062,8 +64180,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1958u32,
+        wire: 2171u32,
+        call: 1959u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -64105,8 +64223,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1959u32,
+        wire: 2172u32,
+        call: 1960u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -64148,8 +64266,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1960u32,
+        wire: 2173u32,
+        call: 1961u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -64199,8 +64317,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1961u32,
+        wire: 2174u32,
+        call: 1962u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64250,8 +64368,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1962u32,
+        wire: 2175u32,
+        call: 1963u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -64297,8 +64415,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1963u32,
+        wire: 2176u32,
+        call: 1964u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64344,8 +64462,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1964u32,
+        wire: 2177u32,
+        call: 1965u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -64387,8 +64505,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1965u32,
+        wire: 2178u32,
+        call: 1966u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64430,8 +64548,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1966u32,
+        wire: 2179u32,
+        call: 1967u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -64490,8 +64608,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1967u32,
+        wire: 2180u32,
+        call: 1968u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64550,8 +64668,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1968u32,
+        wire: 2181u32,
+        call: 1969u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -64610,8 +64728,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1969u32,
+        wire: 2182u32,
+        call: 1970u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -64670,8 +64788,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1970u32,
+        wire: 2183u32,
+        call: 1971u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -64693,8 +64811,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1971u32,
+        wire: 2184u32,
+        call: 1972u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -64716,8 +64834,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1972u32,
+        wire: 2185u32,
+        call: 1973u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -64739,8 +64857,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1973u32,
+        wire: 2186u32,
+        call: 1974u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -64762,8 +64880,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1974u32,
+        wire: 2187u32,
+        call: 1975u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64799,8 +64917,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1975u32,
+        wire: 2188u32,
+        call: 1976u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -64842,8 +64960,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1976u32,
+        wire: 2189u32,
+        call: 1977u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -64884,8 +65002,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1977u32,
+        wire: 2190u32,
+        call: 1978u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -64946,8 +65064,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1978u32,
+        wire: 2191u32,
+        call: 1979u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -64983,8 +65101,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1979u32,
+        wire: 2192u32,
+        call: 1980u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -65070,8 +65188,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1980u32,
+        wire: 2193u32,
+        call: 1981u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -65151,8 +65269,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1981u32,
+        wire: 2194u32,
+        call: 1982u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -65216,8 +65334,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1982u32,
+        wire: 2195u32,
+        call: 1983u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -65281,8 +65399,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1983u32,
+        wire: 2196u32,
+        call: 1984u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -65346,8 +65464,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1984u32,
+        wire: 2197u32,
+        call: 1985u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -65411,8 +65529,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1985u32,
+        wire: 2198u32,
+        call: 1986u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -65450,8 +65568,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1986u32,
+        wire: 2199u32,
+        call: 1987u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -65492,8 +65610,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1987u32,
+        wire: 2200u32,
+        call: 1988u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -65539,8 +65657,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1988u32,
+        wire: 2201u32,
+        call: 1989u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -65584,8 +65702,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1989u32,
+        wire: 2202u32,
+        call: 1990u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -65626,8 +65744,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1990u32,
+        wire: 2203u32,
+        call: 1991u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -65668,8 +65786,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1991u32,
+        wire: 2204u32,
+        call: 1992u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -65719,8 +65837,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1992u32,
+        wire: 2205u32,
+        call: 1993u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65770,8 +65888,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1993u32,
+        wire: 2206u32,
+        call: 1994u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -65817,8 +65935,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1994u32,
+        wire: 2207u32,
+        call: 1995u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65864,8 +65982,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1995u32,
+        wire: 2208u32,
+        call: 1996u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -65907,8 +66025,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1996u32,
+        wire: 2209u32,
+        call: 1997u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -65950,8 +66068,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1997u32,
+        wire: 2210u32,
+        call: 1998u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -66010,8 +66128,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1998u32,
+        wire: 2211u32,
+        call: 1999u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66070,8 +66188,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1999u32,
+        wire: 2212u32,
+        call: 2000u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -66130,8 +66248,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 2000u32,
+        wire: 2213u32,
+        call: 2001u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -66190,8 +66308,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 2001u32,
+        wire: 2214u32,
+        call: 2002u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -66232,8 +66350,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 2002u32,
+        wire: 2215u32,
+        call: 2003u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -66273,8 +66391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 2003u32,
+        wire: 2216u32,
+        call: 2004u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -66315,8 +66433,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 2004u32,
+        wire: 2217u32,
+        call: 2005u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -66357,8 +66475,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 2005u32,
+        wire: 2218u32,
+        call: 2006u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -66399,8 +66517,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 2006u32,
+        wire: 2219u32,
+        call: 2007u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -66445,8 +66563,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 2007u32,
+        wire: 2220u32,
+        call: 2008u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -66495,8 +66613,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 2008u32,
+        wire: 2221u32,
+        call: 2009u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -66542,8 +66660,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 2009u32,
+        wire: 2222u32,
+        call: 2010u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -66589,8 +66707,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 2010u32,
+        wire: 2223u32,
+        call: 2011u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -66640,8 +66758,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 2011u32,
+        wire: 2224u32,
+        call: 2012u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -66695,8 +66813,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 2012u32,
+        wire: 2225u32,
+        call: 2013u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -66750,8 +66868,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 2013u32,
+        wire: 2226u32,
+        call: 2014u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -66801,8 +66919,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 2014u32,
+        wire: 2227u32,
+        call: 2015u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -66857,8 +66975,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 2015u32,
+        wire: 2228u32,
+        call: 2016u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -66913,8 +67031,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 2016u32,
+        wire: 2229u32,
+        call: 2017u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -66973,8 +67091,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 2017u32,
+        wire: 2230u32,
+        call: 2018u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67033,8 +67151,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 2018u32,
+        wire: 2231u32,
+        call: 2019u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -67076,8 +67194,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 2019u32,
+        wire: 2232u32,
+        call: 2020u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67114,8 +67232,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 2020u32,
+        wire: 2233u32,
+        call: 2021u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -67157,8 +67275,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 2021u32,
+        wire: 2234u32,
+        call: 2022u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -67200,8 +67318,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 2022u32,
+        wire: 2235u32,
+        call: 2023u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -67227,8 +67345,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 2023u32,
+        wire: 2236u32,
+        call: 2024u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -67286,8 +67404,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 2024u32,
+        wire: 2237u32,
+        call: 2025u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -67309,8 +67427,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 2025u32,
+        wire: 2238u32,
+        call: 2026u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -67332,8 +67450,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 2026u32,
+        wire: 2239u32,
+        call: 2027u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -67355,8 +67473,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 2027u32,
+        wire: 2240u32,
+        call: 2028u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -67378,8 +67496,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 2028u32,
+        wire: 2241u32,
+        call: 2029u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -67401,8 +67519,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 2029u32,
+        wire: 2242u32,
+        call: 2030u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -67424,8 +67542,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 2030u32,
+        wire: 2243u32,
+        call: 2031u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -67447,8 +67565,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 2031u32,
+        wire: 2244u32,
+        call: 2032u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -67474,8 +67592,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 2032u32,
+        wire: 2245u32,
+        call: 2033u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -67501,8 +67619,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 2033u32,
+        wire: 2246u32,
+        call: 2034u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -67528,8 +67646,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 2034u32,
+        wire: 2247u32,
+        call: 2035u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -67555,8 +67673,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 2035u32,
+        wire: 2248u32,
+        call: 2036u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -67582,8 +67700,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 2036u32,
+        wire: 2249u32,
+        call: 2037u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -67613,8 +67731,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 2037u32,
+        wire: 2250u32,
+        call: 2038u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -67640,8 +67758,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 2038u32,
+        wire: 2251u32,
+        call: 2039u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -67667,8 +67785,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 2039u32,
+        wire: 2252u32,
+        call: 2040u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -67685,8 +67803,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 2040u32,
+        wire: 2253u32,
+        call: 2041u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -67708,8 +67826,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 2041u32,
+        wire: 2254u32,
+        call: 2042u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -67731,8 +67849,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 2042u32,
+        wire: 2255u32,
+        call: 2043u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -67789,8 +67907,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 2043u32,
+        wire: 2256u32,
+        call: 2044u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -67820,8 +67938,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 2044u32,
+        wire: 2257u32,
+        call: 2045u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -67847,8 +67965,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 2045u32,
+        wire: 2258u32,
+        call: 2046u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -67874,8 +67992,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 2046u32,
+        wire: 2259u32,
+        call: 2047u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -67901,8 +68019,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 2047u32,
+        wire: 2260u32,
+        call: 2048u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -67928,8 +68046,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 2048u32,
+        wire: 2261u32,
+        call: 2049u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67965,8 +68083,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 2049u32,
+        wire: 2262u32,
+        call: 2050u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -68008,8 +68126,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 2050u32,
+        wire: 2263u32,
+        call: 2051u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68050,8 +68168,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 2051u32,
+        wire: 2264u32,
+        call: 2052u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -68112,8 +68230,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 2052u32,
+        wire: 2265u32,
+        call: 2053u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -68149,8 +68267,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 2053u32,
+        wire: 2266u32,
+        call: 2054u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -68236,8 +68354,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 2054u32,
+        wire: 2267u32,
+        call: 2055u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -68317,8 +68435,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 2055u32,
+        wire: 2268u32,
+        call: 2056u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -68382,8 +68500,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 2056u32,
+        wire: 2269u32,
+        call: 2057u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -68447,8 +68565,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 2057u32,
+        wire: 2270u32,
+        call: 2058u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -68512,8 +68630,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 2058u32,
+        wire: 2271u32,
+        call: 2059u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -68577,8 +68695,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 2059u32,
+        wire: 2272u32,
+        call: 2060u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -68616,8 +68734,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 2060u32,
+        wire: 2273u32,
+        call: 2061u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68658,8 +68776,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 2061u32,
+        wire: 2274u32,
+        call: 2062u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -68705,8 +68823,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 2062u32,
+        wire: 2275u32,
+        call: 2063u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -68750,8 +68868,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 2063u32,
+        wire: 2276u32,
+        call: 2064u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -68792,8 +68910,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 2064u32,
+        wire: 2277u32,
+        call: 2065u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -68834,8 +68952,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 2065u32,
+        wire: 2278u32,
+        call: 2066u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -68885,8 +69003,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 2066u32,
+        wire: 2279u32,
+        call: 2067u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68936,8 +69054,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 2067u32,
+        wire: 2280u32,
+        call: 2068u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -68983,8 +69101,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 2068u32,
+        wire: 2281u32,
+        call: 2069u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69030,8 +69148,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 2069u32,
+        wire: 2282u32,
+        call: 2070u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -69073,8 +69191,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 2070u32,
+        wire: 2283u32,
+        call: 2071u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69116,8 +69234,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 2071u32,
+        wire: 2284u32,
+        call: 2072u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -69176,8 +69294,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 2072u32,
+        wire: 2285u32,
+        call: 2073u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69236,8 +69354,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 2073u32,
+        wire: 2286u32,
+        call: 2074u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -69296,8 +69414,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 2074u32,
+        wire: 2287u32,
+        call: 2075u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69356,8 +69474,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 2075u32,
+        wire: 2288u32,
+        call: 2076u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -69398,8 +69516,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 2076u32,
+        wire: 2289u32,
+        call: 2077u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -69439,8 +69557,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 2077u32,
+        wire: 2290u32,
+        call: 2078u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69481,8 +69599,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 2078u32,
+        wire: 2291u32,
+        call: 2079u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -69523,8 +69641,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 2079u32,
+        wire: 2292u32,
+        call: 2080u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -69565,8 +69683,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 2080u32,
+        wire: 2293u32,
+        call: 2081u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -69611,8 +69729,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 2081u32,
+        wire: 2294u32,
+        call: 2082u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -69661,8 +69779,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 2082u32,
+        wire: 2295u32,
+        call: 2083u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -69708,8 +69826,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 2083u32,
+        wire: 2296u32,
+        call: 2084u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69755,8 +69873,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 2084u32,
+        wire: 2297u32,
+        call: 2085u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -69806,8 +69924,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 2085u32,
+        wire: 2298u32,
+        call: 2086u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -69861,8 +69979,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 2086u32,
+        wire: 2299u32,
+        call: 2087u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -69916,8 +70034,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 2087u32,
+        wire: 2300u32,
+        call: 2088u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -69967,8 +70085,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 2088u32,
+        wire: 2301u32,
+        call: 2089u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -70023,8 +70141,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 2089u32,
+        wire: 2302u32,
+        call: 2090u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70079,8 +70197,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 2090u32,
+        wire: 2303u32,
+        call: 2091u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -70139,8 +70257,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2091u32,
+        wire: 2304u32,
+        call: 2092u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70199,8 +70317,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2092u32,
+        wire: 2305u32,
+        call: 2093u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -70242,8 +70360,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2093u32,
+        wire: 2306u32,
+        call: 2094u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70280,8 +70398,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2094u32,
+        wire: 2307u32,
+        call: 2095u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -70323,8 +70441,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2095u32,
+        wire: 2308u32,
+        call: 2096u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -70366,8 +70484,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2096u32,
+        wire: 2309u32,
+        call: 2097u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -70457,8 +70575,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2097u32,
+        wire: 2310u32,
+        call: 2098u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -70544,8 +70662,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2098u32,
+        wire: 2311u32,
+        call: 2099u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -70613,8 +70731,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2099u32,
+        wire: 2312u32,
+        call: 2100u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70678,8 +70796,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2100u32,
+        wire: 2313u32,
+        call: 2101u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -70773,8 +70891,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2101u32,
+        wire: 2314u32,
+        call: 2102u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -70864,8 +70982,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2102u32,
+        wire: 2315u32,
+        call: 2103u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -70891,8 +71009,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2103u32,
+        wire: 2316u32,
+        call: 2104u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -70918,8 +71036,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2104u32,
+        wire: 2317u32,
+        call: 2105u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -70945,8 +71063,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2105u32,
+        wire: 2318u32,
+        call: 2106u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -71036,8 +71154,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2106u32,
+        wire: 2319u32,
+        call: 2107u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -71101,8 +71219,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2107u32,
+        wire: 2320u32,
+        call: 2108u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71161,8 +71279,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2108u32,
+        wire: 2321u32,
+        call: 2109u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -71220,8 +71338,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2109u32,
+        wire: 2322u32,
+        call: 2110u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -71284,8 +71402,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2110u32,
+        wire: 2323u32,
+        call: 2111u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71344,8 +71462,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2111u32,
+        wire: 2324u32,
+        call: 2112u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -71402,8 +71520,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2112u32,
+        wire: 2325u32,
+        call: 2113u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -71479,8 +71597,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2113u32,
+        wire: 2326u32,
+        call: 2114u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -71552,8 +71670,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2114u32,
+        wire: 2327u32,
+        call: 2115u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -71625,8 +71743,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2115u32,
+        wire: 2328u32,
+        call: 2116u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71694,8 +71812,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2116u32,
+        wire: 2329u32,
+        call: 2117u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -71721,8 +71839,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2117u32,
+        wire: 2330u32,
+        call: 2118u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -71748,8 +71866,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2118u32,
+        wire: 2331u32,
+        call: 2119u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -71775,8 +71893,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2119u32,
+        wire: 2332u32,
+        call: 2120u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -71845,8 +71963,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2120u32,
+        wire: 2333u32,
+        call: 2121u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -71911,8 +72029,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2121u32,
+        wire: 2334u32,
+        call: 2122u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -71971,8 +72089,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2122u32,
+        wire: 2335u32,
+        call: 2123u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -72027,8 +72145,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2123u32,
+        wire: 2336u32,
+        call: 2124u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72064,8 +72182,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2124u32,
+        wire: 2337u32,
+        call: 2125u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -72107,8 +72225,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2125u32,
+        wire: 2338u32,
+        call: 2126u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72149,8 +72267,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2126u32,
+        wire: 2339u32,
+        call: 2127u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -72211,8 +72329,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2127u32,
+        wire: 2340u32,
+        call: 2128u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72248,8 +72366,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2128u32,
+        wire: 2341u32,
+        call: 2129u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -72335,8 +72453,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2129u32,
+        wire: 2342u32,
+        call: 2130u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72416,8 +72534,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2130u32,
+        wire: 2343u32,
+        call: 2131u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -72481,8 +72599,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2131u32,
+        wire: 2344u32,
+        call: 2132u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -72546,8 +72664,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2132u32,
+        wire: 2345u32,
+        call: 2133u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72611,8 +72729,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2133u32,
+        wire: 2346u32,
+        call: 2134u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -72676,8 +72794,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2134u32,
+        wire: 2347u32,
+        call: 2135u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -72715,8 +72833,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2135u32,
+        wire: 2348u32,
+        call: 2136u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72757,8 +72875,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2136u32,
+        wire: 2349u32,
+        call: 2137u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -72804,8 +72922,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2137u32,
+        wire: 2350u32,
+        call: 2138u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -72851,8 +72969,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2138u32,
+        wire: 2351u32,
+        call: 2139u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72898,8 +73016,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2139u32,
+        wire: 2352u32,
+        call: 2140u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -72949,8 +73067,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2140u32,
+        wire: 2353u32,
+        call: 2141u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -73004,8 +73122,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2141u32,
+        wire: 2354u32,
+        call: 2142u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -73059,8 +73177,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2142u32,
+        wire: 2355u32,
+        call: 2143u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -73110,8 +73228,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2143u32,
+        wire: 2356u32,
+        call: 2144u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -73166,8 +73284,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2144u32,
+        wire: 2357u32,
+        call: 2145u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -73222,8 +73340,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2145u32,
+        wire: 2358u32,
+        call: 2146u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -73282,8 +73400,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2146u32,
+        wire: 2359u32,
+        call: 2147u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -73342,8 +73460,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2147u32,
+        wire: 2360u32,
+        call: 2148u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -73387,8 +73505,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2148u32,
+        wire: 2361u32,
+        call: 2149u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -73429,8 +73547,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2149u32,
+        wire: 2362u32,
+        call: 2150u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -73471,8 +73589,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2150u32,
+        wire: 2363u32,
+        call: 2151u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -73513,8 +73631,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2151u32,
+        wire: 2364u32,
+        call: 2152u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -73554,8 +73672,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2152u32,
+        wire: 2365u32,
+        call: 2153u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73596,8 +73714,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2153u32,
+        wire: 2366u32,
+        call: 2154u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -73638,8 +73756,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2154u32,
+        wire: 2367u32,
+        call: 2155u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -73680,8 +73798,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2155u32,
+        wire: 2368u32,
+        call: 2156u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -73726,8 +73844,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2156u32,
+        wire: 2369u32,
+        call: 2157u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -73776,8 +73894,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2157u32,
+        wire: 2370u32,
+        call: 2158u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -73819,8 +73937,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2158u32,
+        wire: 2371u32,
+        call: 2159u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73857,8 +73975,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2159u32,
+        wire: 2372u32,
+        call: 2160u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -73900,8 +74018,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2160u32,
+        wire: 2373u32,
+        call: 2161u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -73943,8 +74061,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2161u32,
+        wire: 2374u32,
+        call: 2162u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -73994,8 +74112,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2162u32,
+        wire: 2375u32,
+        call: 2163u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74045,8 +74163,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2163u32,
+        wire: 2376u32,
+        call: 2164u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -74092,8 +74210,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2164u32,
+        wire: 2377u32,
+        call: 2165u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74139,8 +74257,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2165u32,
+        wire: 2378u32,
+        call: 2166u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -74182,8 +74300,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2166u32,
+        wire: 2379u32,
+        call: 2167u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74225,8 +74343,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2167u32,
+        wire: 2380u32,
+        call: 2168u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -74285,8 +74403,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2168u32,
+        wire: 2381u32,
+        call: 2169u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74345,8 +74463,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2169u32,
+        wire: 2382u32,
+        call: 2170u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -74405,8 +74523,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2170u32,
+        wire: 2383u32,
+        call: 2171u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74465,8 +74583,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2171u32,
+        wire: 2384u32,
+        call: 2172u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -74488,8 +74606,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2172u32,
+        wire: 2385u32,
+        call: 2173u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -74511,8 +74629,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2173u32,
+        wire: 2386u32,
+        call: 2174u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -74534,8 +74652,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2174u32,
+        wire: 2387u32,
+        call: 2175u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -74557,8 +74675,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2175u32,
+        wire: 2388u32,
+        call: 2176u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -74580,8 +74698,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2176u32,
+        wire: 2389u32,
+        call: 2177u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -74603,8 +74721,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2177u32,
+        wire: 2390u32,
+        call: 2178u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -74634,8 +74752,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2178u32,
+        wire: 2391u32,
+        call: 2179u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -74665,8 +74783,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2179u32,
+        wire: 2392u32,
+        call: 2180u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -74696,8 +74814,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2180u32,
+        wire: 2393u32,
+        call: 2181u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -74723,8 +74841,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2181u32,
+        wire: 2394u32,
+        call: 2182u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -74746,8 +74864,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2182u32,
+        wire: 2395u32,
+        call: 2183u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -74769,8 +74887,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2183u32,
+        wire: 2396u32,
+        call: 2184u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -74792,8 +74910,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2184u32,
+        wire: 2397u32,
+        call: 2185u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -74815,8 +74933,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2185u32,
+        wire: 2398u32,
+        call: 2186u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -74842,8 +74960,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2186u32,
+        wire: 2399u32,
+        call: 2187u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -74872,8 +74990,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1615u32,
+        wire: 1828u32,
+        call: 1616u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -74913,8 +75031,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1616u32,
+        wire: 1829u32,
+        call: 1617u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -74952,8 +75070,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1617u32,
+        wire: 1830u32,
+        call: 1618u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -75005,8 +75123,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1618u32,
+        wire: 1831u32,
+        call: 1619u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -75060,8 +75178,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1619u32,
+        wire: 1832u32,
+        call: 1620u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -75116,8 +75234,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1620u32,
+        wire: 1833u32,
+        call: 1621u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -75171,8 +75289,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1621u32,
+        wire: 1834u32,
+        call: 1622u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -75226,8 +75344,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1622u32,
+        wire: 1835u32,
+        call: 1623u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -75282,8 +75400,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1623u32,
+        wire: 1836u32,
+        call: 1624u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -75364,8 +75482,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1624u32,
+        wire: 1837u32,
+        call: 1625u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -75430,8 +75548,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1625u32,
+        wire: 1838u32,
+        call: 1626u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -75497,8 +75615,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1626u32,
+        wire: 1839u32,
+        call: 1627u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -75565,8 +75683,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1627u32,
+        wire: 1840u32,
+        call: 1628u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -75647,8 +75765,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1628u32,
+        wire: 1841u32,
+        call: 1629u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -75706,8 +75824,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1629u32,
+        wire: 1842u32,
+        call: 1630u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -75766,8 +75884,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1630u32,
+        wire: 1843u32,
+        call: 1631u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -75832,8 +75950,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1631u32,
+        wire: 1844u32,
+        call: 1632u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -75904,8 +76022,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1632u32,
+        wire: 1845u32,
+        call: 1633u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -75957,8 +76075,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1633u32,
+        wire: 1846u32,
+        call: 1634u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -76004,8 +76122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1634u32,
+        wire: 1847u32,
+        call: 1635u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -76062,8 +76180,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1635u32,
+        wire: 1848u32,
+        call: 1636u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -76118,8 +76236,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1636u32,
+        wire: 1849u32,
+        call: 1637u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -76189,8 +76307,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1637u32,
+        wire: 1850u32,
+        call: 1638u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -76265,8 +76383,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1638u32,
+        wire: 1851u32,
+        call: 1639u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -76355,8 +76473,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1639u32,
+        wire: 1852u32,
+        call: 1640u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -76440,8 +76558,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1640u32,
+        wire: 1853u32,
+        call: 1641u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -76487,8 +76605,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1641u32,
+        wire: 1854u32,
+        call: 1642u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76535,8 +76653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1642u32,
+        wire: 1855u32,
+        call: 1643u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -76582,8 +76700,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1643u32,
+        wire: 1856u32,
+        call: 1644u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -76630,8 +76748,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1644u32,
+        wire: 1857u32,
+        call: 1645u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -76703,8 +76821,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1645u32,
+        wire: 1858u32,
+        call: 1646u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -76776,8 +76894,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1646u32,
+        wire: 1859u32,
+        call: 1647u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -76827,8 +76945,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1647u32,
+        wire: 1860u32,
+        call: 1648u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -76879,8 +76997,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1648u32,
+        wire: 1861u32,
+        call: 1649u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -76937,8 +77055,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1649u32,
+        wire: 1862u32,
+        call: 1650u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -76984,8 +77102,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1650u32,
+        wire: 1863u32,
+        call: 1651u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -77032,8 +77150,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1651u32,
+        wire: 1864u32,
+        call: 1652u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -77089,8 +77207,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1652u32,
+        wire: 1865u32,
+        call: 1653u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -77141,8 +77259,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1653u32,
+        wire: 1866u32,
+        call: 1654u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -77211,8 +77329,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1654u32,
+        wire: 1867u32,
+        call: 1655u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -77279,8 +77397,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1655u32,
+        wire: 1868u32,
+        call: 1656u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -77334,8 +77452,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1656u32,
+        wire: 1869u32,
+        call: 1657u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -77389,8 +77507,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1657u32,
+        wire: 1870u32,
+        call: 1658u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -77413,8 +77531,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1658u32,
+        wire: 1871u32,
+        call: 1659u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -77437,8 +77555,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1659u32,
+        wire: 1872u32,
+        call: 1660u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -77461,8 +77579,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1660u32,
+        wire: 1873u32,
+        call: 1661u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -77485,8 +77603,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1661u32,
+        wire: 1874u32,
+        call: 1662u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -77543,8 +77661,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1662u32,
+        wire: 1875u32,
+        call: 1663u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -77606,8 +77724,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1663u32,
+        wire: 1876u32,
+        call: 1664u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -77632,8 +77750,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1664u32,
+        wire: 1877u32,
+        call: 1665u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -77663,8 +77781,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1665u32,
+        wire: 1878u32,
+        call: 1666u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -77690,8 +77808,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1666u32,
+        wire: 1879u32,
+        call: 1667u32,
         name: "cusparseCreate",
         form: Some("call"),
         library: "cusparse",
@@ -77713,8 +77831,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1667u32,
+        wire: 1880u32,
+        call: 1668u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -77779,8 +77897,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1668u32,
+        wire: 1881u32,
+        call: 1669u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -77802,8 +77920,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1669u32,
+        wire: 1882u32,
+        call: 1670u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -77825,8 +77943,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1670u32,
+        wire: 1883u32,
+        call: 1671u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -77848,8 +77966,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1671u32,
+        wire: 1884u32,
+        call: 1672u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -77871,8 +77989,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1672u32,
+        wire: 1885u32,
+        call: 1673u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -77894,8 +78012,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1673u32,
+        wire: 1886u32,
+        call: 1674u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -77960,8 +78078,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1674u32,
+        wire: 1887u32,
+        call: 1675u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -78010,8 +78128,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1675u32,
+        wire: 1888u32,
+        call: 1676u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -78064,8 +78182,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1676u32,
+        wire: 1889u32,
+        call: 1677u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -78108,8 +78226,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1677u32,
+        wire: 1890u32,
+        call: 1678u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -78140,8 +78258,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1678u32,
+        wire: 1891u32,
+        call: 1679u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -78190,8 +78308,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1679u32,
+        wire: 1892u32,
+        call: 1680u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -78239,8 +78357,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1680u32,
+        wire: 1893u32,
+        call: 1681u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -78293,8 +78411,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1681u32,
+        wire: 1894u32,
+        call: 1682u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -78316,8 +78434,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1682u32,
+        wire: 1895u32,
+        call: 1683u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -78339,8 +78457,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1683u32,
+        wire: 1896u32,
+        call: 1684u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -78362,8 +78480,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1684u32,
+        wire: 1897u32,
+        call: 1685u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -78385,8 +78503,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1685u32,
+        wire: 1898u32,
+        call: 1686u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -78408,8 +78526,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1686u32,
+        wire: 1899u32,
+        call: 1687u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -78431,8 +78549,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1687u32,
+        wire: 1900u32,
+        call: 1688u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -78475,8 +78593,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1688u32,
+        wire: 1901u32,
+        call: 1689u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -78507,8 +78625,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1689u32,
+        wire: 1902u32,
+        call: 1690u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -78535,8 +78653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1690u32,
+        wire: 1903u32,
+        call: 1691u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -78558,8 +78676,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1691u32,
+        wire: 1904u32,
+        call: 1692u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -78581,8 +78699,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1692u32,
+        wire: 1905u32,
+        call: 1693u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -78607,8 +78725,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1693u32,
+        wire: 1906u32,
+        call: 1694u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -78642,8 +78760,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1694u32,
+        wire: 1907u32,
+        call: 1695u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -78695,8 +78813,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1695u32,
+        wire: 1908u32,
+        call: 1696u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -78750,8 +78868,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1696u32,
+        wire: 1909u32,
+        call: 1697u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -78806,8 +78924,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1697u32,
+        wire: 1910u32,
+        call: 1698u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -78861,8 +78979,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1698u32,
+        wire: 1911u32,
+        call: 1699u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -78916,8 +79034,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1699u32,
+        wire: 1912u32,
+        call: 1700u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -78972,8 +79090,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1700u32,
+        wire: 1913u32,
+        call: 1701u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -79054,8 +79172,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1701u32,
+        wire: 1914u32,
+        call: 1702u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -79120,8 +79238,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1702u32,
+        wire: 1915u32,
+        call: 1703u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -79187,8 +79305,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1703u32,
+        wire: 1916u32,
+        call: 1704u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -79255,8 +79373,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1704u32,
+        wire: 1917u32,
+        call: 1705u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -79337,8 +79455,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1705u32,
+        wire: 1918u32,
+        call: 1706u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -79396,8 +79514,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1706u32,
+        wire: 1919u32,
+        call: 1707u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -79456,8 +79574,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1707u32,
+        wire: 1920u32,
+        call: 1708u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -79522,8 +79640,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1708u32,
+        wire: 1921u32,
+        call: 1709u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -79594,8 +79712,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1709u32,
+        wire: 1922u32,
+        call: 1710u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -79647,8 +79765,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1710u32,
+        wire: 1923u32,
+        call: 1711u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -79694,8 +79812,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1711u32,
+        wire: 1924u32,
+        call: 1712u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -79752,8 +79870,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1712u32,
+        wire: 1925u32,
+        call: 1713u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -79808,8 +79926,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1713u32,
+        wire: 1926u32,
+        call: 1714u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -79879,8 +79997,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1714u32,
+        wire: 1927u32,
+        call: 1715u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -79955,8 +80073,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1715u32,
+        wire: 1928u32,
+        call: 1716u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -80045,8 +80163,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1716u32,
+        wire: 1929u32,
+        call: 1717u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80130,8 +80248,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1717u32,
+        wire: 1930u32,
+        call: 1718u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -80177,8 +80295,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1718u32,
+        wire: 1931u32,
+        call: 1719u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -80225,8 +80343,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1719u32,
+        wire: 1932u32,
+        call: 1720u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -80272,8 +80390,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1720u32,
+        wire: 1933u32,
+        call: 1721u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -80320,8 +80438,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1721u32,
+        wire: 1934u32,
+        call: 1722u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -80393,8 +80511,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1722u32,
+        wire: 1935u32,
+        call: 1723u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -80466,8 +80584,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1723u32,
+        wire: 1936u32,
+        call: 1724u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -80517,8 +80635,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1724u32,
+        wire: 1937u32,
+        call: 1725u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80569,8 +80687,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1725u32,
+        wire: 1938u32,
+        call: 1726u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -80627,8 +80745,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1726u32,
+        wire: 1939u32,
+        call: 1727u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -80674,8 +80792,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1727u32,
+        wire: 1940u32,
+        call: 1728u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80722,8 +80840,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1728u32,
+        wire: 1941u32,
+        call: 1729u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -80758,8 +80876,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1729u32,
+        wire: 1942u32,
+        call: 1730u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -80799,8 +80917,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1730u32,
+        wire: 1943u32,
+        call: 1731u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -80835,8 +80953,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1731u32,
+        wire: 1944u32,
+        call: 1732u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -80858,8 +80976,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1732u32,
+        wire: 1945u32,
+        call: 1733u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -80881,8 +80999,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1733u32,
+        wire: 1946u32,
+        call: 1734u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -80904,8 +81022,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1734u32,
+        wire: 1947u32,
+        call: 1735u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -80927,8 +81045,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1735u32,
+        wire: 1948u32,
+        call: 1736u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -80950,8 +81068,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1736u32,
+        wire: 1949u32,
+        call: 1737u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -80973,8 +81091,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1737u32,
+        wire: 1950u32,
+        call: 1738u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -80996,8 +81114,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1738u32,
+        wire: 1951u32,
+        call: 1739u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -81019,8 +81137,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1739u32,
+        wire: 1952u32,
+        call: 1740u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -81042,8 +81160,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1740u32,
+        wire: 1953u32,
+        call: 1741u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -81065,8 +81183,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1741u32,
+        wire: 1954u32,
+        call: 1742u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -81088,8 +81206,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1742u32,
+        wire: 1955u32,
+        call: 1743u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -81111,8 +81229,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1743u32,
+        wire: 1956u32,
+        call: 1744u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -81134,8 +81252,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1744u32,
+        wire: 1957u32,
+        call: 1745u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -81157,8 +81275,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1745u32,
+        wire: 1958u32,
+        call: 1746u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -81180,8 +81298,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1746u32,
+        wire: 1959u32,
+        call: 1747u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -81203,8 +81321,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1747u32,
+        wire: 1960u32,
+        call: 1748u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -81226,8 +81344,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1748u32,
+        wire: 1961u32,
+        call: 1749u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -81249,8 +81367,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1749u32,
+        wire: 1962u32,
+        call: 1750u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -81306,8 +81424,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1750u32,
+        wire: 1963u32,
+        call: 1751u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -81358,8 +81476,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1751u32,
+        wire: 1964u32,
+        call: 1752u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -81428,8 +81546,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1752u32,
+        wire: 1965u32,
+        call: 1753u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -81496,8 +81614,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1753u32,
+        wire: 1966u32,
+        call: 1754u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -81520,8 +81638,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1754u32,
+        wire: 1967u32,
+        call: 1755u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -81551,8 +81669,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1755u32,
+        wire: 1968u32,
+        call: 1756u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -81575,8 +81693,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1756u32,
+        wire: 1969u32,
+        call: 1757u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -81599,8 +81717,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1757u32,
+        wire: 1970u32,
+        call: 1758u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -81623,8 +81741,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1758u32,
+        wire: 1971u32,
+        call: 1759u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -81681,8 +81799,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1759u32,
+        wire: 1972u32,
+        call: 1760u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81744,8 +81862,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1760u32,
+        wire: 1973u32,
+        call: 1761u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -81805,8 +81923,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1761u32,
+        wire: 1974u32,
+        call: 1762u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -81836,8 +81954,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1762u32,
+        wire: 1975u32,
+        call: 1763u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -81862,8 +81980,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1763u32,
+        wire: 1976u32,
+        call: 1764u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -81888,8 +82006,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1764u32,
+        wire: 1977u32,
+        call: 1765u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -81914,8 +82032,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1765u32,
+        wire: 1978u32,
+        call: 1766u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -81940,8 +82058,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1766u32,
+        wire: 1979u32,
+        call: 1767u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -81967,8 +82085,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1767u32,
+        wire: 1980u32,
+        call: 1768u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -81985,8 +82103,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1768u32,
+        wire: 1981u32,
+        call: 1769u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -82008,8 +82126,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1769u32,
+        wire: 1982u32,
+        call: 1770u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -82031,8 +82149,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1770u32,
+        wire: 1983u32,
+        call: 1771u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -82093,8 +82211,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1771u32,
+        wire: 1984u32,
+        call: 1772u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -82160,8 +82278,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1772u32,
+        wire: 1985u32,
+        call: 1773u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -82222,8 +82340,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1773u32,
+        wire: 1986u32,
+        call: 1774u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -82275,8 +82393,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1774u32,
+        wire: 1987u32,
+        call: 1775u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -82330,8 +82448,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1775u32,
+        wire: 1988u32,
+        call: 1776u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -82386,8 +82504,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1776u32,
+        wire: 1989u32,
+        call: 1777u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -82441,8 +82559,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1777u32,
+        wire: 1990u32,
+        call: 1778u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -82496,8 +82614,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1778u32,
+        wire: 1991u32,
+        call: 1779u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -82552,8 +82670,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1779u32,
+        wire: 1992u32,
+        call: 1780u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -82634,8 +82752,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1780u32,
+        wire: 1993u32,
+        call: 1781u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -82700,8 +82818,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1781u32,
+        wire: 1994u32,
+        call: 1782u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -82767,8 +82885,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1782u32,
+        wire: 1995u32,
+        call: 1783u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -82835,8 +82953,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1783u32,
+        wire: 1996u32,
+        call: 1784u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -82917,8 +83035,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1784u32,
+        wire: 1997u32,
+        call: 1785u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -82976,8 +83094,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1785u32,
+        wire: 1998u32,
+        call: 1786u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -83036,8 +83154,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1786u32,
+        wire: 1999u32,
+        call: 1787u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -83102,8 +83220,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1787u32,
+        wire: 2000u32,
+        call: 1788u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -83174,8 +83292,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1788u32,
+        wire: 2001u32,
+        call: 1789u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -83205,8 +83323,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1789u32,
+        wire: 2002u32,
+        call: 1790u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -83258,8 +83376,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1790u32,
+        wire: 2003u32,
+        call: 1791u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -83305,8 +83423,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1791u32,
+        wire: 2004u32,
+        call: 1792u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -83363,8 +83481,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1792u32,
+        wire: 2005u32,
+        call: 1793u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -83419,8 +83537,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1793u32,
+        wire: 2006u32,
+        call: 1794u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -83490,8 +83608,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1794u32,
+        wire: 2007u32,
+        call: 1795u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83566,8 +83684,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1795u32,
+        wire: 2008u32,
+        call: 1796u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -83656,8 +83774,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1796u32,
+        wire: 2009u32,
+        call: 1797u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -83741,8 +83859,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1797u32,
+        wire: 2010u32,
+        call: 1798u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -83788,8 +83906,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1798u32,
+        wire: 2011u32,
+        call: 1799u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83836,8 +83954,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1799u32,
+        wire: 2012u32,
+        call: 1800u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -83883,8 +84001,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1800u32,
+        wire: 2013u32,
+        call: 1801u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83931,8 +84049,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1801u32,
+        wire: 2014u32,
+        call: 1802u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -84004,8 +84122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1802u32,
+        wire: 2015u32,
+        call: 1803u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -84077,8 +84195,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1803u32,
+        wire: 2016u32,
+        call: 1804u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -84128,8 +84246,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1804u32,
+        wire: 2017u32,
+        call: 1805u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -84180,8 +84298,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1805u32,
+        wire: 2018u32,
+        call: 1806u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -84238,8 +84356,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1806u32,
+        wire: 2019u32,
+        call: 1807u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -84285,8 +84403,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1807u32,
+        wire: 2020u32,
+        call: 1808u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84333,8 +84451,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1808u32,
+        wire: 2021u32,
+        call: 1809u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -84360,8 +84478,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1809u32,
+        wire: 2022u32,
+        call: 1810u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -84387,8 +84505,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1810u32,
+        wire: 2023u32,
+        call: 1811u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -84414,8 +84532,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1811u32,
+        wire: 2024u32,
+        call: 1812u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -84441,8 +84559,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1812u32,
+        wire: 2025u32,
+        call: 1813u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -84468,8 +84586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1813u32,
+        wire: 2026u32,
+        call: 1814u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
         library: "cusparse",
@@ -84495,8 +84613,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1814u32,
+        wire: 2027u32,
+        call: 1815u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -84522,8 +84640,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1815u32,
+        wire: 2028u32,
+        call: 1816u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -84579,8 +84697,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1816u32,
+        wire: 2029u32,
+        call: 1817u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -84631,8 +84749,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1817u32,
+        wire: 2030u32,
+        call: 1818u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -84701,8 +84819,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1818u32,
+        wire: 2031u32,
+        call: 1819u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -84769,8 +84887,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1819u32,
+        wire: 2032u32,
+        call: 1820u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -84841,8 +84959,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1820u32,
+        wire: 2033u32,
+        call: 1821u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -84906,8 +85024,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1821u32,
+        wire: 2034u32,
+        call: 1822u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -84929,8 +85047,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1822u32,
+        wire: 2035u32,
+        call: 1823u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -84952,8 +85070,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1823u32,
+        wire: 2036u32,
+        call: 1824u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -85024,8 +85142,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1824u32,
+        wire: 2037u32,
+        call: 1825u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -85089,8 +85207,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1825u32,
+        wire: 2038u32,
+        call: 1826u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -85147,8 +85265,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1826u32,
+        wire: 2039u32,
+        call: 1827u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -85209,8 +85327,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1827u32,
+        wire: 2040u32,
+        call: 1828u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -85233,8 +85351,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1828u32,
+        wire: 2041u32,
+        call: 1829u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -85256,8 +85374,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1829u32,
+        wire: 2042u32,
+        call: 1830u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -85323,8 +85441,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1830u32,
+        wire: 2043u32,
+        call: 1831u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -85385,8 +85503,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1831u32,
+        wire: 2044u32,
+        call: 1832u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -85443,8 +85561,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1832u32,
+        wire: 2045u32,
+        call: 1833u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -85506,8 +85624,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1833u32,
+        wire: 2046u32,
+        call: 1834u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -85564,8 +85682,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1834u32,
+        wire: 2047u32,
+        call: 1835u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -85596,8 +85714,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1835u32,
+        wire: 2048u32,
+        call: 1836u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -85637,8 +85755,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1836u32,
+        wire: 2049u32,
+        call: 1837u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -85661,8 +85779,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1837u32,
+        wire: 2050u32,
+        call: 1838u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -85693,8 +85811,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1838u32,
+        wire: 2051u32,
+        call: 1839u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -85720,8 +85838,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1839u32,
+        wire: 2052u32,
+        call: 1840u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -85744,8 +85862,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1840u32,
+        wire: 2053u32,
+        call: 1841u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -85805,8 +85923,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1841u32,
+        wire: 2054u32,
+        call: 1842u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -85871,8 +85989,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1842u32,
+        wire: 2055u32,
+        call: 1843u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -85894,8 +86012,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1843u32,
+        wire: 2056u32,
+        call: 1844u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -85917,8 +86035,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1844u32,
+        wire: 2057u32,
+        call: 1845u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -85977,8 +86095,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1845u32,
+        wire: 2058u32,
+        call: 1846u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -86034,8 +86152,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1846u32,
+        wire: 2059u32,
+        call: 1847u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -86096,8 +86214,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1847u32,
+        wire: 2060u32,
+        call: 1848u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -86119,8 +86237,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1848u32,
+        wire: 2061u32,
+        call: 1849u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -86142,8 +86260,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1849u32,
+        wire: 2062u32,
+        call: 1850u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -86198,8 +86316,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1850u32,
+        wire: 2063u32,
+        call: 1851u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -86222,8 +86340,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1851u32,
+        wire: 2064u32,
+        call: 1852u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -86246,8 +86364,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1852u32,
+        wire: 2065u32,
+        call: 1853u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -86282,8 +86400,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1853u32,
+        wire: 2066u32,
+        call: 1854u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -86323,8 +86441,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1854u32,
+        wire: 2067u32,
+        call: 1855u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -86381,8 +86499,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1855u32,
+        wire: 2068u32,
+        call: 1856u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86444,8 +86562,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1856u32,
+        wire: 2069u32,
+        call: 1857u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -86505,8 +86623,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1857u32,
+        wire: 2070u32,
+        call: 1858u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86537,8 +86655,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1858u32,
+        wire: 2071u32,
+        call: 1859u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86569,8 +86687,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1859u32,
+        wire: 2072u32,
+        call: 1860u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86601,8 +86719,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1860u32,
+        wire: 2073u32,
+        call: 1861u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -86633,8 +86751,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1861u32,
+        wire: 2074u32,
+        call: 1862u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -86670,8 +86788,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1862u32,
+        wire: 2075u32,
+        call: 1863u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -86709,8 +86827,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1863u32,
+        wire: 2076u32,
+        call: 1864u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -86748,8 +86866,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1864u32,
+        wire: 2077u32,
+        call: 1865u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86791,8 +86909,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1865u32,
+        wire: 2078u32,
+        call: 1866u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -86846,8 +86964,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1866u32,
+        wire: 2079u32,
+        call: 1867u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -86883,8 +87001,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1867u32,
+        wire: 2080u32,
+        call: 1868u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -86943,8 +87061,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1868u32,
+        wire: 2081u32,
+        call: 1869u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -87005,8 +87123,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1869u32,
+        wire: 2082u32,
+        call: 1870u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -87085,8 +87203,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1870u32,
+        wire: 2083u32,
+        call: 1871u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -87117,8 +87235,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1871u32,
+        wire: 2084u32,
+        call: 1872u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -87149,8 +87267,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1872u32,
+        wire: 2085u32,
+        call: 1873u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -87181,8 +87299,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1873u32,
+        wire: 2086u32,
+        call: 1874u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -87224,8 +87342,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1874u32,
+        wire: 2087u32,
+        call: 1875u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -87267,8 +87385,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1875u32,
+        wire: 2088u32,
+        call: 1876u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -87299,8 +87417,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1876u32,
+        wire: 2089u32,
+        call: 1877u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -87354,8 +87472,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1877u32,
+        wire: 2090u32,
+        call: 1878u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -87426,8 +87544,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1878u32,
+        wire: 2091u32,
+        call: 1879u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -87479,8 +87597,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1879u32,
+        wire: 2092u32,
+        call: 1880u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -87534,8 +87652,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1880u32,
+        wire: 2093u32,
+        call: 1881u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87590,8 +87708,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1881u32,
+        wire: 2094u32,
+        call: 1882u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -87645,8 +87763,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1882u32,
+        wire: 2095u32,
+        call: 1883u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -87700,8 +87818,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1883u32,
+        wire: 2096u32,
+        call: 1884u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87756,8 +87874,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1884u32,
+        wire: 2097u32,
+        call: 1885u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -87838,8 +87956,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1885u32,
+        wire: 2098u32,
+        call: 1886u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -87904,8 +88022,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1886u32,
+        wire: 2099u32,
+        call: 1887u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -87971,8 +88089,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1887u32,
+        wire: 2100u32,
+        call: 1888u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88039,8 +88157,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1888u32,
+        wire: 2101u32,
+        call: 1889u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88121,8 +88239,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1889u32,
+        wire: 2102u32,
+        call: 1890u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88180,8 +88298,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1890u32,
+        wire: 2103u32,
+        call: 1891u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88240,8 +88358,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1891u32,
+        wire: 2104u32,
+        call: 1892u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -88306,8 +88424,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1892u32,
+        wire: 2105u32,
+        call: 1893u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -88378,8 +88496,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1893u32,
+        wire: 2106u32,
+        call: 1894u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -88431,8 +88549,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1894u32,
+        wire: 2107u32,
+        call: 1895u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -88478,8 +88596,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1895u32,
+        wire: 2108u32,
+        call: 1896u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -88536,8 +88654,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1896u32,
+        wire: 2109u32,
+        call: 1897u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -88592,8 +88710,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1897u32,
+        wire: 2110u32,
+        call: 1898u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -88663,8 +88781,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1898u32,
+        wire: 2111u32,
+        call: 1899u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88739,8 +88857,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1899u32,
+        wire: 2112u32,
+        call: 1900u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -88829,8 +88947,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1900u32,
+        wire: 2113u32,
+        call: 1901u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88914,8 +89032,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1901u32,
+        wire: 2114u32,
+        call: 1902u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -88961,8 +89079,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1902u32,
+        wire: 2115u32,
+        call: 1903u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89009,8 +89127,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1903u32,
+        wire: 2116u32,
+        call: 1904u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89056,8 +89174,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1904u32,
+        wire: 2117u32,
+        call: 1905u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89104,8 +89222,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1905u32,
+        wire: 2118u32,
+        call: 1906u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89177,8 +89295,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1906u32,
+        wire: 2119u32,
+        call: 1907u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -89250,8 +89368,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1907u32,
+        wire: 2120u32,
+        call: 1908u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -89301,8 +89419,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1908u32,
+        wire: 2121u32,
+        call: 1909u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89353,8 +89471,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1909u32,
+        wire: 2122u32,
+        call: 1910u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89411,8 +89529,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1910u32,
+        wire: 2123u32,
+        call: 1911u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -89458,8 +89576,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1911u32,
+        wire: 2124u32,
+        call: 1912u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89506,8 +89624,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1912u32,
+        wire: 2125u32,
+        call: 1913u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -89563,8 +89681,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1913u32,
+        wire: 2126u32,
+        call: 1914u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -89615,8 +89733,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1914u32,
+        wire: 2127u32,
+        call: 1915u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -89685,8 +89803,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1915u32,
+        wire: 2128u32,
+        call: 1916u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -89753,8 +89871,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1916u32,
+        wire: 2129u32,
+        call: 1917u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -89808,8 +89926,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1917u32,
+        wire: 2130u32,
+        call: 1918u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -89866,8 +89984,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2243u32,
+        wire: 2458u32,
+        call: 2244u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89891,8 +90009,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2243u32,
+        wire: 2459u32,
+        call: 2244u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89916,8 +90034,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2243u32,
+        wire: 2460u32,
+        call: 2244u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -89941,8 +90059,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2244u32,
+        wire: 2461u32,
+        call: 2245u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -89966,8 +90084,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2244u32,
+        wire: 2462u32,
+        call: 2245u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -89991,8 +90109,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2244u32,
+        wire: 2463u32,
+        call: 2245u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -90016,8 +90134,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2245u32,
+        wire: 2464u32,
+        call: 2246u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -90041,8 +90159,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2246u32,
+        wire: 2465u32,
+        call: 2247u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -90066,8 +90184,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2246u32,
+        wire: 2466u32,
+        call: 2247u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -90091,8 +90209,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2246u32,
+        wire: 2467u32,
+        call: 2247u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -101117,8 +101235,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2223u32,
+        wire: 2436u32,
+        call: 2224u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -101140,8 +101258,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2224u32,
+        wire: 2437u32,
+        call: 2225u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -101163,8 +101281,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2225u32,
+        wire: 2438u32,
+        call: 2226u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -101186,8 +101304,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2226u32,
+        wire: 2439u32,
+        call: 2227u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -101218,8 +101336,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2227u32,
+        wire: 2440u32,
+        call: 2228u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -101245,8 +101363,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2228u32,
+        wire: 2441u32,
+        call: 2229u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101272,8 +101390,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2228u32,
+        wire: 2442u32,
+        call: 2229u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101299,8 +101417,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2229u32,
+        wire: 2443u32,
+        call: 2230u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -101317,8 +101435,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2230u32,
+        wire: 2444u32,
+        call: 2231u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -101335,8 +101453,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2231u32,
+        wire: 2445u32,
+        call: 2232u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -101362,8 +101480,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2232u32,
+        wire: 2446u32,
+        call: 2233u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -101380,8 +101498,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2233u32,
+        wire: 2447u32,
+        call: 2234u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -101403,8 +101521,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2234u32,
+        wire: 2448u32,
+        call: 2235u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -101426,8 +101544,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2235u32,
+        wire: 2449u32,
+        call: 2236u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -101449,8 +101567,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2236u32,
+        wire: 2450u32,
+        call: 2237u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -101481,8 +101599,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2237u32,
+        wire: 2451u32,
+        call: 2238u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -101508,8 +101626,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2238u32,
+        wire: 2452u32,
+        call: 2239u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101535,8 +101653,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2238u32,
+        wire: 2453u32,
+        call: 2239u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -101562,8 +101680,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2239u32,
+        wire: 2454u32,
+        call: 2240u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -101580,8 +101698,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2240u32,
+        wire: 2455u32,
+        call: 2241u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -101598,8 +101716,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2241u32,
+        wire: 2456u32,
+        call: 2242u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -101625,8 +101743,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2242u32,
+        wire: 2457u32,
+        call: 2243u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -101646,8 +101764,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2192u32,
+        wire: 2405u32,
+        call: 2193u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -101669,8 +101787,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2193u32,
+        wire: 2406u32,
+        call: 2194u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -101692,8 +101810,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2194u32,
+        wire: 2407u32,
+        call: 2195u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -101715,8 +101833,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2195u32,
+        wire: 2408u32,
+        call: 2196u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -101738,8 +101856,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2196u32,
+        wire: 2409u32,
+        call: 2197u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -101761,8 +101879,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2197u32,
+        wire: 2410u32,
+        call: 2198u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -101784,8 +101902,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2198u32,
+        wire: 2411u32,
+        call: 2199u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -101807,8 +101925,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2199u32,
+        wire: 2412u32,
+        call: 2200u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -101830,8 +101948,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2200u32,
+        wire: 2413u32,
+        call: 2201u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -101853,8 +101971,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2201u32,
+        wire: 2414u32,
+        call: 2202u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -101876,8 +101994,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2202u32,
+        wire: 2415u32,
+        call: 2203u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -101905,8 +102023,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2203u32,
+        wire: 2416u32,
+        call: 2204u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -101934,8 +102052,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2204u32,
+        wire: 2417u32,
+        call: 2205u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -101963,8 +102081,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2205u32,
+        wire: 2418u32,
+        call: 2206u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -101992,8 +102110,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2206u32,
+        wire: 2419u32,
+        call: 2207u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102021,8 +102139,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2207u32,
+        wire: 2420u32,
+        call: 2208u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -102050,8 +102168,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2208u32,
+        wire: 2421u32,
+        call: 2209u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102079,8 +102197,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2209u32,
+        wire: 2422u32,
+        call: 2210u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102108,8 +102226,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2210u32,
+        wire: 2423u32,
+        call: 2211u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102137,8 +102255,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2211u32,
+        wire: 2424u32,
+        call: 2212u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102166,8 +102284,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2212u32,
+        wire: 2425u32,
+        call: 2213u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -102195,8 +102313,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2213u32,
+        wire: 2426u32,
+        call: 2214u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102224,8 +102342,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2214u32,
+        wire: 2427u32,
+        call: 2215u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102253,8 +102371,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2215u32,
+        wire: 2428u32,
+        call: 2216u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102282,8 +102400,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2216u32,
+        wire: 2429u32,
+        call: 2217u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102311,8 +102429,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2217u32,
+        wire: 2430u32,
+        call: 2218u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -102340,8 +102458,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2218u32,
+        wire: 2431u32,
+        call: 2219u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -102369,8 +102487,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2219u32,
+        wire: 2432u32,
+        call: 2220u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -102398,8 +102516,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2220u32,
+        wire: 2433u32,
+        call: 2221u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -102427,8 +102545,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2221u32,
+        wire: 2434u32,
+        call: 2222u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -102456,8 +102574,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2222u32,
+        wire: 2435u32,
+        call: 2223u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -102490,8 +102608,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1391u32,
+        wire: 1604u32,
+        call: 1392u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -102513,8 +102631,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1392u32,
+        wire: 1605u32,
+        call: 1393u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -102542,8 +102660,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1393u32,
+        wire: 1606u32,
+        call: 1394u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -102569,8 +102687,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1394u32,
+        wire: 1607u32,
+        call: 1395u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -102592,8 +102710,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1395u32,
+        wire: 1608u32,
+        call: 1396u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -102615,8 +102733,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1396u32,
+        wire: 1609u32,
+        call: 1397u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -102642,8 +102760,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1397u32,
+        wire: 1610u32,
+        call: 1398u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -102673,8 +102791,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1398u32,
+        wire: 1611u32,
+        call: 1399u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -102710,8 +102828,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1399u32,
+        wire: 1612u32,
+        call: 1400u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -102745,8 +102863,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1400u32,
+        wire: 1613u32,
+        call: 1401u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -102778,8 +102896,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1401u32,
+        wire: 1614u32,
+        call: 1402u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -102807,8 +102925,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1402u32,
+        wire: 1615u32,
+        call: 1403u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -102836,8 +102954,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1403u32,
+        wire: 1616u32,
+        call: 1404u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -102865,8 +102983,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1404u32,
+        wire: 1617u32,
+        call: 1405u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -102898,8 +103016,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1405u32,
+        wire: 1618u32,
+        call: 1406u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -102927,8 +103045,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1406u32,
+        wire: 1619u32,
+        call: 1407u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -102962,8 +103080,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1407u32,
+        wire: 1620u32,
+        call: 1408u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -102991,8 +103109,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1408u32,
+        wire: 1621u32,
+        call: 1409u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -103020,8 +103138,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1409u32,
+        wire: 1622u32,
+        call: 1410u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -103049,8 +103167,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1410u32,
+        wire: 1623u32,
+        call: 1411u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -103086,8 +103204,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1411u32,
+        wire: 1624u32,
+        call: 1412u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -103119,8 +103237,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1412u32,
+        wire: 1625u32,
+        call: 1413u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -103148,8 +103266,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1413u32,
+        wire: 1626u32,
+        call: 1414u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -103177,8 +103295,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1414u32,
+        wire: 1627u32,
+        call: 1415u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -103212,8 +103330,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1415u32,
+        wire: 1628u32,
+        call: 1416u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -103241,8 +103359,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1416u32,
+        wire: 1629u32,
+        call: 1417u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -103270,8 +103388,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1417u32,
+        wire: 1630u32,
+        call: 1418u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -103299,8 +103417,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1418u32,
+        wire: 1631u32,
+        call: 1419u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -103328,8 +103446,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1419u32,
+        wire: 1632u32,
+        call: 1420u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -103363,8 +103481,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1420u32,
+        wire: 1633u32,
+        call: 1421u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -103396,8 +103514,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1421u32,
+        wire: 1634u32,
+        call: 1422u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -103425,8 +103543,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1422u32,
+        wire: 1635u32,
+        call: 1423u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -103452,8 +103570,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1423u32,
+        wire: 1636u32,
+        call: 1424u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -103481,8 +103599,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1424u32,
+        wire: 1637u32,
+        call: 1425u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -103510,8 +103628,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1425u32,
+        wire: 1638u32,
+        call: 1426u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -103545,8 +103663,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1426u32,
+        wire: 1639u32,
+        call: 1427u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -103580,8 +103698,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1427u32,
+        wire: 1640u32,
+        call: 1428u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -103615,8 +103733,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1428u32,
+        wire: 1641u32,
+        call: 1429u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -103648,8 +103766,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1429u32,
+        wire: 1642u32,
+        call: 1430u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -103683,8 +103801,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1430u32,
+        wire: 1643u32,
+        call: 1431u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -103712,8 +103830,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1431u32,
+        wire: 1644u32,
+        call: 1432u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -103745,8 +103863,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1432u32,
+        wire: 1645u32,
+        call: 1433u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -103774,8 +103892,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1433u32,
+        wire: 1646u32,
+        call: 1434u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -103807,8 +103925,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1434u32,
+        wire: 1647u32,
+        call: 1435u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -103842,8 +103960,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1435u32,
+        wire: 1648u32,
+        call: 1436u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -103871,8 +103989,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1436u32,
+        wire: 1649u32,
+        call: 1437u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -103902,8 +104020,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1437u32,
+        wire: 1650u32,
+        call: 1438u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -103931,8 +104049,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1438u32,
+        wire: 1651u32,
+        call: 1439u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -103964,8 +104082,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1439u32,
+        wire: 1652u32,
+        call: 1440u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -104001,8 +104119,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1440u32,
+        wire: 1653u32,
+        call: 1441u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -104030,8 +104148,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1441u32,
+        wire: 1654u32,
+        call: 1442u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -104065,8 +104183,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1442u32,
+        wire: 1655u32,
+        call: 1443u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -104100,8 +104218,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1443u32,
+        wire: 1656u32,
+        call: 1444u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -104127,8 +104245,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1444u32,
+        wire: 1657u32,
+        call: 1445u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -104154,8 +104272,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1445u32,
+        wire: 1658u32,
+        call: 1446u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -104178,8 +104296,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1446u32,
+        wire: 1659u32,
+        call: 1447u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -104202,8 +104320,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1447u32,
+        wire: 1660u32,
+        call: 1448u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -104226,8 +104344,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1448u32,
+        wire: 1661u32,
+        call: 1449u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -104250,8 +104368,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1449u32,
+        wire: 1662u32,
+        call: 1450u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -104279,8 +104397,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1450u32,
+        wire: 1663u32,
+        call: 1451u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -104308,8 +104426,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1451u32,
+        wire: 1664u32,
+        call: 1452u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -104337,8 +104455,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1452u32,
+        wire: 1665u32,
+        call: 1453u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -104366,8 +104484,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1453u32,
+        wire: 1666u32,
+        call: 1454u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -104395,8 +104513,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1454u32,
+        wire: 1667u32,
+        call: 1455u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -104430,8 +104548,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1455u32,
+        wire: 1668u32,
+        call: 1456u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -104465,8 +104583,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1456u32,
+        wire: 1669u32,
+        call: 1457u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -104498,8 +104616,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1457u32,
+        wire: 1670u32,
+        call: 1458u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -104531,8 +104649,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1458u32,
+        wire: 1671u32,
+        call: 1459u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -104560,8 +104678,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1459u32,
+        wire: 1672u32,
+        call: 1460u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -104589,8 +104707,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1460u32,
+        wire: 1673u32,
+        call: 1461u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -104618,8 +104736,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1461u32,
+        wire: 1674u32,
+        call: 1462u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -104653,8 +104771,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1462u32,
+        wire: 1675u32,
+        call: 1463u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -104682,8 +104800,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1463u32,
+        wire: 1676u32,
+        call: 1464u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -104711,8 +104829,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1464u32,
+        wire: 1677u32,
+        call: 1465u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -104742,8 +104860,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1465u32,
+        wire: 1678u32,
+        call: 1466u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -104777,8 +104895,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1466u32,
+        wire: 1679u32,
+        call: 1467u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -104820,8 +104938,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1467u32,
+        wire: 1680u32,
+        call: 1468u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -104855,8 +104973,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1468u32,
+        wire: 1681u32,
+        call: 1469u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -104884,8 +105002,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1469u32,
+        wire: 1682u32,
+        call: 1470u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -104913,8 +105031,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1470u32,
+        wire: 1683u32,
+        call: 1471u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -104942,8 +105060,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1471u32,
+        wire: 1684u32,
+        call: 1472u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -104971,8 +105089,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1472u32,
+        wire: 1685u32,
+        call: 1473u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -105000,8 +105118,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1473u32,
+        wire: 1686u32,
+        call: 1474u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -105029,8 +105147,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1474u32,
+        wire: 1687u32,
+        call: 1475u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -105066,8 +105184,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1475u32,
+        wire: 1688u32,
+        call: 1476u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -105099,8 +105217,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1476u32,
+        wire: 1689u32,
+        call: 1477u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -105132,8 +105250,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1477u32,
+        wire: 1690u32,
+        call: 1478u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -105165,8 +105283,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1478u32,
+        wire: 1691u32,
+        call: 1479u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -105200,8 +105318,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1479u32,
+        wire: 1692u32,
+        call: 1480u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -105237,8 +105355,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1480u32,
+        wire: 1693u32,
+        call: 1481u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -105266,8 +105384,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1481u32,
+        wire: 1694u32,
+        call: 1482u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -105295,8 +105413,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1482u32,
+        wire: 1695u32,
+        call: 1483u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -105324,8 +105442,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1483u32,
+        wire: 1696u32,
+        call: 1484u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -105353,8 +105471,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1484u32,
+        wire: 1697u32,
+        call: 1485u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -105382,8 +105500,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1485u32,
+        wire: 1698u32,
+        call: 1486u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -105411,8 +105529,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1486u32,
+        wire: 1699u32,
+        call: 1487u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -105440,8 +105558,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1487u32,
+        wire: 1700u32,
+        call: 1488u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -105475,8 +105593,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1488u32,
+        wire: 1701u32,
+        call: 1489u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -105504,8 +105622,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1489u32,
+        wire: 1702u32,
+        call: 1490u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -105533,8 +105651,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1490u32,
+        wire: 1703u32,
+        call: 1491u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -105562,8 +105680,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1491u32,
+        wire: 1704u32,
+        call: 1492u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -105591,8 +105709,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1492u32,
+        wire: 1705u32,
+        call: 1493u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -105620,8 +105738,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1493u32,
+        wire: 1706u32,
+        call: 1494u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -105667,8 +105785,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1494u32,
+        wire: 1707u32,
+        call: 1495u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -105696,8 +105814,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1495u32,
+        wire: 1708u32,
+        call: 1496u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -105725,8 +105843,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1496u32,
+        wire: 1709u32,
+        call: 1497u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -105754,8 +105872,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1497u32,
+        wire: 1710u32,
+        call: 1498u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -105783,8 +105901,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1498u32,
+        wire: 1711u32,
+        call: 1499u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -105812,8 +105930,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1499u32,
+        wire: 1712u32,
+        call: 1500u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -105845,8 +105963,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1500u32,
+        wire: 1713u32,
+        call: 1501u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -105878,8 +105996,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1501u32,
+        wire: 1714u32,
+        call: 1502u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -105911,8 +106029,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1502u32,
+        wire: 1715u32,
+        call: 1503u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -105944,8 +106062,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1503u32,
+        wire: 1716u32,
+        call: 1504u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -105981,8 +106099,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1504u32,
+        wire: 1717u32,
+        call: 1505u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -106010,8 +106128,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1505u32,
+        wire: 1718u32,
+        call: 1506u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -106043,8 +106161,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1506u32,
+        wire: 1719u32,
+        call: 1507u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -106072,8 +106190,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1507u32,
+        wire: 1720u32,
+        call: 1508u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -106101,8 +106219,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1508u32,
+        wire: 1721u32,
+        call: 1509u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -106134,8 +106252,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1509u32,
+        wire: 1722u32,
+        call: 1510u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -106165,8 +106283,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1510u32,
+        wire: 1723u32,
+        call: 1511u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -106188,8 +106306,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1511u32,
+        wire: 1724u32,
+        call: 1512u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -106211,8 +106329,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1512u32,
+        wire: 1725u32,
+        call: 1513u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -106234,8 +106352,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1513u32,
+        wire: 1726u32,
+        call: 1514u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -106261,8 +106379,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1514u32,
+        wire: 1727u32,
+        call: 1515u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -106292,8 +106410,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1515u32,
+        wire: 1728u32,
+        call: 1516u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -106323,8 +106441,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1516u32,
+        wire: 1729u32,
+        call: 1517u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -106350,8 +106468,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1517u32,
+        wire: 1730u32,
+        call: 1518u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -106381,8 +106499,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1518u32,
+        wire: 1731u32,
+        call: 1519u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -106408,8 +106526,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1519u32,
+        wire: 1732u32,
+        call: 1520u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -106435,8 +106553,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1520u32,
+        wire: 1733u32,
+        call: 1521u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -106462,8 +106580,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1521u32,
+        wire: 1734u32,
+        call: 1522u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -106485,8 +106603,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1522u32,
+        wire: 1735u32,
+        call: 1523u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -106516,8 +106634,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1523u32,
+        wire: 1736u32,
+        call: 1524u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -106543,8 +106661,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1524u32,
+        wire: 1737u32,
+        call: 1525u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -106572,8 +106690,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1525u32,
+        wire: 1738u32,
+        call: 1526u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -106603,8 +106721,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1526u32,
+        wire: 1739u32,
+        call: 1527u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -106630,8 +106748,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1527u32,
+        wire: 1740u32,
+        call: 1528u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -106661,8 +106779,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1528u32,
+        wire: 1741u32,
+        call: 1529u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -106692,8 +106810,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1529u32,
+        wire: 1742u32,
+        call: 1530u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -106719,8 +106837,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1530u32,
+        wire: 1743u32,
+        call: 1531u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -106750,8 +106868,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1531u32,
+        wire: 1744u32,
+        call: 1532u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -106777,8 +106895,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1532u32,
+        wire: 1745u32,
+        call: 1533u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -106804,8 +106922,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1533u32,
+        wire: 1746u32,
+        call: 1534u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -106835,8 +106953,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1534u32,
+        wire: 1747u32,
+        call: 1535u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -106868,8 +106986,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1535u32,
+        wire: 1748u32,
+        call: 1536u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -106895,8 +107013,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1536u32,
+        wire: 1749u32,
+        call: 1537u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -106922,8 +107040,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1537u32,
+        wire: 1750u32,
+        call: 1538u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -106949,8 +107067,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1538u32,
+        wire: 1751u32,
+        call: 1539u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -106982,8 +107100,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1539u32,
+        wire: 1752u32,
+        call: 1540u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -107013,8 +107131,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1540u32,
+        wire: 1753u32,
+        call: 1541u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -107042,8 +107160,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1541u32,
+        wire: 1754u32,
+        call: 1542u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -107069,8 +107187,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1542u32,
+        wire: 1755u32,
+        call: 1543u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -107092,8 +107210,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1543u32,
+        wire: 1756u32,
+        call: 1544u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -107115,8 +107233,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1544u32,
+        wire: 1757u32,
+        call: 1545u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -107138,8 +107256,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1545u32,
+        wire: 1758u32,
+        call: 1546u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -107163,8 +107281,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1546u32,
+        wire: 1759u32,
+        call: 1547u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -107192,8 +107310,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1547u32,
+        wire: 1760u32,
+        call: 1548u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -107223,8 +107341,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1548u32,
+        wire: 1761u32,
+        call: 1549u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -107252,8 +107370,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1549u32,
+        wire: 1762u32,
+        call: 1550u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -107275,8 +107393,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1550u32,
+        wire: 1763u32,
+        call: 1551u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -107298,8 +107416,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1551u32,
+        wire: 1764u32,
+        call: 1552u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -107325,8 +107443,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1552u32,
+        wire: 1765u32,
+        call: 1553u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -107352,8 +107470,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1553u32,
+        wire: 1766u32,
+        call: 1554u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -107383,8 +107501,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1554u32,
+        wire: 1767u32,
+        call: 1555u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -107420,8 +107538,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1555u32,
+        wire: 1768u32,
+        call: 1556u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -107443,8 +107561,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1556u32,
+        wire: 1769u32,
+        call: 1557u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -107474,8 +107592,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1557u32,
+        wire: 1770u32,
+        call: 1558u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -107507,8 +107625,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1558u32,
+        wire: 1771u32,
+        call: 1559u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -107544,8 +107662,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1559u32,
+        wire: 1772u32,
+        call: 1560u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -107573,8 +107691,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1560u32,
+        wire: 1773u32,
+        call: 1561u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -107598,8 +107716,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1561u32,
+        wire: 1774u32,
+        call: 1562u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -107623,8 +107741,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1562u32,
+        wire: 1775u32,
+        call: 1563u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -107648,8 +107766,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1563u32,
+        wire: 1776u32,
+        call: 1564u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -107673,8 +107791,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1564u32,
+        wire: 1777u32,
+        call: 1565u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -107696,8 +107814,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1565u32,
+        wire: 1778u32,
+        call: 1566u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -107719,8 +107837,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1566u32,
+        wire: 1779u32,
+        call: 1567u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -107744,8 +107862,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1567u32,
+        wire: 1780u32,
+        call: 1568u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -107777,8 +107895,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1568u32,
+        wire: 1781u32,
+        call: 1569u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -107804,8 +107922,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1569u32,
+        wire: 1782u32,
+        call: 1570u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -107837,8 +107955,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1570u32,
+        wire: 1783u32,
+        call: 1571u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -107864,8 +107982,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1571u32,
+        wire: 1784u32,
+        call: 1572u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -107887,8 +108005,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1572u32,
+        wire: 1785u32,
+        call: 1573u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -107916,8 +108034,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1573u32,
+        wire: 1786u32,
+        call: 1574u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -107945,8 +108063,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1574u32,
+        wire: 1787u32,
+        call: 1575u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -107974,8 +108092,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1575u32,
+        wire: 1788u32,
+        call: 1576u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -108003,8 +108121,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1576u32,
+        wire: 1789u32,
+        call: 1577u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -108032,8 +108150,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1577u32,
+        wire: 1790u32,
+        call: 1578u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -108061,8 +108179,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1578u32,
+        wire: 1791u32,
+        call: 1579u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -108090,8 +108208,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1579u32,
+        wire: 1792u32,
+        call: 1580u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -108119,8 +108237,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1580u32,
+        wire: 1793u32,
+        call: 1581u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -108146,8 +108264,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1581u32,
+        wire: 1794u32,
+        call: 1582u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -108179,8 +108297,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1582u32,
+        wire: 1795u32,
+        call: 1583u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -108214,8 +108332,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1583u32,
+        wire: 1796u32,
+        call: 1584u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -108243,8 +108361,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1584u32,
+        wire: 1797u32,
+        call: 1585u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -108272,8 +108390,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1585u32,
+        wire: 1798u32,
+        call: 1586u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -108301,8 +108419,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1586u32,
+        wire: 1799u32,
+        call: 1587u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -108330,8 +108448,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1587u32,
+        wire: 1800u32,
+        call: 1588u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -108359,8 +108477,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1588u32,
+        wire: 1801u32,
+        call: 1589u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -108392,8 +108510,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1589u32,
+        wire: 1802u32,
+        call: 1590u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -108421,8 +108539,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1590u32,
+        wire: 1803u32,
+        call: 1591u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -108450,8 +108568,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1591u32,
+        wire: 1804u32,
+        call: 1592u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -108493,8 +108611,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2187u32,
+        wire: 2400u32,
+        call: 2188u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -108518,8 +108636,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2188u32,
+        wire: 2401u32,
+        call: 2189u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -108543,8 +108661,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2189u32,
+        wire: 2402u32,
+        call: 2190u32,
         name: "nvrtcGetSupportedArchs",
         form: Some("call"),
         library: "nvrtc",
@@ -108568,8 +108686,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2190u32,
+        wire: 2403u32,
+        call: 2191u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -108591,8 +108709,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2191u32,
+        wire: 2404u32,
+        call: 2192u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

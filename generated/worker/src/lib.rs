@@ -11819,6 +11819,36 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             }
             750u32 => {
                 let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    u32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as u32,
+                    )) as u64
+                }
+            }
+            751u32 => {
+                let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
                     i32,
@@ -11842,7 +11872,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            751u32 => {
+            752u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -11866,7 +11896,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            752u32 => {
+            753u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -11890,7 +11920,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            753u32 => {
+            754u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -11908,7 +11938,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            754u32 => {
+            755u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -11930,7 +11960,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            755u32 => {
+            756u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -11950,7 +11980,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            756u32 => {
+            757u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -11983,7 +12013,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            757u32 => {
+            758u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12015,7 +12045,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            758u32 => {
+            759u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12047,7 +12077,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            759u32 => {
+            760u32 => {
                 let f: unsafe extern "C" fn(i32, f64, *mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12063,7 +12093,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            760u32 => {
+            761u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -12081,7 +12111,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            761u32 => {
+            762u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -12099,7 +12129,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            762u32 => {
+            763u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -12116,7 +12146,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            763u32 => {
+            764u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -12136,7 +12166,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            764u32 => {
+            765u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -12156,7 +12186,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            765u32 => {
+            766u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -12191,7 +12221,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            766u32 => {
+            767u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12225,7 +12255,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            767u32 => {
+            768u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12259,7 +12289,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            768u32 => {
+            769u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -12290,7 +12320,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            769u32 => {
+            770u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12320,7 +12350,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            770u32 => {
+            771u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12348,31 +12378,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as i64,
                     )) as u64
-                }
-            }
-            771u32 => {
-                let f: unsafe extern "C" fn(
-                    i8,
-                    i32,
-                    f64,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    {
-                        f(
-                            a[0usize] as i8,
-                            a[1usize] as i32,
-                            f64::from_bits(a[2usize]),
-                            a[3usize] as usize as *mut c_void,
-                            a[4usize] as i32,
-                            a[5usize] as usize as *mut c_void,
-                            a[6usize] as i32,
-                        );
-                        0
-                    }
                 }
             }
             772u32 => {
@@ -12384,6 +12389,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f64::from_bits(a[2usize]),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            773u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f64,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     i32,
                 ) = unsafe { core::mem::transmute(f) };
@@ -12404,7 +12434,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            773u32 => {
+            774u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12432,7 +12462,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            774u32 => {
+            775u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12460,7 +12490,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            775u32 => {
+            776u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -12495,7 +12525,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            776u32 => {
+            777u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12529,7 +12559,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            777u32 => {
+            778u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12563,7 +12593,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            778u32 => {
+            779u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12587,7 +12617,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            779u32 => {
+            780u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12611,7 +12641,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            780u32 => {
+            781u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -12642,7 +12672,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            781u32 => {
+            782u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12672,7 +12702,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            782u32 => {
+            783u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12702,7 +12732,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            783u32 => {
+            784u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12736,7 +12766,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            784u32 => {
+            785u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12770,7 +12800,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            785u32 => {
+            786u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -12797,34 +12827,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         );
                         0
                     }
-                }
-            }
-            786u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
                 }
             }
             787u32 => {
@@ -12833,6 +12835,34 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     u32,
                     u32,
                     u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            788u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
                     i64,
                     i64,
                     *mut c_void,
@@ -12855,7 +12885,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            788u32 => {
+            789u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -12884,7 +12914,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            789u32 => {
+            790u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12912,7 +12942,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            790u32 => {
+            791u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -12940,7 +12970,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            791u32 => {
+            792u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -12973,7 +13003,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            792u32 => {
+            793u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13009,7 +13039,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            793u32 => {
+            794u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13045,7 +13075,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            794u32 => {
+            795u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -13072,7 +13102,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            795u32 => {
+            796u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13098,7 +13128,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            796u32 => {
+            797u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13124,7 +13154,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            797u32 => {
+            798u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -13157,7 +13187,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            798u32 => {
+            799u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13191,7 +13221,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            799u32 => {
+            800u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13225,7 +13255,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            800u32 => {
+            801u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13257,7 +13287,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            801u32 => {
+            802u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13289,7 +13319,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            802u32 => {
+            803u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -13316,7 +13346,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            803u32 => {
+            804u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13342,7 +13372,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            804u32 => {
+            805u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13368,7 +13398,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            805u32 => {
+            806u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f64 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -13379,29 +13409,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as i32,
                     ))
                         .to_bits()
-                }
-            }
-            806u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             807u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            808u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     i64,
                     *mut c_void,
                     i64,
@@ -13417,7 +13447,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            808u32 => {
+            809u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f64 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -13430,7 +13460,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         .to_bits()
                 }
             }
-            809u32 => {
+            810u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -13448,7 +13478,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            810u32 => {
+            811u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -13466,7 +13496,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            811u32 => {
+            812u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13514,7 +13544,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            812u32 => {
+            813u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13562,7 +13592,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            813u32 => {
+            814u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13608,7 +13638,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            814u32 => {
+            815u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13654,7 +13684,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            815u32 => {
+            816u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13708,7 +13738,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            816u32 => {
+            817u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -13762,7 +13792,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            817u32 => {
+            818u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -13773,28 +13803,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            818u32 => {
+            819u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            819u32 => {
+            820u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
-            }
-            820u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
             }
             821u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -13819,6 +13838,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             823u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            824u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -13834,26 +13864,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as usize as *mut c_void,
                         a[3usize] as u32,
                         a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            824u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    *mut c_void,
-                    u32,
-                    i64,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as i64,
                         a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -13861,6 +13871,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             825u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as i64,
+                        a[5usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            826u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     i32,
                     *mut c_void,
                     u32,
@@ -13878,7 +13908,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            826u32 => {
+            827u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -13898,7 +13928,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            827u32 => {
+            828u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -13908,45 +13938,45 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as i32,
                     )) as i64 as u64
-                }
-            }
-            828u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             829u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
+                        a[1usize] as i32,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as i64,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             830u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            831u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -13956,45 +13986,45 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as i32,
                     )) as i64 as u64
-                }
-            }
-            831u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             832u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
+                        a[1usize] as i32,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as i64,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             833u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            834u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14004,45 +14034,45 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as i32,
                     )) as i64 as u64
-                }
-            }
-            834u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             835u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
+                        a[1usize] as i32,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as i64,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             836u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            837u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14052,51 +14082,51 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as i32,
                     )) as i64 as u64
-                }
-            }
-            837u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             838u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
+                        a[1usize] as i32,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as i64,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             839u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            840u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            840u32 => {
+            841u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14106,45 +14136,45 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as i32,
                     )) as i64 as u64
-                }
-            }
-            841u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             842u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
+                        a[1usize] as i32,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as i64,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             843u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            844u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14154,45 +14184,45 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as i32,
                     )) as i64 as u64
-                }
-            }
-            844u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             845u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
-                    i64,
+                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
+                        a[1usize] as i32,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as i64,
+                        a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             846u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            847u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14202,29 +14232,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as i32,
                     )) as i64 as u64
-                }
-            }
-            847u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             848u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            849u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     i64,
                     *mut c_void,
                     i64,
@@ -14240,7 +14270,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            849u32 => {
+            850u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> i32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14252,7 +14282,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as i64 as u64
                 }
             }
-            850u32 => {
+            851u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -14270,7 +14300,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            851u32 => {
+            852u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -14288,7 +14318,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            852u32 => {
+            853u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -14320,7 +14350,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            853u32 => {
+            854u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -14352,7 +14382,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            854u32 => {
+            855u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14365,7 +14395,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         .to_bits() as u64
                 }
             }
-            855u32 => {
+            856u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -14383,7 +14413,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            856u32 => {
+            857u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -14401,7 +14431,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            857u32 => {
+            858u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     f32,
@@ -14424,7 +14454,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            858u32 => {
+            859u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -14446,7 +14476,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            859u32 => {
+            860u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -14468,7 +14498,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            860u32 => {
+            861u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -14492,7 +14522,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            861u32 => {
+            862u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -14516,7 +14546,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            862u32 => {
+            863u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14527,29 +14557,29 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as i32,
                     ))
                         .to_bits() as u64
-                }
-            }
-            863u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             864u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            865u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     i64,
                     *mut c_void,
                     i64,
@@ -14565,7 +14595,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            865u32 => {
+            866u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14578,7 +14608,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         .to_bits() as u64
                 }
             }
-            866u32 => {
+            867u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -14596,7 +14626,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            867u32 => {
+            868u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -14614,7 +14644,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            868u32 => {
+            869u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14631,7 +14661,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            869u32 => {
+            870u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -14651,7 +14681,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            870u32 => {
+            871u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -14671,7 +14701,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            871u32 => {
+            872u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -14699,7 +14729,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            872u32 => {
+            873u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -14727,7 +14757,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            873u32 => {
+            874u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
@@ -14746,7 +14776,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         .to_bits() as u64
                 }
             }
-            874u32 => {
+            875u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -14768,7 +14798,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            875u32 => {
+            876u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -14790,14 +14820,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            876u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
             877u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -14815,14 +14837,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             879u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            880u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14830,7 +14844,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            881u32 => {
+            880u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14838,19 +14852,27 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
+            881u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
             882u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            883u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            883u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
             }
             884u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
@@ -14861,6 +14883,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             885u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            886u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14868,7 +14898,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            886u32 => {
+            887u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14879,7 +14909,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            887u32 => {
+            888u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -14891,7 +14921,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            888u32 => {
+            889u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -14928,7 +14958,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            889u32 => {
+            890u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -14964,7 +14994,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            890u32 => {
+            891u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15000,7 +15030,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            891u32 => {
+            892u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15034,7 +15064,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            892u32 => {
+            893u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15068,7 +15098,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            893u32 => {
+            894u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15100,7 +15130,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            894u32 => {
+            895u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -15137,7 +15167,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            895u32 => {
+            896u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15175,7 +15205,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            896u32 => {
+            897u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15213,7 +15243,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            897u32 => {
+            898u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15255,7 +15285,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            898u32 => {
+            899u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15297,7 +15327,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            899u32 => {
+            900u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15341,7 +15371,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            900u32 => {
+            901u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15385,7 +15415,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            901u32 => {
+            902u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15421,7 +15451,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            902u32 => {
+            903u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15457,7 +15487,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            903u32 => {
+            904u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -15490,7 +15520,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            904u32 => {
+            905u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15530,7 +15560,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            905u32 => {
+            906u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15570,7 +15600,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            906u32 => {
+            907u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15602,7 +15632,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            907u32 => {
+            908u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15634,7 +15664,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            908u32 => {
+            909u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -15658,7 +15688,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            909u32 => {
+            910u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -15687,7 +15717,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            910u32 => {
+            911u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -15715,7 +15745,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            911u32 => {
+            912u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -15743,7 +15773,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            912u32 => {
+            913u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -15765,7 +15795,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            913u32 => {
+            914u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -15791,7 +15821,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            914u32 => {
+            915u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -15821,13 +15851,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            915u32 => {
+            916u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            916u32 => {
+            917u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32) -> f32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -15840,7 +15870,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         .to_bits() as u64
                 }
             }
-            917u32 => {
+            918u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -15858,7 +15888,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            918u32 => {
+            919u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -15876,7 +15906,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            919u32 => {
+            920u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
@@ -15901,7 +15931,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            920u32 => {
+            921u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -15925,7 +15955,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            921u32 => {
+            922u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -15949,7 +15979,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            922u32 => {
+            923u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -15967,7 +15997,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            923u32 => {
+            924u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -15989,7 +16019,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            924u32 => {
+            925u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -16009,7 +16039,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            925u32 => {
+            926u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -16042,7 +16072,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            926u32 => {
+            927u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16074,7 +16104,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            927u32 => {
+            928u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16106,7 +16136,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            928u32 => {
+            929u32 => {
                 let f: unsafe extern "C" fn(i32, f32, *mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -16122,7 +16152,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            929u32 => {
+            930u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -16140,7 +16170,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            930u32 => {
+            931u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -16158,7 +16188,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            931u32 => {
+            932u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -16175,7 +16205,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            932u32 => {
+            933u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -16195,7 +16225,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            933u32 => {
+            934u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -16215,7 +16245,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            934u32 => {
+            935u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -16250,7 +16280,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            935u32 => {
+            936u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16284,7 +16314,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            936u32 => {
+            937u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16318,7 +16348,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            937u32 => {
+            938u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -16349,7 +16379,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            938u32 => {
+            939u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16379,7 +16409,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            939u32 => {
+            940u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16407,31 +16437,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as i64,
                     )) as u64
-                }
-            }
-            940u32 => {
-                let f: unsafe extern "C" fn(
-                    i8,
-                    i32,
-                    f32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    {
-                        f(
-                            a[0usize] as i8,
-                            a[1usize] as i32,
-                            f32::from_bits(a[2usize] as u32),
-                            a[3usize] as usize as *mut c_void,
-                            a[4usize] as i32,
-                            a[5usize] as usize as *mut c_void,
-                            a[6usize] as i32,
-                        );
-                        0
-                    }
                 }
             }
             941u32 => {
@@ -16443,6 +16448,31 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     i32,
+                ) = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    {
+                        f(
+                            a[0usize] as i8,
+                            a[1usize] as i32,
+                            f32::from_bits(a[2usize] as u32),
+                            a[3usize] as usize as *mut c_void,
+                            a[4usize] as i32,
+                            a[5usize] as usize as *mut c_void,
+                            a[6usize] as i32,
+                        );
+                        0
+                    }
+                }
+            }
+            942u32 => {
+                let f: unsafe extern "C" fn(
+                    i8,
+                    i32,
+                    f32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
                     *mut c_void,
                     i32,
                 ) = unsafe { core::mem::transmute(f) };
@@ -16463,7 +16493,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            942u32 => {
+            943u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16491,7 +16521,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            943u32 => {
+            944u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16519,7 +16549,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            944u32 => {
+            945u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -16554,7 +16584,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            945u32 => {
+            946u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16588,7 +16618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            946u32 => {
+            947u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16622,7 +16652,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            947u32 => {
+            948u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16646,7 +16676,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            948u32 => {
+            949u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16670,7 +16700,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            949u32 => {
+            950u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -16701,7 +16731,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            950u32 => {
+            951u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16731,7 +16761,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            951u32 => {
+            952u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16761,7 +16791,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            952u32 => {
+            953u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16795,7 +16825,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            953u32 => {
+            954u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16829,7 +16859,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            954u32 => {
+            955u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -16856,34 +16886,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         );
                         0
                     }
-                }
-            }
-            955u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
                 }
             }
             956u32 => {
@@ -16892,6 +16894,34 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     u32,
                     u32,
                     u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            957u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
                     i64,
                     i64,
                     *mut c_void,
@@ -16914,7 +16944,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            957u32 => {
+            958u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -16943,7 +16973,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            958u32 => {
+            959u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16971,7 +17001,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            959u32 => {
+            960u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -16999,7 +17029,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            960u32 => {
+            961u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -17032,7 +17062,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            961u32 => {
+            962u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17068,7 +17098,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            962u32 => {
+            963u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17104,7 +17134,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            963u32 => {
+            964u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -17131,7 +17161,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            964u32 => {
+            965u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17157,7 +17187,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            965u32 => {
+            966u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17183,7 +17213,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            966u32 => {
+            967u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -17216,7 +17246,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            967u32 => {
+            968u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17250,7 +17280,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            968u32 => {
+            969u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17284,7 +17314,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            969u32 => {
+            970u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17316,7 +17346,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            970u32 => {
+            971u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17348,7 +17378,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            971u32 => {
+            972u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -17375,7 +17405,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            972u32 => {
+            973u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17401,7 +17431,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            973u32 => {
+            974u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17427,7 +17457,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            974u32 => {
+            975u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -17451,7 +17481,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            975u32 => {
+            976u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -17475,7 +17505,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            976u32 => {
+            977u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17519,7 +17549,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            977u32 => {
+            978u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -17530,7 +17560,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            978u32 => {
+            979u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17563,40 +17593,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize,
-                    )) as u64
-                }
-            }
-            979u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    usize,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize,
-                        a[4usize] as usize,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize,
                     )) as u64
                 }
             }
@@ -17645,6 +17641,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     usize,
                     *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            982u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
                     *mut c_void,
                     usize,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -17664,7 +17694,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            982u32 => {
+            983u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17698,13 +17728,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            983u32 => {
+            984u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            984u32 => {
+            985u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17733,40 +17763,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize,
-                    )) as u64
-                }
-            }
-            985u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    usize,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize,
-                        a[4usize] as usize,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize,
                     )) as u64
                 }
             }
@@ -17815,6 +17811,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     usize,
                     *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            988u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
                     *mut c_void,
                     usize,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -17834,7 +17864,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            988u32 => {
+            989u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17868,7 +17898,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            989u32 => {
+            990u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17904,7 +17934,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            990u32 => {
+            991u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17936,13 +17966,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            991u32 => {
+            992u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            992u32 => {
+            993u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -17975,40 +18005,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize,
-                    )) as u64
-                }
-            }
-            993u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    usize,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize,
-                        a[4usize] as usize,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize,
                     )) as u64
                 }
             }
@@ -18057,6 +18053,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     usize,
                     *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            996u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
                     *mut c_void,
                     usize,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -18076,7 +18106,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            996u32 => {
+            997u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18110,7 +18140,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            997u32 => {
+            998u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18146,7 +18176,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            998u32 => {
+            999u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18178,7 +18208,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            999u32 => {
+            1000u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -18189,7 +18219,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1000u32 => {
+            1001u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -18197,7 +18227,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1001u32 => {
+            1002u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, f32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -18210,7 +18240,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1002u32 => {
+            1003u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -18218,7 +18248,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1003u32 => {
+            1004u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18251,40 +18281,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize,
-                    )) as u64
-                }
-            }
-            1004u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    usize,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize,
-                        a[4usize] as usize,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize,
                     )) as u64
                 }
             }
@@ -18333,6 +18329,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     usize,
                     *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1007u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
                     *mut c_void,
                     usize,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -18352,7 +18382,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1007u32 => {
+            1008u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18386,7 +18416,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1008u32 => {
+            1009u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18422,7 +18452,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1009u32 => {
+            1010u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18454,7 +18484,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1010u32 => {
+            1011u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18487,40 +18517,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize,
-                    )) as u64
-                }
-            }
-            1011u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    usize,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize,
-                        a[4usize] as usize,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize,
                     )) as u64
                 }
             }
@@ -18569,6 +18565,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     usize,
                     *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1014u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
                     *mut c_void,
                     usize,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -18588,7 +18618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1014u32 => {
+            1015u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18622,7 +18652,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1015u32 => {
+            1016u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18651,40 +18681,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
                         a[11usize] as usize,
-                    )) as u64
-                }
-            }
-            1016u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    usize,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize,
-                        a[4usize] as usize,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize,
                     )) as u64
                 }
             }
@@ -18733,6 +18729,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     usize,
                     *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize,
+                        a[4usize] as usize,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1019u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    usize,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
                     *mut c_void,
                     usize,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -18752,7 +18782,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1019u32 => {
+            1020u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18786,7 +18816,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1020u32 => {
+            1021u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18822,7 +18852,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1021u32 => {
+            1022u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -18854,7 +18884,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1022u32 => {
+            1023u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     chidori_cuda::types::double2,
@@ -18877,7 +18907,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1023u32 => {
+            1024u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -18899,7 +18929,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1024u32 => {
+            1025u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -18921,7 +18951,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1025u32 => {
+            1026u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -18938,7 +18968,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1026u32 => {
+            1027u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -18958,7 +18988,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1027u32 => {
+            1028u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -18978,7 +19008,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1028u32 => {
+            1029u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19006,7 +19036,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1029u32 => {
+            1030u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19034,7 +19064,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1030u32 => {
+            1031u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -19052,28 +19082,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1031u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i64,
-                    *mut c_void,
-                    i64,
-                    *mut c_void,
-                    i64,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i64,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as i64,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i64,
                         a[6usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -19081,6 +19089,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1032u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i64,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as i64,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i64,
+                        a[6usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1033u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     i32,
                     *mut c_void,
                     i32,
@@ -19100,7 +19130,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1033u32 => {
+            1034u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -19122,7 +19152,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1034u32 => {
+            1035u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
@@ -19147,7 +19177,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1035u32 => {
+            1036u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -19171,7 +19201,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1036u32 => {
+            1037u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -19195,7 +19225,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1037u32 => {
+            1038u32 => {
                 let f: unsafe extern "C" fn(i32, f64, *mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -19211,7 +19241,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1038u32 => {
+            1039u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -19229,7 +19259,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1039u32 => {
+            1040u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -19247,7 +19277,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1040u32 => {
+            1041u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -19286,7 +19316,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1041u32 => {
+            1042u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19322,7 +19352,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1042u32 => {
+            1043u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19358,7 +19388,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1043u32 => {
+            1044u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19392,7 +19422,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1044u32 => {
+            1045u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19426,7 +19456,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1045u32 => {
+            1046u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19458,7 +19488,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1046u32 => {
+            1047u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -19497,7 +19527,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1047u32 => {
+            1048u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19533,7 +19563,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1048u32 => {
+            1049u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19569,7 +19599,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1049u32 => {
+            1050u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19607,7 +19637,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1050u32 => {
+            1051u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19645,7 +19675,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1051u32 => {
+            1052u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19689,7 +19719,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1052u32 => {
+            1053u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19733,7 +19763,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1053u32 => {
+            1054u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19769,7 +19799,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1054u32 => {
+            1055u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19805,7 +19835,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1055u32 => {
+            1056u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -19838,7 +19868,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1056u32 => {
+            1057u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19878,7 +19908,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1057u32 => {
+            1058u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19918,7 +19948,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1058u32 => {
+            1059u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19950,7 +19980,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1059u32 => {
+            1060u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -19982,7 +20012,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1060u32 => {
+            1061u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -20006,7 +20036,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1061u32 => {
+            1062u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -20033,39 +20063,39 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         );
                         0
                     }
-                }
-            }
-            1062u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
                 }
             }
             1063u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1064u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     i64,
                     i64,
                     *mut c_void,
@@ -20091,7 +20121,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1064u32 => {
+            1065u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -20120,7 +20150,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1065u32 => {
+            1066u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -20148,7 +20178,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1066u32 => {
+            1067u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -20176,7 +20206,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1067u32 => {
+            1068u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -20198,7 +20228,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1068u32 => {
+            1069u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -20224,7 +20254,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1069u32 => {
+            1070u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20254,7 +20284,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1070u32 => {
+            1071u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -20287,7 +20317,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1071u32 => {
+            1072u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20319,7 +20349,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1072u32 => {
+            1073u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20351,7 +20381,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1073u32 => {
+            1074u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -20386,7 +20416,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1074u32 => {
+            1075u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20420,7 +20450,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1075u32 => {
+            1076u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20454,7 +20484,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1076u32 => {
+            1077u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -20485,7 +20515,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1077u32 => {
+            1078u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20515,7 +20545,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1078u32 => {
+            1079u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20545,7 +20575,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1079u32 => {
+            1080u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -20570,7 +20600,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1080u32 => {
+            1081u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -20599,7 +20629,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1081u32 => {
+            1082u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20627,7 +20657,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1082u32 => {
+            1083u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20655,7 +20685,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1083u32 => {
+            1084u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -20690,7 +20720,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1084u32 => {
+            1085u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20724,7 +20754,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1085u32 => {
+            1086u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20758,7 +20788,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1086u32 => {
+            1087u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20782,7 +20812,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1087u32 => {
+            1088u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20806,7 +20836,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1088u32 => {
+            1089u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -20837,7 +20867,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1089u32 => {
+            1090u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20867,7 +20897,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1090u32 => {
+            1091u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20897,7 +20927,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1091u32 => {
+            1092u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20931,7 +20961,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1092u32 => {
+            1093u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -20965,7 +20995,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1093u32 => {
+            1094u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i32,
@@ -20994,7 +21024,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1094u32 => {
+            1095u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21022,7 +21052,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1095u32 => {
+            1096u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21050,7 +21080,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1096u32 => {
+            1097u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     *mut c_void,
@@ -21075,7 +21105,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1097u32 => {
+            1098u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -21099,7 +21129,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1098u32 => {
+            1099u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -21123,7 +21153,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1099u32 => {
+            1100u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -21141,7 +21171,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1100u32 => {
+            1101u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     chidori_cuda::types::double2,
@@ -21160,7 +21190,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1101u32 => {
+            1102u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -21178,7 +21208,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1102u32 => {
+            1103u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -21196,7 +21226,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1103u32 => {
+            1104u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, i32, *mut c_void, i32) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -21213,7 +21243,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1104u32 => {
+            1105u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -21233,7 +21263,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1105u32 => {
+            1106u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -21253,7 +21283,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1106u32 => {
+            1107u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -21288,7 +21318,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1107u32 => {
+            1108u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21322,7 +21352,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1108u32 => {
+            1109u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21356,7 +21386,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1109u32 => {
+            1110u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21386,7 +21416,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1110u32 => {
+            1111u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21416,7 +21446,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1111u32 => {
+            1112u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21444,7 +21474,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1112u32 => {
+            1113u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21472,7 +21502,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1113u32 => {
+            1114u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -21507,7 +21537,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1114u32 => {
+            1115u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21541,7 +21571,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1115u32 => {
+            1116u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21575,7 +21605,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1116u32 => {
+            1117u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21599,7 +21629,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1117u32 => {
+            1118u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21623,7 +21653,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1118u32 => {
+            1119u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -21654,7 +21684,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1119u32 => {
+            1120u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21684,7 +21714,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1120u32 => {
+            1121u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21714,7 +21744,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1121u32 => {
+            1122u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21748,7 +21778,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1122u32 => {
+            1123u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21782,7 +21812,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1123u32 => {
+            1124u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -21809,34 +21839,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         );
                         0
                     }
-                }
-            }
-            1124u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i32,
-                    )) as u64
                 }
             }
             1125u32 => {
@@ -21845,6 +21847,34 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     u32,
                     u32,
                     u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i32,
+                    )) as u64
+                }
+            }
+            1126u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
                     i64,
                     i64,
                     *mut c_void,
@@ -21867,7 +21897,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1126u32 => {
+            1127u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -21896,7 +21926,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1127u32 => {
+            1128u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21924,7 +21954,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1128u32 => {
+            1129u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -21952,7 +21982,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1129u32 => {
+            1130u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -21975,30 +22005,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         );
                         0
                     }
-                }
-            }
-            1130u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                    )) as u64
                 }
             }
             1131u32 => {
@@ -22007,6 +22013,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     u32,
                     u32,
                     u32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                    )) as u64
+                }
+            }
+            1132u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
                     i64,
                     *mut c_void,
                     *mut c_void,
@@ -22025,7 +22055,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1132u32 => {
+            1133u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -22050,7 +22080,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1133u32 => {
+            1134u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22074,7 +22104,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1134u32 => {
+            1135u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22098,7 +22128,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1135u32 => {
+            1136u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22118,7 +22148,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1136u32 => {
+            1137u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -22151,7 +22181,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1137u32 => {
+            1138u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22187,7 +22217,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1138u32 => {
+            1139u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22223,7 +22253,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1139u32 => {
+            1140u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -22250,7 +22280,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1140u32 => {
+            1141u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22276,7 +22306,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1141u32 => {
+            1142u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22302,7 +22332,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1142u32 => {
+            1143u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -22335,7 +22365,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1143u32 => {
+            1144u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22369,7 +22399,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1144u32 => {
+            1145u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22403,7 +22433,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1145u32 => {
+            1146u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22435,7 +22465,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1146u32 => {
+            1147u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22467,7 +22497,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1147u32 => {
+            1148u32 => {
                 let f: unsafe extern "C" fn(
                     i8,
                     i8,
@@ -22494,7 +22524,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1148u32 => {
+            1149u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22520,7 +22550,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1149u32 => {
+            1150u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22546,12 +22576,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1150u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             1151u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -22559,16 +22583,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1152u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as u32)) as u64 }
-            }
-            1153u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1153u32 => {
+                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as u32)) as u64 }
             }
             1154u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -22577,18 +22601,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1155u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1156u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as usize)) as u64
                 }
-            }
-            1156u32 => {
-                let f: unsafe extern "C" fn() -> usize = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
             }
             1157u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
@@ -22597,22 +22621,22 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f()) as u64 }
             }
             1158u32 => {
+                let f: unsafe extern "C" fn() -> usize = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            1159u32 => {
                 let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize)) as u64 }
             }
-            1159u32 => {
+            1160u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
-            }
-            1160u32 => {
-                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as i32)) as u64 }
             }
             1161u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
@@ -22621,6 +22645,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
             1162u32 => {
+                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as i32)) as u64 }
+            }
+            1163u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -22660,7 +22690,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1163u32 => {
+            1164u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -22688,7 +22718,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1164u32 => {
+            1165u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -22700,13 +22730,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1165u32 => {
+            1166u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1166u32 => {
+            1167u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -22719,7 +22749,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1167u32 => {
+            1168u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22734,12 +22764,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize,
                     )) as u64
                 }
-            }
-            1168u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1169u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -22748,6 +22772,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1170u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1171u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -22755,7 +22785,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as usize)) as u64
                 }
             }
-            1171u32 => {
+            1172u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22771,7 +22801,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1172u32 => {
+            1173u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u64, u64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -22785,13 +22815,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1173u32 => {
+            1174u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1174u32 => {
+            1175u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     usize,
@@ -22811,7 +22841,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1175u32 => {
+            1176u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22827,7 +22857,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1176u32 => {
+            1177u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -22835,13 +22865,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1177u32 => {
+            1178u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1178u32 => {
+            1179u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -22853,7 +22883,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1179u32 => {
+            1180u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -22885,7 +22915,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1180u32 => {
+            1181u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -22909,12 +22939,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1181u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             1182u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -22928,6 +22952,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f()) as u64 }
             }
             1184u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            1185u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -22935,13 +22965,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1185u32 => {
+            1186u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1186u32 => {
+            1187u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -22955,13 +22985,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1187u32 => {
+            1188u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1188u32 => {
+            1189u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -22981,13 +23011,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1189u32 => {
+            1190u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1190u32 => {
+            1191u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -23003,7 +23033,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1191u32 => {
+            1192u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -23021,7 +23051,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1192u32 => {
+            1193u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -23037,7 +23067,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1193u32 => {
+            1194u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -23105,7 +23135,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1194u32 => {
+            1195u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -23141,7 +23171,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1195u32 => {
+            1196u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -23183,7 +23213,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1196u32 => {
+            1197u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -23241,7 +23271,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1197u32 => {
+            1198u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -23253,7 +23283,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1198u32 => {
+            1199u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -23287,12 +23317,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1199u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             1200u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -23306,38 +23330,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f()) as u64 }
             }
             1202u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
             }
             1203u32 => {
                 let f: unsafe extern "C" fn(
@@ -23388,6 +23384,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1205u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -23417,7 +23447,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1205u32 => {
+            1206u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -23451,7 +23481,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1206u32 => {
+            1207u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -23461,12 +23491,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            1207u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1208u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -23481,18 +23505,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1210u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1211u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
-            }
-            1211u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1212u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -23519,12 +23543,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1216u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1217u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
@@ -23543,10 +23565,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1219u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
             }
             1220u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -23555,6 +23579,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1221u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1222u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -23566,12 +23596,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            1222u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1223u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -23616,6 +23640,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1230u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1231u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -23627,7 +23657,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1231u32 => {
+            1232u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -23645,12 +23675,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1232u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             1233u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -23664,18 +23688,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1235u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1236u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
-            }
-            1236u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1237u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -23786,28 +23810,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1255u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1256u32 => {
                 let f: unsafe extern "C" fn(
@@ -23834,13 +23840,26 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1257u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize,
                     )) as u64
                 }
             }
@@ -23856,36 +23875,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1259u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize,
                     )) as u64
                 }
             }
@@ -23962,6 +23958,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                    )) as u64
+                }
+            }
+            1263u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -23971,7 +24001,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1263u32 => {
+            1264u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -23987,7 +24017,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1264u32 => {
+            1265u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -23998,7 +24028,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1265u32 => {
+            1266u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24016,7 +24046,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1266u32 => {
+            1267u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24030,7 +24060,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1267u32 => {
+            1268u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -24060,7 +24090,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1268u32 => {
+            1269u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -24086,7 +24116,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1269u32 => {
+            1270u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -24106,7 +24136,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1270u32 => {
+            1271u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -24117,7 +24147,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1271u32 => {
+            1272u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24133,7 +24163,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1272u32 => {
+            1273u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -24150,32 +24180,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1273u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -24188,6 +24192,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1275u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -24201,7 +24231,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1275u32 => {
+            1276u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -24209,30 +24239,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1276u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -24243,6 +24249,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1278u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -24258,7 +24288,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1278u32 => {
+            1279u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -24266,30 +24296,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1279u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -24300,6 +24306,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1281u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -24315,7 +24345,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1281u32 => {
+            1282u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -24326,7 +24356,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1282u32 => {
+            1283u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24350,7 +24380,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1283u32 => {
+            1284u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24369,17 +24399,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as u32,
                         a[6usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1284u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -24395,6 +24414,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1286u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1287u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24412,7 +24442,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1287u32 => {
+            1288u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -24423,13 +24453,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1288u32 => {
+            1289u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1289u32 => {
+            1290u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24447,7 +24477,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1290u32 => {
+            1291u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24469,7 +24499,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1291u32 => {
+            1292u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -24489,7 +24519,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1292u32 => {
+            1293u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -24500,7 +24530,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1293u32 => {
+            1294u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24536,7 +24566,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1294u32 => {
+            1295u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24554,7 +24584,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1295u32 => {
+            1296u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, usize) = unsafe {
                     core::mem::transmute(f)
                 };
@@ -24565,13 +24595,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     }
                 }
             }
-            1296u32 => {
+            1297u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1297u32 => {
+            1298u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -24607,7 +24637,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1298u32 => {
+            1299u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -24639,7 +24669,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1299u32 => {
+            1300u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -24663,7 +24693,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1300u32 => {
+            1301u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24679,7 +24709,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1301u32 => {
+            1302u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24705,7 +24735,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1302u32 => {
+            1303u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24725,7 +24755,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1303u32 => {
+            1304u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -24749,7 +24779,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1304u32 => {
+            1305u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24765,26 +24795,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1305u32 => {
+            1306u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
-            1306u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             1307u32 => {
@@ -24802,17 +24818,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1308u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1309u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24823,6 +24828,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1309u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -24841,13 +24857,16 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1311u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -24863,6 +24882,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1313u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1314u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24880,7 +24910,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1314u32 => {
+            1315u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24900,7 +24930,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1315u32 => {
+            1316u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24928,7 +24958,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1316u32 => {
+            1317u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24942,7 +24972,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1317u32 => {
+            1318u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -24959,24 +24989,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1318u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -24999,6 +25011,24 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1320u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1321u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25009,7 +25039,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1321u32 => {
+            1322u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25037,7 +25067,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1322u32 => {
+            1323u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -25057,7 +25087,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1323u32 => {
+            1324u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25068,7 +25098,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1324u32 => {
+            1325u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -25090,19 +25120,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1325u32 => {
+            1326u32 => {
                 let f: unsafe extern "C" fn() -> usize = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1326u32 => {
+            1327u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
             }
-            1327u32 => {
+            1328u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25118,7 +25148,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1328u32 => {
+            1329u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25152,7 +25182,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1329u32 => {
+            1330u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25178,7 +25208,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1330u32 => {
+            1331u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25194,12 +25224,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1331u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             1332u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -25213,6 +25237,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f()) as u64 }
             }
             1334u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            1335u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25244,7 +25274,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1335u32 => {
+            1336u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25268,7 +25298,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1336u32 => {
+            1337u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25284,7 +25314,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1337u32 => {
+            1338u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25336,7 +25366,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1338u32 => {
+            1339u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25372,7 +25402,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1339u32 => {
+            1340u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25412,7 +25442,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1340u32 => {
+            1341u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25460,7 +25490,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1341u32 => {
+            1342u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25480,7 +25510,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1342u32 => {
+            1343u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25498,7 +25528,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1343u32 => {
+            1344u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25514,7 +25544,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1344u32 => {
+            1345u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25534,7 +25564,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1345u32 => {
+            1346u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25548,7 +25578,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1346u32 => {
+            1347u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25561,7 +25591,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1347u32 => {
+            1348u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25581,7 +25611,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1348u32 => {
+            1349u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25597,7 +25627,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1349u32 => {
+            1350u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25610,7 +25640,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1350u32 => {
+            1351u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25619,7 +25649,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            1351u32 => {
+            1352u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     chidori_cuda::types::cudnnAlgorithmUnionStruct,
@@ -25633,7 +25663,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1352u32 => {
+            1353u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25651,7 +25681,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1353u32 => {
+            1354u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -25699,7 +25729,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1354u32 => {
+            1355u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25707,7 +25737,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1355u32 => {
+            1356u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25717,20 +25747,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as u32,
                         a[3usize] as u32,
-                    )) as u64
-                }
-            }
-            1356u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
                     )) as u64
                 }
             }
@@ -25749,6 +25765,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1358u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                    )) as u64
+                }
+            }
+            1359u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -25774,7 +25804,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1359u32 => {
+            1360u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25782,7 +25812,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1360u32 => {
+            1361u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25790,7 +25820,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1361u32 => {
+            1362u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -25812,7 +25842,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1362u32 => {
+            1363u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25820,7 +25850,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1363u32 => {
+            1364u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25840,7 +25870,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1364u32 => {
+            1365u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -25862,7 +25892,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1365u32 => {
+            1366u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -25880,7 +25910,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1366u32 => {
+            1367u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, f64, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25894,7 +25924,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1367u32 => {
+            1368u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25907,7 +25937,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1368u32 => {
+            1369u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25918,7 +25948,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1369u32 => {
+            1370u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -25944,7 +25974,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1370u32 => {
+            1371u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -25958,7 +25988,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1371u32 => {
+            1372u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -25966,7 +25996,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1372u32 => {
+            1373u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -25990,7 +26020,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1373u32 => {
+            1374u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26018,7 +26048,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1374u32 => {
+            1375u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26056,14 +26086,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1375u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
             1376u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -26073,6 +26095,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1377u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1378u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void, i32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26085,7 +26115,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1378u32 => {
+            1379u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26105,7 +26135,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1379u32 => {
+            1380u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26123,7 +26153,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1380u32 => {
+            1381u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26134,7 +26164,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1381u32 => {
+            1382u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26156,7 +26186,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1382u32 => {
+            1383u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26184,7 +26214,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1383u32 => {
+            1384u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26202,7 +26232,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1384u32 => {
+            1385u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26232,7 +26262,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1385u32 => {
+            1386u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26258,22 +26288,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1386u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1387u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -26291,6 +26305,22 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1388u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1389u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26326,7 +26356,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1389u32 => {
+            1390u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26352,7 +26382,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1390u32 => {
+            1391u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26374,13 +26404,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1391u32 => {
+            1392u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1392u32 => {
+            1393u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26391,19 +26421,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1393u32 => {
+            1394u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
-            }
-            1394u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1395u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -26412,6 +26436,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1396u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1397u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26419,7 +26449,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1397u32 => {
+            1398u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26431,7 +26461,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1398u32 => {
+            1399u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26447,7 +26477,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1399u32 => {
+            1400u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26460,7 +26490,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1400u32 => {
+            1401u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26469,17 +26499,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1401u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26506,6 +26525,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1404u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1405u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26517,7 +26547,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1405u32 => {
+            1406u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26528,7 +26558,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1406u32 => {
+            1407u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26539,17 +26569,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1407u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26576,6 +26595,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1410u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1411u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26588,7 +26618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1411u32 => {
+            1412u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26597,17 +26627,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1412u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26623,6 +26642,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1414u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1415u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26633,17 +26663,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1415u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26681,6 +26700,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1419u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1420u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26694,7 +26724,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1420u32 => {
+            1421u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26703,17 +26733,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1421u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26751,16 +26770,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1425u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26793,78 +26809,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1428u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1429u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1430u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1431u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1432u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1433u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1434u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -26878,7 +26848,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1435u32 => {
+            1431u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26886,22 +26856,59 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1432u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1433u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1434u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1435u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1436u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1437u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26912,7 +26919,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1438u32 => {
+            1437u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26924,7 +26931,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1438u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
             1439u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1440u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -26940,7 +26970,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1440u32 => {
+            1441u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -26948,20 +26978,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1441u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -26980,11 +26996,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1443u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
                 }
             }
             1444u32 => {
@@ -26996,14 +27018,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1445u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1446u32 => {
@@ -27095,16 +27114,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1454u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27123,13 +27139,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1456u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
+                        a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -27147,13 +27165,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1458u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27180,6 +27199,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1461u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1462u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27190,17 +27220,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1462u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27216,6 +27235,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1464u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1465u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27227,7 +27257,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1465u32 => {
+            1466u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27241,7 +27271,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1466u32 => {
+            1467u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -27259,7 +27289,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1467u32 => {
+            1468u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27270,17 +27300,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1468u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27340,6 +27359,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1474u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1475u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27349,18 +27379,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1475u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27389,6 +27407,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1478u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1479u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27402,7 +27432,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1479u32 => {
+            1480u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27415,17 +27445,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1480u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27496,6 +27515,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1487u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1488u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27506,17 +27536,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1488u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27565,6 +27584,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1493u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1494u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27579,17 +27609,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as usize as *mut c_void,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1494u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27638,14 +27657,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1499u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27674,6 +27692,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1502u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1503u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27687,7 +27717,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1503u32 => {
+            1504u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -27703,7 +27733,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1504u32 => {
+            1505u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27714,7 +27744,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1505u32 => {
+            1506u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27723,17 +27753,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1506u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -27749,6 +27768,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1508u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1509u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -27762,7 +27792,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1509u32 => {
+            1510u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27773,12 +27803,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            1510u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1511u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -27793,23 +27817,17 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1513u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1514u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1514u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
                 }
             }
             1515u32 => {
@@ -27825,14 +27843,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1516u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1517u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27844,12 +27854,24 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1518u32 => {
+            1517u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1518u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
                 }
             }
             1519u32 => {
@@ -27861,6 +27883,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1520u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1521u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27868,13 +27898,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
                 }
             }
-            1521u32 => {
+            1522u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1522u32 => {
+            1523u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27886,7 +27916,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1523u32 => {
+            1524u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27894,7 +27924,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1524u32 => {
+            1525u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27905,7 +27935,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1525u32 => {
+            1526u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27917,24 +27947,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1526u32 => {
+            1527u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
-            1527u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
                 }
             }
             1528u32 => {
@@ -27950,14 +27968,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1529u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            1530u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27969,7 +27979,27 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
+            1530u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
             1531u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            1532u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27977,7 +28007,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1532u32 => {
+            1533u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27985,7 +28015,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            1533u32 => {
+            1534u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -27997,7 +28027,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1534u32 => {
+            1535u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28007,14 +28037,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
-                }
-            }
-            1535u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1536u32 => {
@@ -28034,6 +28056,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1538u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1539u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28045,7 +28075,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1539u32 => {
+            1540u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28057,7 +28087,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1540u32 => {
+            1541u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28068,19 +28098,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1541u32 => {
+            1542u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
-            }
-            1542u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1543u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -28101,6 +28125,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1546u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1547u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28108,7 +28138,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1547u32 => {
+            1548u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28120,7 +28150,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1548u32 => {
+            1549u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28130,12 +28160,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            1549u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1550u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -28144,6 +28168,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1551u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1552u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28154,7 +28184,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1552u32 => {
+            1553u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28162,7 +28192,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1553u32 => {
+            1554u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28174,7 +28204,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1554u32 => {
+            1555u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28190,23 +28220,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1555u32 => {
+            1556u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1556u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
             }
             1557u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
@@ -28221,6 +28239,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1558u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1559u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28236,7 +28266,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1559u32 => {
+            1560u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28246,12 +28276,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            1560u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1561u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -28272,10 +28296,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1564u32 => {
-                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as u32)) as u64 }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1565u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
@@ -28284,12 +28308,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as u32)) as u64 }
             }
             1566u32 => {
+                let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as u32)) as u64 }
+            }
+            1567u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1567u32 => {
+            1568u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -28303,7 +28333,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1568u32 => {
+            1569u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28311,7 +28341,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            1569u32 => {
+            1570u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28323,7 +28353,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1570u32 => {
+            1571u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28331,19 +28361,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
-            1571u32 => {
+            1572u32 => {
                 let f: unsafe extern "C" fn(u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32)) as u64 }
-            }
-            1572u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
             }
             1573u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
@@ -28402,12 +28424,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1580u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1581u32 => {
                 let f: unsafe extern "C" fn(u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as u32, a[1usize] as u32)) as u64 }
             }
-            1581u32 => {
+            1582u32 => {
                 let f: unsafe extern "C" fn(u32, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28419,7 +28449,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1582u32 => {
+            1583u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28429,14 +28459,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                         a[2usize] as usize as *mut c_void,
                     )) as u64
-                }
-            }
-            1583u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1584u32 => {
@@ -28472,6 +28494,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1588u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1589u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28483,14 +28513,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1589u32 => {
-                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
-                }
-            }
             1590u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -28500,6 +28522,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1591u32 => {
+                let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1592u32 => {
                 let f: unsafe extern "C" fn(u32, u32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28512,44 +28542,36 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1592u32 => {
+            1593u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1593u32 => {
+            1594u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
-            1594u32 => {
+            1595u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            1595u32 => {
+            1596u32 => {
                 let f: unsafe extern "C" fn(i32, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as i32)) as u64 }
             }
-            1596u32 => {
+            1597u32 => {
                 let f: unsafe extern "C" fn(i32, u32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as i64)) as u64
-                }
-            }
-            1597u32 => {
-                let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
             1598u32 => {
@@ -28561,12 +28583,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1599u32 => {
+                let f: unsafe extern "C" fn(i32, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as i32, a[1usize] as usize as *mut c_void)) as u64
+                }
+            }
+            1600u32 => {
                 let f: unsafe extern "C" fn(i32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as i32, a[1usize] as u32)) as u64 }
             }
-            1600u32 => {
+            1601u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28579,7 +28609,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1601u32 => {
+            1602u32 => {
                 let f: unsafe extern "C" fn(
                     i32,
                     i32,
@@ -28615,7 +28645,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1602u32 => {
+            1603u32 => {
                 let f: unsafe extern "C" fn(i32, u32, usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28623,7 +28653,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as i32, a[1usize] as u32, a[2usize] as usize)) as u64
                 }
             }
-            1603u32 => {
+            1604u32 => {
                 let f: unsafe extern "C" fn(i32, *mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28635,14 +28665,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1604u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
-                }
-            }
             1605u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -28652,6 +28674,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1606u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1607u32 => {
                 let f: unsafe extern "C" fn(f64, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28659,12 +28689,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(f64::from_bits(a[0usize]), a[1usize] as usize as *mut c_void))
                         as u64
                 }
-            }
-            1607u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1608u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -28679,30 +28703,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1610u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1611u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
-                }
-            }
-            1611u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1612u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
-                }
-            }
-            1613u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28710,7 +28724,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
+            1613u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u64)) as u64
+                }
+            }
             1614u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1615u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28721,7 +28751,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1615u32 => {
+            1616u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -28739,7 +28769,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1616u32 => {
+            1617u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -28753,7 +28783,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1617u32 => {
+            1618u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28787,7 +28817,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1618u32 => {
+            1619u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28819,7 +28849,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1619u32 => {
+            1620u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28846,38 +28876,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1620u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -28925,6 +28923,38 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1623u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -28943,7 +28973,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1623u32 => {
+            1624u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -28989,7 +29019,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1624u32 => {
+            1625u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29027,7 +29057,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1625u32 => {
+            1626u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29065,7 +29095,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1626u32 => {
+            1627u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29101,7 +29131,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1627u32 => {
+            1628u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29149,7 +29179,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1628u32 => {
+            1629u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29183,7 +29213,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1629u32 => {
+            1630u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29215,7 +29245,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1630u32 => {
+            1631u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29255,7 +29285,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1631u32 => {
+            1632u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29299,7 +29329,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1632u32 => {
+            1633u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29333,7 +29363,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1633u32 => {
+            1634u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29361,7 +29391,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1634u32 => {
+            1635u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29399,7 +29429,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1635u32 => {
+            1636u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29426,54 +29456,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as i32,
                         a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1636u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -29530,6 +29512,54 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1639u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
@@ -29587,7 +29617,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1639u32 => {
+            1640u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29635,7 +29665,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1640u32 => {
+            1641u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29660,32 +29690,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as u32,
                         a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1641u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -29699,6 +29703,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1643u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -29717,7 +29747,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1643u32 => {
+            1644u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29740,48 +29770,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1644u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -29830,6 +29818,48 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1646u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1647u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -29857,7 +29887,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1647u32 => {
+            1648u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29885,7 +29915,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1648u32 => {
+            1649u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -29921,7 +29951,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1649u32 => {
+            1650u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29949,7 +29979,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1650u32 => {
+            1651u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -29975,7 +30005,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1651u32 => {
+            1652u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30011,7 +30041,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1652u32 => {
+            1653u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -30039,7 +30069,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1653u32 => {
+            1654u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30083,7 +30113,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1654u32 => {
+            1655u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30119,32 +30149,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1655u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1656u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -30172,13 +30176,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1657u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30216,30 +30235,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1661u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30274,6 +30276,34 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1663u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1664u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -30287,7 +30317,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1664u32 => {
+            1665u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30299,7 +30329,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1665u32 => {
+            1666u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30310,13 +30340,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1666u32 => {
+            1667u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
-            1667u32 => {
+            1668u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30351,12 +30381,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[13usize] as u32,
                     )) as u64
                 }
-            }
-            1668u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1669u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -30383,6 +30407,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1673u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1674u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30418,7 +30448,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1674u32 => {
+            1675u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30446,7 +30476,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1675u32 => {
+            1676u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30476,7 +30506,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1676u32 => {
+            1677u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30498,7 +30528,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1677u32 => {
+            1678u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30511,7 +30541,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1678u32 => {
+            1679u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30539,7 +30569,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1679u32 => {
+            1680u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30565,7 +30595,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1680u32 => {
+            1681u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30594,12 +30624,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[10usize] as u32,
                     )) as u64
                 }
-            }
-            1681u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1682u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -30632,6 +30656,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1687u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1688u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i64,
@@ -30653,7 +30683,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1688u32 => {
+            1689u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i64, *mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30666,7 +30696,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1689u32 => {
+            1690u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30678,12 +30708,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1690u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
             1691u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -30691,6 +30715,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1692u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1693u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -30706,7 +30736,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1693u32 => {
+            1694u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -30719,7 +30749,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1694u32 => {
+            1695u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30753,7 +30783,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1695u32 => {
+            1696u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30785,7 +30815,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1696u32 => {
+            1697u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30812,38 +30842,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1697u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -30891,6 +30889,38 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1700u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -30909,7 +30939,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1700u32 => {
+            1701u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30955,7 +30985,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1701u32 => {
+            1702u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -30993,7 +31023,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1702u32 => {
+            1703u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31031,7 +31061,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1703u32 => {
+            1704u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31067,7 +31097,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1704u32 => {
+            1705u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31115,7 +31145,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1705u32 => {
+            1706u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31149,7 +31179,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1706u32 => {
+            1707u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31181,7 +31211,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1707u32 => {
+            1708u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31221,7 +31251,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1708u32 => {
+            1709u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31265,7 +31295,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1709u32 => {
+            1710u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31299,7 +31329,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1710u32 => {
+            1711u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31327,7 +31357,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1711u32 => {
+            1712u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31365,7 +31395,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1712u32 => {
+            1713u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31392,54 +31422,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as i32,
                         a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1713u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31496,6 +31478,54 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1716u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
                     i32,
                     *mut c_void,
                     *mut c_void,
@@ -31553,7 +31583,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1716u32 => {
+            1717u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31601,7 +31631,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1717u32 => {
+            1718u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31626,32 +31656,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as u32,
                         a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1718u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31665,6 +31669,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1720u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -31683,7 +31713,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1720u32 => {
+            1721u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31706,48 +31736,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1721u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31796,6 +31784,48 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1723u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1724u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -31823,7 +31853,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1724u32 => {
+            1725u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31851,7 +31881,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1725u32 => {
+            1726u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -31887,7 +31917,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1726u32 => {
+            1727u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31915,7 +31945,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1727u32 => {
+            1728u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -31938,24 +31968,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1728u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -31996,10 +32008,22 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1731u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
+                        a[4usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             1732u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -32104,6 +32128,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1749u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1750u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32139,7 +32169,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1750u32 => {
+            1751u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -32167,7 +32197,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1751u32 => {
+            1752u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32211,7 +32241,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1752u32 => {
+            1753u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32247,7 +32277,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1753u32 => {
+            1754u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32258,7 +32288,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1754u32 => {
+            1755u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32267,17 +32297,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as i32,
                         a[2usize] as i64,
-                    )) as u64
-                }
-            }
-            1755u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32304,40 +32323,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1758u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32395,6 +32387,44 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1761u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -32415,7 +32445,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1761u32 => {
+            1762u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -32428,12 +32458,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[2usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            1762u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1763u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -32454,6 +32478,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1766u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1767u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -32464,17 +32494,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1767u32 => {
+            1768u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
-            }
-            1768u32 => {
-                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as i32)) as u64 }
             }
             1769u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
@@ -32483,34 +32507,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
             1770u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as i32)) as u64 }
             }
             1771u32 => {
                 let f: unsafe extern "C" fn(
@@ -32576,6 +32576,36 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1774u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
                     i32,
                     i32,
                     *mut c_void,
@@ -32606,7 +32636,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1774u32 => {
+            1775u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32638,7 +32668,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1775u32 => {
+            1776u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32665,38 +32695,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1776u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -32744,6 +32742,38 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1779u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -32762,7 +32792,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1779u32 => {
+            1780u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32808,7 +32838,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1780u32 => {
+            1781u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32846,7 +32876,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1781u32 => {
+            1782u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32884,7 +32914,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1782u32 => {
+            1783u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32920,7 +32950,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1783u32 => {
+            1784u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -32968,7 +32998,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1784u32 => {
+            1785u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33002,7 +33032,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1785u32 => {
+            1786u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33034,7 +33064,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1786u32 => {
+            1787u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33074,7 +33104,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1787u32 => {
+            1788u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33118,7 +33148,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1788u32 => {
+            1789u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -33132,7 +33162,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1789u32 => {
+            1790u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33166,7 +33196,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1790u32 => {
+            1791u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33194,7 +33224,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1791u32 => {
+            1792u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33232,7 +33262,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1792u32 => {
+            1793u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33259,54 +33289,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as i32,
                         a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1793u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -33359,6 +33341,54 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1795u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1796u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33420,7 +33450,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1796u32 => {
+            1797u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33468,7 +33498,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1797u32 => {
+            1798u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33493,32 +33523,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as u32,
                         a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1798u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -33532,6 +33536,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1800u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -33550,7 +33580,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1800u32 => {
+            1801u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33573,48 +33603,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1801u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -33663,6 +33651,48 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1803u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1804u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -33690,7 +33720,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1804u32 => {
+            1805u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33718,7 +33748,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1805u32 => {
+            1806u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33754,7 +33784,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1806u32 => {
+            1807u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33782,7 +33812,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1807u32 => {
+            1808u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33806,14 +33836,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
                     )) as u64
-                }
-            }
-            1808u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             1809u32 => {
@@ -33857,6 +33879,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1814u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            1815u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -33867,7 +33897,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1815u32 => {
+            1816u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33903,7 +33933,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1816u32 => {
+            1817u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -33931,7 +33961,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1817u32 => {
+            1818u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -33975,7 +34005,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1818u32 => {
+            1819u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34011,40 +34041,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1819u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1820u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -34058,48 +34054,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     u32,
                     u32,
                     *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1821u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1822u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1823u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -34120,6 +34074,48 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
+            }
+            1821u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1822u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1823u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1824u32 => {
                 let f: unsafe extern "C" fn(
@@ -34134,6 +34130,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     u32,
                     u32,
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1825u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -34151,7 +34181,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1825u32 => {
+            1826u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34179,7 +34209,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1826u32 => {
+            1827u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34209,7 +34239,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1827u32 => {
+            1828u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -34220,41 +34250,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1828u32 => {
+            1829u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
-            }
-            1829u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as u32,
-                        a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
             }
             1830u32 => {
                 let f: unsafe extern "C" fn(
@@ -34290,6 +34290,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
+                    u32,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -34303,14 +34304,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
+                        a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as u32,
+                        a[7usize] as usize as *mut c_void,
                         a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
+                        a[9usize] as u32,
+                        a[10usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34375,98 +34377,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     u32,
                     *mut c_void,
-                    usize,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize,
-                    )) as u64
-                }
-            }
-            1835u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1836u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1837u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    usize,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize,
-                    )) as u64
-                }
-            }
-            1838u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
-            1839u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1840u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as usize as *mut c_void,
@@ -34474,7 +34397,84 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as u32,
                         a[8usize] as u32,
                         a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1835u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize,
+                    )) as u64
+                }
+            }
+            1836u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1837u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1838u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    usize,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize,
+                    )) as u64
+                }
+            }
+            1839u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            1840u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34509,10 +34509,34 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1842u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as u32,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             1843u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -34521,6 +34545,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1844u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1845u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34544,34 +34574,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as u32,
                         a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1845u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    u32,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as u32,
-                        a[7usize] as u32,
-                        a[8usize] as usize as *mut c_void,
                         a[9usize] as usize as *mut c_void,
                     )) as u64
                 }
@@ -34605,10 +34607,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1847u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    u32,
+                    u32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as u32,
+                        a[7usize] as u32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             1848u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -34617,6 +34641,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1849u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1850u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34642,17 +34672,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1850u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1851u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -34665,20 +34684,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1852u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                        a[3usize] as u32,
-                        a[4usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34703,38 +34715,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1854u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
-                    i32,
-                    i32,
-                    i32,
                     *mut c_void,
                     *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    f32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
+                    u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                        a[3usize] as u32,
                         a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        f32::from_bits(a[8usize] as u32),
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34792,6 +34784,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -34809,11 +34802,23 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                         a[12usize] as usize as *mut c_void,
                         a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
             1857u32 => {
                 let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    f32,
+                    *mut c_void,
+                    *mut c_void,
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
@@ -34821,8 +34826,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        f32::from_bits(a[8usize] as u32),
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34872,6 +34888,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1862u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    *mut c_void,
                     i32,
                     i32,
                     *mut c_void,
@@ -34885,30 +34915,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as u32,
-                    )) as u64
-                }
-            }
-            1862u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -34945,6 +34951,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1865u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -34958,7 +34988,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1865u32 => {
+            1866u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -34988,7 +35018,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1866u32 => {
+            1867u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -35008,7 +35038,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1867u32 => {
+            1868u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35042,7 +35072,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1868u32 => {
+            1869u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35080,7 +35110,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1869u32 => {
+            1870u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35130,20 +35160,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1870u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                        a[2usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1871u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -35175,6 +35191,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1873u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                        a[2usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1874u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     i32,
                     i32,
                     i32,
@@ -35198,7 +35228,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1874u32 => {
+            1875u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35220,7 +35250,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1875u32 => {
+            1876u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -35234,7 +35264,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1876u32 => {
+            1877u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35266,7 +35296,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1877u32 => {
+            1878u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35306,7 +35336,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1878u32 => {
+            1879u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35340,7 +35370,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1879u32 => {
+            1880u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35372,7 +35402,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1880u32 => {
+            1881u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35399,38 +35429,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
                         a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1881u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as u32,
-                        a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -35478,6 +35476,38 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as u32,
+                        a[11usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1884u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -35496,7 +35526,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1884u32 => {
+            1885u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35542,7 +35572,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1885u32 => {
+            1886u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35580,7 +35610,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1886u32 => {
+            1887u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35618,7 +35648,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1887u32 => {
+            1888u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35654,7 +35684,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1888u32 => {
+            1889u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35702,7 +35732,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1889u32 => {
+            1890u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35736,7 +35766,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1890u32 => {
+            1891u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35768,7 +35798,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1891u32 => {
+            1892u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35808,7 +35838,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1892u32 => {
+            1893u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35852,7 +35882,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1893u32 => {
+            1894u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35886,7 +35916,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1894u32 => {
+            1895u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -35914,7 +35944,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1895u32 => {
+            1896u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35952,7 +35982,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1896u32 => {
+            1897u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -35979,54 +36009,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[8usize] as i32,
                         a[9usize] as i32,
                         a[10usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1897u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as usize as *mut c_void,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as usize as *mut c_void,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -36079,6 +36061,54 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1899u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as usize as *mut c_void,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as usize as *mut c_void,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1900u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36140,7 +36170,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1900u32 => {
+            1901u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36188,7 +36218,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1901u32 => {
+            1902u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36213,32 +36243,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as u32,
                         a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1902u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -36252,6 +36256,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     *mut c_void,
                     *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1904u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
                     u32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
@@ -36270,7 +36300,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1904u32 => {
+            1905u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36293,48 +36323,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1905u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    u32,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as i32,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize as *mut c_void,
-                        a[13usize] as i32,
-                        a[14usize] as usize as *mut c_void,
-                        a[15usize] as u32,
-                        a[16usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -36383,6 +36371,48 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
             1907u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
+                    i32,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize as *mut c_void,
+                        a[13usize] as i32,
+                        a[14usize] as usize as *mut c_void,
+                        a[15usize] as u32,
+                        a[16usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1908u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
                     u32,
                     i32,
                     i32,
@@ -36410,7 +36440,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1908u32 => {
+            1909u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36438,7 +36468,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1909u32 => {
+            1910u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36474,7 +36504,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1910u32 => {
+            1911u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36502,7 +36532,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1911u32 => {
+            1912u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36528,7 +36558,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1912u32 => {
+            1913u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36564,7 +36594,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1913u32 => {
+            1914u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36592,7 +36622,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1914u32 => {
+            1915u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36636,7 +36666,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1915u32 => {
+            1916u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36669,32 +36699,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as i32,
                         a[12usize] as i32,
                         a[13usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1916u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -36725,6 +36729,32 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             1918u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1919u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -36737,7 +36767,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1919u32 => {
+            1920u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36763,7 +36793,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1920u32 => {
+            1921u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -36783,7 +36813,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1921u32 => {
+            1922u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -36823,7 +36853,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1922u32 => {
+            1923u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -36833,56 +36863,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as i32,
                         a[2usize] as i32,
                         a[3usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1923u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    i64,
-                    *mut c_void,
-                    i64,
-                    *mut c_void,
-                    i32,
-                    i64,
-                    *mut c_void,
-                    i32,
-                    i64,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as i64,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as i64,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as i64,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as i32,
-                        a[15usize] as i64,
-                        a[16usize] as usize as *mut c_void,
-                        a[17usize] as i32,
-                        a[18usize] as usize as *mut c_void,
-                        a[19usize] as usize as *mut c_void,
-                        a[20usize] as i32,
                     )) as u64
                 }
             }
@@ -36906,6 +36886,56 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i64,
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as i64,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as i64,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as i64,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as i32,
+                        a[15usize] as i64,
+                        a[16usize] as usize as *mut c_void,
+                        a[17usize] as i32,
+                        a[18usize] as usize as *mut c_void,
+                        a[19usize] as usize as *mut c_void,
+                        a[20usize] as i32,
+                    )) as u64
+                }
+            }
+            1925u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
+                    i64,
+                    *mut c_void,
+                    i32,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -36930,7 +36960,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1925u32 => {
+            1926u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -36970,7 +37000,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1926u32 => {
+            1927u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37010,7 +37040,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1927u32 => {
+            1928u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37046,7 +37076,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1928u32 => {
+            1929u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37082,30 +37112,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1929u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1930u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -37114,6 +37120,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1931u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -37126,7 +37156,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1931u32 => {
+            1932u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37144,34 +37174,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1932u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
@@ -37192,6 +37194,34 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1934u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -37206,7 +37236,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1934u32 => {
+            1935u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37236,7 +37266,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1935u32 => {
+            1936u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37268,7 +37298,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1936u32 => {
+            1937u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37296,7 +37326,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1937u32 => {
+            1938u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37322,7 +37352,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1938u32 => {
+            1939u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37356,7 +37386,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1939u32 => {
+            1940u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37386,7 +37416,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1940u32 => {
+            1941u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37422,7 +37452,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1941u32 => {
+            1942u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37454,7 +37484,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1942u32 => {
+            1943u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37478,7 +37508,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1943u32 => {
+            1944u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37499,26 +37529,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as i32,
                         a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            1944u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37530,8 +37540,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    i32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -37541,8 +37549,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37555,6 +37561,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1947u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -37568,7 +37598,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1947u32 => {
+            1948u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37588,7 +37618,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1948u32 => {
+            1949u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37612,7 +37642,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1949u32 => {
+            1950u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37632,7 +37662,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1950u32 => {
+            1951u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37658,7 +37688,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1951u32 => {
+            1952u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37685,12 +37715,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[9usize] as i32,
                     )) as u64
                 }
-            }
-            1952u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1953u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -37711,6 +37735,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1956u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1957u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37736,7 +37766,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1957u32 => {
+            1958u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37754,7 +37784,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1958u32 => {
+            1959u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37780,7 +37810,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1959u32 => {
+            1960u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37802,7 +37832,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1960u32 => {
+            1961u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37832,7 +37862,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1961u32 => {
+            1962u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -37858,7 +37888,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1962u32 => {
+            1963u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37886,7 +37916,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1963u32 => {
+            1964u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -37910,32 +37940,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1964u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1965u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -37945,6 +37949,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -37955,6 +37961,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -37962,35 +37970,21 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    i32,
-                    i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
-                        a[5usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38008,6 +38002,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1968u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -38026,7 +38056,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1968u32 => {
+            1969u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38062,7 +38092,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1969u32 => {
+            1970u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38093,12 +38123,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            1970u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1971u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -38119,6 +38143,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             1974u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            1975u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -38131,7 +38161,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1975u32 => {
+            1976u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38157,7 +38187,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1976u32 => {
+            1977u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38177,7 +38207,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1977u32 => {
+            1978u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -38217,7 +38247,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1978u32 => {
+            1979u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -38230,7 +38260,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1979u32 => {
+            1980u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38280,7 +38310,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1980u32 => {
+            1981u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38324,7 +38354,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1981u32 => {
+            1982u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38364,7 +38394,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1982u32 => {
+            1983u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38404,7 +38434,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1983u32 => {
+            1984u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38440,7 +38470,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1984u32 => {
+            1985u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38476,7 +38506,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1985u32 => {
+            1986u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38500,7 +38530,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1986u32 => {
+            1987u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38520,7 +38550,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1987u32 => {
+            1988u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38548,7 +38578,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1988u32 => {
+            1989u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38572,7 +38602,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1989u32 => {
+            1990u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38596,7 +38626,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1990u32 => {
+            1991u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38616,7 +38646,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1991u32 => {
+            1992u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38646,7 +38676,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1992u32 => {
+            1993u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38672,7 +38702,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1993u32 => {
+            1994u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38700,7 +38730,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1994u32 => {
+            1995u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -38724,32 +38754,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1995u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             1996u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -38759,6 +38763,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -38769,6 +38775,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38776,35 +38784,21 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    i32,
-                    i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
-                        a[5usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -38822,6 +38816,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            1999u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -38840,7 +38870,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            1999u32 => {
+            2000u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38876,7 +38906,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2000u32 => {
+            2001u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38908,7 +38938,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2001u32 => {
+            2002u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38929,28 +38959,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as i32,
                         a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2002u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
                     )) as u64
                 }
             }
@@ -38962,6 +38970,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2004u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -38974,7 +39004,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2004u32 => {
+            2005u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -38998,7 +39028,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2005u32 => {
+            2006u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39018,7 +39048,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2006u32 => {
+            2007u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39044,7 +39074,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2007u32 => {
+            2008u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39072,7 +39102,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2008u32 => {
+            2009u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39100,7 +39130,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2009u32 => {
+            2010u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39124,7 +39154,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2010u32 => {
+            2011u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39154,7 +39184,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2011u32 => {
+            2012u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39186,7 +39216,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2012u32 => {
+            2013u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39214,7 +39244,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2013u32 => {
+            2014u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39240,7 +39270,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2014u32 => {
+            2015u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39274,7 +39304,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2015u32 => {
+            2016u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39304,7 +39334,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2016u32 => {
+            2017u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39340,7 +39370,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2017u32 => {
+            2018u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39372,7 +39402,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2018u32 => {
+            2019u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39398,7 +39428,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2019u32 => {
+            2020u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39416,7 +39446,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2020u32 => {
+            2021u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39442,7 +39472,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2021u32 => {
+            2022u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39464,7 +39494,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2022u32 => {
+            2023u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39475,7 +39505,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2023u32 => {
+            2024u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -39508,12 +39538,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            2024u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2025u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -39552,12 +39576,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2031u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2032u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
@@ -39568,11 +39590,11 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2033u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
             2034u32 => {
@@ -39592,6 +39614,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2036u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2037u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39601,15 +39631,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as u32,
                     )) as u64
-                }
-            }
-            2037u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, f64::from_bits(a[1usize])))
-                        as u64
                 }
             }
             2038u32 => {
@@ -39622,16 +39643,19 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2039u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, f64::from_bits(a[1usize])))
+                        as u64
+                }
+            }
+            2040u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f()) as u64 }
-            }
-            2040u32 => {
-                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as i32)) as u64 }
             }
             2041u32 => {
                 let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
@@ -39640,6 +39664,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as i32)) as u64 }
             }
             2042u32 => {
+                let f: unsafe extern "C" fn(i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as i32)) as u64 }
+            }
+            2043u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -39671,7 +39701,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2043u32 => {
+            2044u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39681,14 +39711,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as u32,
                         a[2usize] as u32,
                     )) as u64
-                }
-            }
-            2044u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
             }
             2045u32 => {
@@ -39708,6 +39730,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2047u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
+                }
+            }
+            2048u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39718,7 +39748,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2048u32 => {
+            2049u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39731,7 +39761,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2049u32 => {
+            2050u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39757,7 +39787,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2050u32 => {
+            2051u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -39777,7 +39807,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2051u32 => {
+            2052u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -39817,7 +39847,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2052u32 => {
+            2053u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -39830,7 +39860,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2053u32 => {
+            2054u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39880,7 +39910,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2054u32 => {
+            2055u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39924,7 +39954,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2055u32 => {
+            2056u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -39964,7 +39994,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2056u32 => {
+            2057u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40004,7 +40034,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2057u32 => {
+            2058u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40040,7 +40070,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2058u32 => {
+            2059u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40076,7 +40106,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2059u32 => {
+            2060u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40100,7 +40130,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2060u32 => {
+            2061u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40120,7 +40150,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2061u32 => {
+            2062u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40148,7 +40178,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2062u32 => {
+            2063u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40172,7 +40202,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2063u32 => {
+            2064u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40196,7 +40226,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2064u32 => {
+            2065u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40216,7 +40246,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2065u32 => {
+            2066u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40246,7 +40276,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2066u32 => {
+            2067u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40272,7 +40302,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2067u32 => {
+            2068u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40300,7 +40330,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2068u32 => {
+            2069u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -40324,32 +40354,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2069u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2070u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -40359,6 +40363,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -40369,6 +40375,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40376,35 +40384,21 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    i32,
-                    i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
-                        a[5usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -40422,6 +40416,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2073u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -40440,7 +40470,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2073u32 => {
+            2074u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40476,7 +40506,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2074u32 => {
+            2075u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40508,7 +40538,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2075u32 => {
+            2076u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40529,28 +40559,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as i32,
                         a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2076u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
                     )) as u64
                 }
             }
@@ -40562,6 +40570,28 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                    )) as u64
+                }
+            }
+            2078u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -40574,7 +40604,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2078u32 => {
+            2079u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40598,7 +40628,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2079u32 => {
+            2080u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40618,7 +40648,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2080u32 => {
+            2081u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40644,7 +40674,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2081u32 => {
+            2082u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40672,7 +40702,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2082u32 => {
+            2083u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40700,7 +40730,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2083u32 => {
+            2084u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40724,7 +40754,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2084u32 => {
+            2085u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40754,7 +40784,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2085u32 => {
+            2086u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40786,7 +40816,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2086u32 => {
+            2087u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40814,7 +40844,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2087u32 => {
+            2088u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40840,7 +40870,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2088u32 => {
+            2089u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40874,7 +40904,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2089u32 => {
+            2090u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40904,7 +40934,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2090u32 => {
+            2091u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40940,7 +40970,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2091u32 => {
+            2092u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40972,7 +41002,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2092u32 => {
+            2093u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -40998,7 +41028,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2093u32 => {
+            2094u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41016,7 +41046,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2094u32 => {
+            2095u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41042,7 +41072,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2095u32 => {
+            2096u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41064,7 +41094,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2096u32 => {
+            2097u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41116,7 +41146,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2097u32 => {
+            2098u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41162,7 +41192,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2098u32 => {
+            2099u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41200,7 +41230,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2099u32 => {
+            2100u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41232,7 +41262,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2100u32 => {
+            2101u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41286,7 +41316,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2101u32 => {
+            2102u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41334,14 +41364,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2102u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
             2103u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -41351,6 +41373,14 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2104u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2105u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41359,7 +41389,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         as u64
                 }
             }
-            2105u32 => {
+            2106u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41407,7 +41437,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2106u32 => {
+            2107u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41443,7 +41473,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2107u32 => {
+            2108u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41471,7 +41501,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2108u32 => {
+            2109u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41505,7 +41535,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2109u32 => {
+            2110u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41539,7 +41569,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2110u32 => {
+            2111u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41567,7 +41597,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2111u32 => {
+            2112u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41599,7 +41629,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2112u32 => {
+            2113u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41641,7 +41671,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2113u32 => {
+            2114u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41677,7 +41707,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2114u32 => {
+            2115u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41717,7 +41747,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2115u32 => {
+            2116u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     *mut c_void,
@@ -41751,14 +41781,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2116u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe {
-                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
-                }
-            }
             2117u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -41768,52 +41790,20 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2118u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
+                }
+            }
+            2119u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, f64::from_bits(a[1usize])))
                         as u64
-                }
-            }
-            2119u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i64,
-                    i64,
-                    u32,
-                    *mut c_void,
-                    i64,
-                    *mut c_void,
-                    u32,
-                    *mut c_void,
-                    i64,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                    usize,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i64,
-                        a[3usize] as i64,
-                        a[4usize] as u32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i64,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as u32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i64,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as usize,
-                        a[13usize] as usize as *mut c_void,
-                        a[14usize] as usize,
-                        a[15usize] as usize as *mut c_void,
-                    )) as u64
                 }
             }
             2120u32 => {
@@ -41830,6 +41820,46 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i64,
                     *mut c_void,
+                    usize,
+                    *mut c_void,
+                    usize,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i64,
+                        a[3usize] as i64,
+                        a[4usize] as u32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i64,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as u32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i64,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as usize,
+                        a[13usize] as usize as *mut c_void,
+                        a[14usize] as usize,
+                        a[15usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2121u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i64,
+                    i64,
+                    u32,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
+                    u32,
+                    *mut c_void,
+                    i64,
+                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -41850,7 +41880,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2121u32 => {
+            2122u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41882,7 +41912,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2122u32 => {
+            2123u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -41908,7 +41938,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2123u32 => {
+            2124u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -41921,7 +41951,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2124u32 => {
+            2125u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41947,7 +41977,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2125u32 => {
+            2126u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -41967,7 +41997,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2126u32 => {
+            2127u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i8,
@@ -42007,7 +42037,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2127u32 => {
+            2128u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32, i32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -42020,7 +42050,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2128u32 => {
+            2129u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42070,7 +42100,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2129u32 => {
+            2130u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42114,7 +42144,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2130u32 => {
+            2131u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42154,7 +42184,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2131u32 => {
+            2132u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42194,7 +42224,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2132u32 => {
+            2133u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42230,7 +42260,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2133u32 => {
+            2134u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42266,30 +42296,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2134u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    i32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as i32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2135u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -42298,6 +42304,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2136u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -42310,7 +42340,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2136u32 => {
+            2137u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42328,34 +42358,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
                         a[2usize] as i32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2137u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
                         a[3usize] as i32,
                         a[4usize] as usize as *mut c_void,
                         a[5usize] as i32,
@@ -42376,32 +42378,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
-                        a[4usize] as usize as *mut c_void,
-                        a[5usize] as i32,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2139u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
                     i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -42416,7 +42393,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as i32,
                         a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2139u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42433,6 +42433,36 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as usize as *mut c_void,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2141u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
                     i32,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
@@ -42452,7 +42482,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2141u32 => {
+            2142u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42480,7 +42510,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2142u32 => {
+            2143u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42503,40 +42533,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[6usize] as usize as *mut c_void,
                         a[7usize] as usize as *mut c_void,
                         a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2143u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    u32,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as u32,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
-                        a[8usize] as i32,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as usize as *mut c_void,
-                        a[11usize] as i32,
-                        a[12usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42553,6 +42549,40 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as u32,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                        a[8usize] as i32,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as usize as *mut c_void,
+                        a[11usize] as i32,
+                        a[12usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2145u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -42570,7 +42600,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2145u32 => {
+            2146u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42606,7 +42636,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2146u32 => {
+            2147u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42638,7 +42668,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2147u32 => {
+            2148u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42662,7 +42692,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2148u32 => {
+            2149u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42683,26 +42713,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as i32,
                         a[7usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
-            2149u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42714,8 +42724,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    i32,
-                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -42725,8 +42733,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
-                        a[6usize] as i32,
-                        a[7usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -42739,6 +42745,30 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
+                        a[4usize] as i32,
+                        a[5usize] as usize as *mut c_void,
+                        a[6usize] as i32,
+                        a[7usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2152u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    i32,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -42752,7 +42782,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2152u32 => {
+            2153u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42772,7 +42802,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2153u32 => {
+            2154u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42796,7 +42826,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2154u32 => {
+            2155u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42816,7 +42846,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2155u32 => {
+            2156u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42842,7 +42872,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2156u32 => {
+            2157u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42870,7 +42900,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2157u32 => {
+            2158u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42896,7 +42926,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2158u32 => {
+            2159u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -42914,7 +42944,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2159u32 => {
+            2160u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42940,7 +42970,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2160u32 => {
+            2161u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42962,7 +42992,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2161u32 => {
+            2162u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -42992,7 +43022,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2162u32 => {
+            2163u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43018,7 +43048,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2163u32 => {
+            2164u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43046,7 +43076,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2164u32 => {
+            2165u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43070,32 +43100,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2165u32 => {
-                let f: unsafe extern "C" fn(
-                    *mut c_void,
-                    u32,
-                    i32,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                ) -> u32 = unsafe { core::mem::transmute(f) };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as i32,
-                        a[3usize] as usize as *mut c_void,
-                        a[4usize] as i32,
-                        a[5usize] as usize as *mut c_void,
-                        a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                    )) as u64
-                }
-            }
             2166u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
@@ -43105,6 +43109,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     i32,
                     *mut c_void,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -43115,6 +43121,8 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[4usize] as i32,
                         a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -43122,35 +43130,21 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
-                    u32,
-                    i32,
-                    i32,
                     i32,
                     *mut c_void,
                     i32,
                     *mut c_void,
-                    *mut c_void,
-                    i32,
-                    *mut c_void,
-                    i32,
                     *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
                         a[0usize] as usize as *mut c_void,
                         a[1usize] as u32,
-                        a[2usize] as u32,
-                        a[3usize] as i32,
+                        a[2usize] as i32,
+                        a[3usize] as usize as *mut c_void,
                         a[4usize] as i32,
-                        a[5usize] as i32,
+                        a[5usize] as usize as *mut c_void,
                         a[6usize] as usize as *mut c_void,
-                        a[7usize] as i32,
-                        a[8usize] as usize as *mut c_void,
-                        a[9usize] as usize as *mut c_void,
-                        a[10usize] as i32,
-                        a[11usize] as usize as *mut c_void,
-                        a[12usize] as i32,
-                        a[13usize] as usize as *mut c_void,
                     )) as u64
                 }
             }
@@ -43168,6 +43162,42 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     *mut c_void,
                     i32,
                     *mut c_void,
+                    i32,
+                    *mut c_void,
+                ) -> u32 = unsafe { core::mem::transmute(f) };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                        a[3usize] as i32,
+                        a[4usize] as i32,
+                        a[5usize] as i32,
+                        a[6usize] as usize as *mut c_void,
+                        a[7usize] as i32,
+                        a[8usize] as usize as *mut c_void,
+                        a[9usize] as usize as *mut c_void,
+                        a[10usize] as i32,
+                        a[11usize] as usize as *mut c_void,
+                        a[12usize] as i32,
+                        a[13usize] as usize as *mut c_void,
+                    )) as u64
+                }
+            }
+            2169u32 => {
+                let f: unsafe extern "C" fn(
+                    *mut c_void,
+                    u32,
+                    u32,
+                    i32,
+                    i32,
+                    i32,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
+                    *mut c_void,
+                    i32,
+                    *mut c_void,
                 ) -> u32 = unsafe { core::mem::transmute(f) };
                 unsafe {
                     (f(
@@ -43186,7 +43216,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2169u32 => {
+            2170u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43222,7 +43252,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2170u32 => {
+            2171u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     u32,
@@ -43253,12 +43283,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[11usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            2171u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2172u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43291,16 +43315,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2177u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as u32,
-                        a[2usize] as u32,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2178u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
@@ -43315,6 +43333,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2179u32 => {
+                let f: unsafe extern "C" fn(*mut c_void, u32, u32) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as u32,
+                        a[2usize] as u32,
+                    )) as u64
+                }
+            }
+            2180u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, f64, f64) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43326,19 +43356,13 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2180u32 => {
+            2181u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, u32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as u32)) as u64
                 }
-            }
-            2181u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2182u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43359,15 +43383,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2185u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2186u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -43381,10 +43400,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2187u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2188u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43399,12 +43423,18 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2190u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2191u32 => {
                 let f: unsafe extern "C" fn(usize) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
                 unsafe { (f(a[0usize] as usize)) as u64 }
             }
-            2191u32 => {
+            2192u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43414,12 +43444,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         a[1usize] as usize as *mut c_void,
                     )) as u64
                 }
-            }
-            2192u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2193u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43476,15 +43500,10 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2202u32 => {
-                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe {
-                    (f(
-                        a[0usize] as usize as *mut c_void,
-                        a[1usize] as usize as *mut c_void,
-                    )) as u64
-                }
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2203u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
@@ -43707,10 +43726,15 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 }
             }
             2223u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+                unsafe {
+                    (f(
+                        a[0usize] as usize as *mut c_void,
+                        a[1usize] as usize as *mut c_void,
+                    )) as u64
+                }
             }
             2224u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43725,6 +43749,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2226u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2227u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43742,7 +43772,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2227u32 => {
+            2228u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43750,7 +43780,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2228u32 => {
+            2229u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43761,12 +43791,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2229u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             2230u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -43774,6 +43798,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f()) as u64 }
             }
             2231u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            2232u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43781,7 +43811,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2232u32 => {
+            2233u32 => {
                 let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
                 unsafe {
                     {
@@ -43789,12 +43819,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         0
                     }
                 }
-            }
-            2233u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2234u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43809,6 +43833,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2236u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2237u32 => {
                 let f: unsafe extern "C" fn(
                     *mut c_void,
                     i32,
@@ -43826,7 +43856,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2237u32 => {
+            2238u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, i32) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43834,7 +43864,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as usize as *mut c_void, a[1usize] as i32)) as u64
                 }
             }
-            2238u32 => {
+            2239u32 => {
                 let f: unsafe extern "C" fn(*mut c_void, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43845,12 +43875,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     )) as u64
                 }
             }
-            2239u32 => {
-                let f: unsafe extern "C" fn() -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f()) as u64 }
-            }
             2240u32 => {
                 let f: unsafe extern "C" fn() -> u32 = unsafe {
                     core::mem::transmute(f)
@@ -43858,6 +43882,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f()) as u64 }
             }
             2241u32 => {
+                let f: unsafe extern "C" fn() -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f()) as u64 }
+            }
+            2242u32 => {
                 let f: unsafe extern "C" fn(u32, *mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };
@@ -43865,7 +43895,7 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                     (f(a[0usize] as u32, a[1usize] as usize as *mut c_void)) as u64
                 }
             }
-            2242u32 => {
+            2243u32 => {
                 let f: unsafe extern "C" fn() = unsafe { core::mem::transmute(f) };
                 unsafe {
                     {
@@ -43873,12 +43903,6 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                         0
                     }
                 }
-            }
-            2243u32 => {
-                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
-                    core::mem::transmute(f)
-                };
-                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2244u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
@@ -43893,6 +43917,12 @@ pub unsafe fn invoke(call: u32, f: *const c_void, a: &[u64]) -> Option<u64> {
                 unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
             }
             2246u32 => {
+                let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
+                    core::mem::transmute(f)
+                };
+                unsafe { (f(a[0usize] as usize as *mut c_void)) as u64 }
+            }
+            2247u32 => {
                 let f: unsafe extern "C" fn(*mut c_void) -> u32 = unsafe {
                     core::mem::transmute(f)
                 };

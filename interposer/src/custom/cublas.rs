@@ -64,6 +64,73 @@ pub unsafe fn cublasSetPointerMode_v2(handle: *mut c_void, mode: u32) -> u32 {
     crate::scalars::set_pointer_mode("cublasSetPointerMode_v2", desc, handle, mode, POINTER_MODE_DEVICE, INVALID_VALUE)
 }
 
+/// Bytes of one element of a `cudaDataType` (library_types.h), None for values it does not
+/// name.
+fn data_type_size(data_type: u32) -> Option<usize> {
+    Some(match data_type {
+        // CUDA_R_8I, CUDA_R_8U, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8F_UE8M0.
+        3 | 8 | 28 | 29 | 30 => 1,
+        // CUDA_R_16F, CUDA_C_8I, CUDA_C_8U, CUDA_R_16BF, CUDA_R_16I, CUDA_R_16U.
+        2 | 7 | 9 | 14 | 20 | 22 => 2,
+        // CUDA_R_32F, CUDA_C_16F, CUDA_R_32I, CUDA_R_32U, CUDA_C_16BF, CUDA_C_16I, CUDA_C_16U.
+        0 | 6 | 10 | 12 | 15 | 21 | 23 => 4,
+        // CUDA_R_64F, CUDA_C_32F, CUDA_C_32I, CUDA_C_32U, CUDA_R_64I, CUDA_R_64U.
+        1 | 4 | 11 | 13 | 24 | 26 => 8,
+        // CUDA_C_64F, CUDA_C_64I, CUDA_C_64U.
+        5 | 25 | 27 => 16,
+        _ => return None,
+    })
+}
+
+/// The result's size depends on `resultType`; in host pointer mode it comes back into a
+/// buffer of the largest scalar size and only `resultType`'s bytes reach the caller.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn cublasDotEx(
+    handle: *mut c_void,
+    n: i32,
+    x: *const c_void,
+    xType: u32,
+    incx: i32,
+    y: *const c_void,
+    yType: u32,
+    incy: i32,
+    result: *mut c_void,
+    resultType: u32,
+    executionType: u32,
+) -> u32 {
+    crate::guard::ffi("cublasDotEx", INVALID_VALUE, || {
+        let args = |result: u64| {
+            [
+                handle as u64,
+                n as u32 as u64,
+                x as u64,
+                u64::from(xType),
+                incx as u32 as u64,
+                y as u64,
+                u64::from(yType),
+                incy as u32 as u64,
+                result,
+                u64::from(resultType),
+                u64::from(executionType),
+            ]
+        };
+        if result.is_null() || crate::scalars::device_mode(handle as u64) {
+            // SAFETY: device pointer mode: `result` is a device address, passed through.
+            return unsafe { crate::runtime::call(&calls::cublasDotEx__device, &args(result as u64)) } as u32;
+        }
+        let Some(size) = data_type_size(resultType) else { return INVALID_VALUE };
+        let mut scratch = [0u8; 16];
+        // SAFETY: `scratch` holds the largest scalar the descriptor reads back.
+        let status =
+            unsafe { crate::runtime::call(&calls::cublasDotEx__host, &args(scratch.as_mut_ptr() as u64)) } as u32;
+        if status == 0 {
+            // SAFETY: the caller's result of resultType's size.
+            unsafe { std::ptr::copy_nonoverlapping(scratch.as_ptr(), result as *mut u8, size) };
+        }
+        status
+    })
+}
+
 // ---- Host <-> GPU helpers ----
 //
 // cublasSet/Get{Vector,Matrix}{,Async}{,_64} copy between a strided host array and a strided
