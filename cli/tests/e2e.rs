@@ -427,6 +427,73 @@ fn pinned_memory_handed_to_the_gpu_is_mirrored() {
     assert!(!stderr.contains("WARN") && !stderr.contains("ERROR"), "{stderr}");
 }
 
+/// A graph replayed in a loop on the server (`chidori_loop_*`): the output of every step
+/// streams back, and a device flag the graph sets stops the loop at the next check.
+const GRAPH_LOOP: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+typedef uint64_t (*start_fn)(uint64_t, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, uint32_t, uint32_t);
+typedef int64_t (*poll_fn)(uint64_t, uint8_t *, uint64_t, uint32_t, uint32_t *, uint32_t *, uint32_t *, int64_t *);
+typedef void (*end_fn)(uint64_t);
+static start_fn start; static poll_fn poll; static end_fn end;
+/* Run a loop of up to 20 steps, checking every 4; returns the steps launched. */
+static int run(cudaGraphExec_t exec, cudaStream_t s, void *flag, void *out, int *got, uint32_t *stopped) {
+  uint64_t id = start((uint64_t)exec, (uint64_t)s, 20, 4, (uint64_t)flag, (uint64_t)out, 4, 1);
+  if (!id) return -1;
+  uint32_t steps = 0, done = 0; int64_t status = 0; int n = 0;
+  while (!done) {
+    int64_t k = poll(id, (uint8_t *)(got + n), (20 - n) * 4, 1000, &steps, stopped, &done, &status);
+    if (k < 0 || status != 0) return -2;
+    n += (int)(k / 4);
+  }
+  end(id);
+  return n == (*stopped ? (int)*stopped : 20) ? (int)steps : -3;
+}
+int main(void) {
+  start = (start_fn)dlsym(RTLD_DEFAULT, "chidori_loop_start");
+  poll = (poll_fn)dlsym(RTLD_DEFAULT, "chidori_loop_poll");
+  end = (end_fn)dlsym(RTLD_DEFAULT, "chidori_loop_end");
+  if (!start || !poll || !end) return 2;
+  int host[20], got[20]; void *flag, *src, *out;
+  for (int i = 0; i < 20; ++i) host[i] = 100 + i;
+  if (cudaMalloc(&flag, 4) || cudaMalloc(&src, 4) || cudaMalloc(&out, 80)) return 3;
+  if (cudaMemset(flag, 0, 4) || cudaMemset(src, 0, 4) || cudaMemcpy(out, host, 80, cudaMemcpyHostToDevice)) return 3;
+  cudaStream_t s; cudaGraph_t g; cudaGraphExec_t exec;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) return 4;
+  /* One step: copy src into the flag. */
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal)) return 5;
+  if (cudaMemcpyAsync(flag, src, 4, cudaMemcpyDeviceToDevice, s)) return 5;
+  if (cudaStreamEndCapture(s, &g) || cudaGraphInstantiate(&exec, g, 0)) return 6;
+  uint32_t stopped = 99;
+  int steps = run(exec, s, flag, out, got, &stopped);
+  if (steps != 20 || stopped != 0) { printf("steps %d stopped %u\n", steps, stopped); return 7; }
+  for (int i = 0; i < 20; ++i) if (got[i] != 100 + i) return 8;
+  /* Now each step sets the flag: the first check stops the loop. */
+  int one = 1;
+  if (cudaMemcpy(src, &one, 4, cudaMemcpyHostToDevice)) return 9;
+  steps = run(exec, s, flag, out, got, &stopped);
+  if (stopped != 4 || steps < 4 || steps > 12) { printf("steps %d stopped %u\n", steps, stopped); return 10; }
+  for (int i = 0; i < 4; ++i) if (got[i] != 100 + i) return 11;
+  /* A graph handle of no one's is refused, not dereferenced. */
+  if (run((cudaGraphExec_t)0x1234, s, flag, out, got, &stopped) != -2) return 12;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+#[test]
+fn graphs_replay_in_a_loop_on_the_server() {
+    let server = server();
+    let exe = program("graph-loop", GRAPH_LOOP);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    // Two loops of one request each; no round trip per step.
+    assert_eq!(trace_row(&stderr, "chidori_loop_start"), ["3", "0"], "{stderr}");
+}
+
 /// Driver entry points handed out by the runtime are the shims' own: calling one reaches
 /// the server (here: the emulated profile's device count), with no NVIDIA library loaded.
 const ENTRY_POINT: &str = r#"

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use chidori_protocol::frame::{self, Frame, FrameError, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
-    self, AsyncError, Goodbye, Hello, HostCallback, Refuse, Reply, Service, ServiceReply, Welcome,
+    self, AsyncError, Goodbye, Hello, HostCallback, Progress, Refuse, Reply, Service, ServiceReply, Welcome,
 };
 use chidori_protocol::{PROTOCOL_VERSION, env};
 
@@ -50,6 +50,17 @@ impl Slot {
         self.ready.notify_all();
     }
 
+    /// Whether the reply has come, waiting for it at most `timeout` (the outcome stays for
+    /// [`Slot::wait`]).
+    pub fn ready_within(&self, timeout: Duration) -> bool {
+        let d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        if d.is_some() {
+            return true;
+        }
+        let (d, _) = self.ready.wait_timeout(d, timeout).unwrap_or_else(|p| p.into_inner());
+        d.is_some()
+    }
+
     /// Wait for the reply; spins briefly first, since loopback replies come within tens of µs.
     pub fn wait(&self) -> Outcome {
         let start = Instant::now();
@@ -79,6 +90,9 @@ struct Pending {
     outs: Vec<OutTarget>,
 }
 
+/// Where a long request's Progress frames go: (steps done, output bytes).
+pub type ProgressSender = std::sync::mpsc::Sender<(u32, Vec<u8>)>;
+
 /// A host callback of the program, run with the stream's status. A callback captured into
 /// a graph runs once per replay.
 pub type CallbackFn = Arc<dyn Fn(i64) + Send + Sync>;
@@ -98,6 +112,8 @@ pub struct Conn {
     /// Wakes the flusher thread when the outbox fills while it sleeps.
     flush_wanted: Condvar,
     pending: Mutex<HashMap<u64, Pending>>,
+    /// Where Progress frames of a running request go, by its sequence number.
+    progress: Mutex<HashMap<u64, ProgressSender>>,
     next_seq: AtomicU64,
     broken: OnceLock<String>,
     /// Reports the broken connection, once, before `broken` is set: a call that fails
@@ -266,6 +282,7 @@ fn connect() -> Result<Conn, String> {
         outbox: Mutex::new(Outbox::default()),
         flush_wanted: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
+        progress: Mutex::new(HashMap::new()),
         next_seq: AtomicU64::new(1),
         broken: OnceLock::new(),
         report: std::sync::Once::new(),
@@ -448,6 +465,30 @@ impl Conn {
             return Err(e);
         }
         slot.wait()?;
+        let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
+        reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
+    }
+
+    /// Start a request that runs for a while on the server (a graph loop): its Progress
+    /// frames go to `progress`; [`Conn::finish_service`] waits for the answer.
+    pub fn start_service(&self, request: &Service, progress: ProgressSender) -> Result<(u64, Arc<Slot>), String> {
+        let seq = self.next_seq();
+        let slot = self.expect(seq, Vec::new());
+        self.progress.lock().unwrap_or_else(|p| p.into_inner()).insert(seq, progress);
+        let header = Header::new(Kind::Service, 0, crate::runtime::thread_id(), seq);
+        if let Err(e) = self.send(header, &messages::encode(request), &[]) {
+            self.forget(seq);
+            self.progress.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq);
+            return Err(e);
+        }
+        Ok((seq, slot))
+    }
+
+    /// The answer to a request from [`Conn::start_service`] (waits for it).
+    pub fn finish_service(&self, seq: u64, slot: &Slot) -> Result<ServiceReply, String> {
+        let outcome = slot.wait();
+        self.progress.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq);
+        outcome?;
         let reply = slot.service.lock().unwrap_or_else(|p| p.into_inner()).take();
         reply.ok_or_else(|| "the server's answer was not a service reply".to_owned())
     }
@@ -679,6 +720,18 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
             let reply: ServiceReply = messages::decode(&frame, "service reply").map_err(|e| e.to_string())?;
             *pending.slot.service.lock().unwrap_or_else(|p| p.into_inner()) = Some(reply);
             pending.slot.complete(Ok(0));
+        }
+        Kind::Progress => {
+            let p: Progress = messages::decode(&frame, "progress").map_err(|e| e.to_string())?;
+            let progress = conn.progress.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(tx) = progress.get(&frame.header.seq) else {
+                return Err(format!(
+                    "Chidori server {} sent progress of a request never made (seq {})",
+                    conn.server, frame.header.seq
+                ));
+            };
+            // The receiver may have given up waiting; the request's answer still comes.
+            let _ = tx.send((p.steps, frame.bulk.to_vec()));
         }
         Kind::Ping => conn.send(Header::new(Kind::Pong, 0, 0, frame.header.seq), &[], &[])?,
         Kind::Pong => {}

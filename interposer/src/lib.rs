@@ -10,6 +10,7 @@ pub mod custom;
 pub mod fatbin;
 pub mod guard;
 pub mod log;
+pub mod loops;
 pub mod mirror;
 pub mod modules;
 pub mod registry;

@@ -47,6 +47,9 @@ pub enum Kind {
     /// [`Kind::ServiceReply`].
     Service = 13,
     ServiceReply = 14,
+    /// Server → client, while a long request runs: [`crate::messages::Progress`] + bytes,
+    /// with the request's `seq`.
+    Progress = 15,
 }
 
 impl Kind {
@@ -66,6 +69,7 @@ impl Kind {
             12 => Kind::Launch,
             13 => Kind::Service,
             14 => Kind::ServiceReply,
+            15 => Kind::Progress,
             _ => return None,
         })
     }

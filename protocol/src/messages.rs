@@ -182,6 +182,35 @@ pub enum Service {
     MirrorPull { bases: Vec<u64> },
     /// The client freed or unregistered the range: the mirror goes. Not answered.
     MirrorDrop { base: u64 },
+    /// Replay a graph in a loop on the server until a device flag says stop; answered by
+    /// `Looped`, with `Kind::Progress` frames on the way.
+    GraphLoop(GraphLoop),
+}
+
+/// A graph-replay loop that runs on the server without a round trip per step: launch `exec`
+/// on `stream` up to `max_steps` times; every `check_every` launches read the 4-byte
+/// device flag at `stop_flag` (0: none) and stop once it is nonzero. Each step writes
+/// `bytes_per_step` bytes of output at `output + step * bytes_per_step` (0: no output):
+/// they are streamed back in `Progress` frames at least every `progress_ms` (0: only at
+/// the end). Nothing in it knows what the graph computes (a decode step of a language
+/// model, a simulation step, ...).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct GraphLoop {
+    pub exec: u64,
+    pub stream: u64,
+    pub max_steps: u32,
+    pub check_every: u32,
+    pub stop_flag: u64,
+    pub output: u64,
+    pub bytes_per_step: u32,
+    pub progress_ms: u32,
+}
+
+/// Server → client during a `GraphLoop`: steps completed so far; the bulk section holds the
+/// output of the steps not sent before.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Progress {
+    pub steps: u32,
 }
 
 /// An NVRTC program and the options of one compile.
@@ -238,6 +267,13 @@ pub enum ServiceReply {
     /// Changed bytes of pulled mirrors: (address, bytes) each.
     MirrorRuns {
         runs: Vec<(u64, Vec<u8>)>,
+    },
+    /// A `GraphLoop` ended: steps launched, the step count at which the stop flag was seen
+    /// (None: it ran to `max_steps`), and the status of the first failing call (0: none).
+    Looped {
+        steps: u32,
+        stopped_at: Option<u32>,
+        status: i64,
     },
     /// `status` in the driver's codes.
     Error {

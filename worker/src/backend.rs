@@ -1,7 +1,7 @@
 //! What executes calls on the server.
 
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::{CompileRequest, CompileResult, Device, KernelInfo, Launch};
+use chidori_protocol::messages::{CompileRequest, CompileResult, Device, GraphLoop, KernelInfo, Launch};
 
 /// A host function installed on a stream: called when the stream reaches it with the
 /// stream's status and whether it was captured into a graph (then it is called again on
@@ -57,4 +57,172 @@ pub trait Backend: Send + Sync + 'static {
     fn map_host(&self, base: u64, len: u64) -> Result<(), String>;
     /// Undo [`Backend::map_host`] before the worker unmaps the memory.
     fn unmap_host(&self, base: u64);
+    /// Run a graph-replay loop (`request` with its `exec` and `stream` already the backend's
+    /// own handles). `progress(steps, bytes)` receives the output of completed steps, in
+    /// order, as the loop goes. Returns what `ServiceReply::Looped` reports.
+    fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd;
+}
+
+/// How a graph-replay loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopEnd {
+    pub steps: u32,
+    pub stopped_at: Option<u32>,
+    /// The status of the call that failed (0: none), in the runtime's codes.
+    pub status: i64,
+}
+
+/// The schedule of a graph-replay loop, shared by the backends: launch, and every
+/// `check_every` launches (and after the last) a checkpoint that reads the stop flag and
+/// the output of the steps since the previous one. A checkpoint is examined once the next
+/// one has been queued, so the GPU always has a window of launches ahead of the host.
+pub trait LoopDevice {
+    /// Launch the graph once. Err: the status.
+    fn launch(&mut self) -> Result<(), i64>;
+    /// Queue checkpoint `slot`: copy the flag and the output of steps `from..to` (already
+    /// launched) into the slot's host memory once the GPU gets there.
+    fn checkpoint(&mut self, slot: usize, from: u32, to: u32) -> Result<(), i64>;
+    /// Wait for checkpoint `slot`: (flag, the output bytes of its steps).
+    fn examine(&mut self, slot: usize) -> Result<(u32, &[u8]), i64>;
+    /// Wait for every launch to finish.
+    fn drain(&mut self) -> Result<(), i64>;
+}
+
+/// Checkpoint slots in use at once: the one being examined, the one queued after it, and
+/// the one being filled.
+pub const LOOP_SLOTS: usize = 3;
+
+/// Run `request`'s loop on `device` (see [`LoopDevice`]).
+pub fn run_loop(request: &GraphLoop, device: &mut dyn LoopDevice, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd {
+    let every = request.check_every.max(1);
+    let watch = request.stop_flag != 0 || request.output != 0;
+    let mut launched = 0u32;
+    let mut queued: std::collections::VecDeque<(usize, u32)> = std::collections::VecDeque::new();
+    let mut next_slot = 0usize;
+    let mut marked = 0u32;
+    let mut sent_at = std::time::Instant::now();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut pending_steps = 0u32;
+    let mut end = LoopEnd { steps: 0, stopped_at: None, status: 0 };
+    'run: while launched < request.max_steps {
+        if let Err(status) = device.launch() {
+            end.status = status;
+            break;
+        }
+        launched += 1;
+        if !watch || (!launched.is_multiple_of(every) && launched != request.max_steps) {
+            continue;
+        }
+        if let Err(status) = device.checkpoint(next_slot, marked, launched) {
+            end.status = status;
+            break;
+        }
+        queued.push_back((next_slot, launched));
+        next_slot = (next_slot + 1) % LOOP_SLOTS;
+        marked = launched;
+        while queued.len() >= 2 || (launched == request.max_steps && !queued.is_empty()) {
+            let Some((slot, steps)) = queued.pop_front() else { break };
+            let (flag, bytes) = match device.examine(slot) {
+                Ok(v) => v,
+                Err(status) => {
+                    end.status = status;
+                    break 'run;
+                }
+            };
+            pending.extend_from_slice(bytes);
+            pending_steps = steps;
+            let due = request.progress_ms > 0 && sent_at.elapsed().as_millis() >= u128::from(request.progress_ms);
+            if due && !pending.is_empty() {
+                progress(pending_steps, &pending);
+                pending.clear();
+                sent_at = std::time::Instant::now();
+            }
+            if request.stop_flag != 0 && flag != 0 {
+                end.stopped_at = Some(steps);
+                break 'run;
+            }
+        }
+    }
+    if let Err(status) = device.drain()
+        && end.status == 0
+    {
+        end.status = status;
+    }
+    // Checkpoints queued before a stop are not examined: the steps they cover ran after it.
+    if !pending.is_empty() {
+        progress(pending_steps, &pending);
+    }
+    end.steps = launched;
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device whose graph writes `step` as output and raises the flag at `stop_at`
+    /// launches; it records the order of what the schedule asked.
+    struct Fake {
+        launched: u32,
+        stop_at: u32,
+        slots: [(u32, Vec<u8>); LOOP_SLOTS],
+        log: Vec<String>,
+    }
+
+    impl LoopDevice for Fake {
+        fn launch(&mut self) -> Result<(), i64> {
+            self.launched += 1;
+            Ok(())
+        }
+        fn checkpoint(&mut self, slot: usize, from: u32, to: u32) -> Result<(), i64> {
+            self.log.push(format!("check {from}..{to}"));
+            let flag = u32::from(self.launched >= self.stop_at);
+            self.slots[slot] = (flag, (from..to).map(|s| s as u8).collect());
+            Ok(())
+        }
+        fn examine(&mut self, slot: usize) -> Result<(u32, &[u8]), i64> {
+            self.log.push(format!("examine at {}", self.launched));
+            Ok((self.slots[slot].0, &self.slots[slot].1))
+        }
+        fn drain(&mut self) -> Result<(), i64> {
+            Ok(())
+        }
+    }
+
+    fn request(max_steps: u32, check_every: u32) -> GraphLoop {
+        GraphLoop {
+            exec: 1,
+            stream: 1,
+            max_steps,
+            check_every,
+            stop_flag: 8,
+            output: 16,
+            bytes_per_step: 1,
+            progress_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_loop_runs_to_the_end_and_streams_every_step_in_order() {
+        let mut fake = Fake { launched: 0, stop_at: u32::MAX, slots: Default::default(), log: vec![] };
+        let mut got = Vec::new();
+        let end = run_loop(&request(10, 4), &mut fake, &mut |_, b| got.extend_from_slice(b));
+        assert_eq!(end, LoopEnd { steps: 10, stopped_at: None, status: 0 });
+        assert_eq!(got, (0..10).collect::<Vec<u8>>());
+        // A checkpoint is examined only once the next is queued: the GPU keeps a window.
+        assert_eq!(
+            fake.log,
+            ["check 0..4", "check 4..8", "examine at 8", "check 8..10", "examine at 10", "examine at 10"]
+        );
+    }
+
+    #[test]
+    fn a_raised_flag_stops_the_loop_within_two_windows() {
+        let mut fake = Fake { launched: 0, stop_at: 5, slots: Default::default(), log: vec![] };
+        let mut got = Vec::new();
+        let end = run_loop(&request(100, 4), &mut fake, &mut |_, b| got.extend_from_slice(b));
+        // Raised at launch 5, seen at the checkpoint after launch 8, examined after 12.
+        assert_eq!(end, LoopEnd { steps: 12, stopped_at: Some(8), status: 0 });
+        assert_eq!(got, (0..8).collect::<Vec<u8>>());
+    }
 }

@@ -9,9 +9,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use chidori_protocol::desc::{CallDesc, Wire};
-use chidori_protocol::messages::{Device, KernelInfo, Launch};
+use chidori_protocol::messages::{Device, GraphLoop, KernelInfo, Launch};
 
-use crate::backend::{Backend, HostFn};
+use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, run_loop};
 use crate::profile::Profile;
 
 /// Status values shared by the runtime and the driver for what the emulation reports.
@@ -36,6 +36,11 @@ struct State {
     allocations: BTreeMap<u64, Vec<u8>>,
     /// Host memory of the worker the GPU may address (map_host): base → length.
     mapped: BTreeMap<u64, u64>,
+    /// Streams being captured, with the operations recorded so far; graphs and their
+    /// executable instances, as those operations.
+    capturing: HashMap<u64, Vec<GraphOp>>,
+    graphs: HashMap<u64, Vec<GraphOp>>,
+    execs: HashMap<u64, Vec<GraphOp>>,
     next: u64,
     used: u64,
     streams: HashSet<u64>,
@@ -57,7 +62,6 @@ impl State {
         0x5e00_0000 + self.next_handle
     }
 
-    /// The allocation containing `[addr, addr + len)`, and the offset of `addr` in it.
     /// The `len` bytes at device address `addr`: inside an allocation, or inside host memory
     /// the session mapped for the GPU (a mirror of the client's pinned memory).
     fn find(&mut self, addr: u64, len: u64) -> Option<&mut [u8]> {
@@ -187,7 +191,46 @@ impl Emulated {
     fn stream_ok(&self, stream: u64) -> bool {
         stream <= 2 || self.state().streams.contains(&stream)
     }
+
+    /// Record `op` if `stream` is being captured: Some(status) when it was (or could not
+    /// be), None when the stream runs it now.
+    fn captured(&self, stream: u64, op: Option<GraphOp>) -> Option<u64> {
+        let mut s = self.state();
+        let ops = s.capturing.get_mut(&stream)?;
+        Some(match op {
+            Some(op) => {
+                ops.push(op);
+                SUCCESS
+            }
+            None => CAPTURE_UNSUPPORTED,
+        })
+    }
+
+    fn replay(&self, ops: &[GraphOp]) -> u64 {
+        for op in ops {
+            // SAFETY: both sides of a recorded copy are device addresses, looked up in the
+            // allocation map.
+            let status = match *op {
+                GraphOp::Copy { dst, src, len } => unsafe { self.copy(dst, true, src, true, len) },
+                GraphOp::Memset { dst, value, len } => self.memset(dst, value, len, 1),
+            };
+            if status != SUCCESS {
+                return status;
+            }
+        }
+        SUCCESS
+    }
 }
+
+/// What a captured graph of the emulated backend does: device-side copies and memsets.
+#[derive(Clone, Copy, Debug)]
+enum GraphOp {
+    Copy { dst: u64, src: u64, len: u64 },
+    Memset { dst: u64, value: u8, len: u64 },
+}
+
+/// cudaErrorStreamCaptureUnsupported: what the emulated backend cannot record.
+const CAPTURE_UNSUPPORTED: u64 = 900;
 
 enum HandleSet {
     Stream,
@@ -269,6 +312,78 @@ impl Backend for Emulated {
                     put_u64(a[0], self.total_mem().saturating_sub(used));
                     put_u64(a[1], self.total_mem());
                     SUCCESS
+                }
+                ("cudart", "cudaMemcpyAsync")
+                    if let Some(status) = self.captured(
+                        a[4],
+                        (device(0) && device(1)).then_some(GraphOp::Copy { dst: a[0], src: a[1], len: a[2] }),
+                    ) =>
+                {
+                    status
+                }
+                ("cudart", "cudaMemsetAsync")
+                    if let Some(status) =
+                        self.captured(a[3], Some(GraphOp::Memset { dst: a[0], value: a[1] as u8, len: a[2] })) =>
+                {
+                    status
+                }
+                ("cudart", "cudaStreamBeginCapture") => {
+                    if a[0] <= 2 || !self.stream_ok(a[0]) {
+                        // The legacy stream cannot be captured (cudaErrorStreamCaptureUnsupported).
+                        CAPTURE_UNSUPPORTED
+                    } else {
+                        self.state().capturing.insert(a[0], Vec::new());
+                        SUCCESS
+                    }
+                }
+                ("cudart", "cudaStreamEndCapture") => {
+                    let ops = self.state().capturing.remove(&a[0]);
+                    match ops {
+                        Some(ops) => {
+                            let mut s = self.state();
+                            let h = s.handle();
+                            s.graphs.insert(h, ops);
+                            drop(s);
+                            put_u64(a[1], h);
+                            SUCCESS
+                        }
+                        // cudaErrorIllegalState: the stream was not capturing.
+                        None => 401,
+                    }
+                }
+                ("cudart", "cudaGraphInstantiate" | "cudaGraphInstantiateWithFlags") => {
+                    let mut s = self.state();
+                    match s.graphs.get(&a[1]).cloned() {
+                        Some(ops) => {
+                            let h = s.handle();
+                            s.execs.insert(h, ops);
+                            drop(s);
+                            put_u64(a[0], h);
+                            SUCCESS
+                        }
+                        None => INVALID_VALUE,
+                    }
+                }
+                ("cudart", "cudaGraphLaunch") => {
+                    let ops = self.state().execs.get(&a[0]).cloned();
+                    match ops {
+                        Some(ops) if self.stream_ok(a[1]) => self.replay(&ops),
+                        _ => INVALID_HANDLE,
+                    }
+                }
+                ("cudart", "cudaGraphDestroy") => {
+                    if self.state().graphs.remove(&a[0]).is_some() {
+                        SUCCESS
+                    } else {
+                        INVALID_VALUE
+                    }
+                }
+                ("cudart", "cudaGraphExecDestroy") => {
+                    if self.state().execs.remove(&a[0]).is_some() {
+                        SUCCESS
+                    } else {
+                        INVALID_VALUE
+                    }
                 }
                 ("cudart", "cudaMemcpy" | "cudaMemcpyAsync") => {
                     if !self.stream_ok(if name == "cudaMemcpyAsync" { a[4] } else { 0 }) {
@@ -596,6 +711,14 @@ impl Backend for Emulated {
         Ok(())
     }
 
+    fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd {
+        let Some(ops) = self.state().execs.get(&request.exec).cloned() else {
+            return LoopEnd { steps: 0, stopped_at: None, status: INVALID_HANDLE as i64 };
+        };
+        let mut device = EmulatedLoop { backend: self, request, ops, slots: Default::default() };
+        run_loop(request, &mut device, progress)
+    }
+
     fn unmap_host(&self, base: u64) {
         self.state().mapped.remove(&base);
     }
@@ -608,5 +731,52 @@ impl Backend for Emulated {
         // function now.
         host(0, false);
         Ok(SUCCESS)
+    }
+}
+
+/// A graph-replay loop on the emulated backend: every operation completes when issued, so a
+/// checkpoint reads the flag and the output at once.
+struct EmulatedLoop<'a> {
+    backend: &'a Emulated,
+    request: &'a GraphLoop,
+    ops: Vec<GraphOp>,
+    slots: [(u32, Vec<u8>); LOOP_SLOTS],
+}
+
+impl LoopDevice for EmulatedLoop<'_> {
+    fn launch(&mut self) -> Result<(), i64> {
+        match self.backend.replay(&self.ops) {
+            SUCCESS => Ok(()),
+            status => Err(status as i64),
+        }
+    }
+
+    fn checkpoint(&mut self, slot: usize, from: u32, to: u32) -> Result<(), i64> {
+        let r = self.request;
+        let mut s = self.backend.state();
+        let flag = if r.stop_flag == 0 {
+            0
+        } else {
+            let bytes = s.find(r.stop_flag, 4).ok_or(INVALID_VALUE as i64)?;
+            u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+        };
+        let mut out = Vec::new();
+        if r.output != 0 {
+            let per = u64::from(r.bytes_per_step);
+            let len = u64::from(to - from) * per;
+            let at = r.output + u64::from(from) * per;
+            out = s.find(at, len).ok_or(INVALID_VALUE as i64)?.to_vec();
+        }
+        self.slots[slot] = (flag, out);
+        Ok(())
+    }
+
+    fn examine(&mut self, slot: usize) -> Result<(u32, &[u8]), i64> {
+        let (flag, out) = &self.slots[slot];
+        Ok((*flag, out))
+    }
+
+    fn drain(&mut self) -> Result<(), i64> {
+        Ok(())
     }
 }

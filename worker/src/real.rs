@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::VARIANTS;
 use chidori_protocol::desc::CallDesc;
-use chidori_protocol::messages::{Device, KernelInfo, Launch};
+use chidori_protocol::messages::{Device, GraphLoop, KernelInfo, Launch};
 
-use crate::backend::{Backend, HostFn};
+use crate::backend::{Backend, HostFn, LOOP_SLOTS, LoopDevice, LoopEnd, run_loop};
 use crate::loader::{self, Library};
 
 pub struct Real {
@@ -52,6 +52,100 @@ struct ModuleApi {
     host_register: unsafe extern "C" fn(*mut c_void, usize, u32) -> u32,
     host_unregister: unsafe extern "C" fn(*mut c_void) -> u32,
     host_get_device_pointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u32) -> u32,
+}
+
+/// cudaErrorNotSupported.
+const NOT_SUPPORTED_RT: i64 = 801;
+
+/// The runtime functions a graph-replay loop calls.
+struct LoopApi {
+    graph_launch: unsafe extern "C" fn(u64, u64) -> u32,
+    memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, u32, u64) -> u32,
+    event_create: unsafe extern "C" fn(*mut u64, u32) -> u32,
+    event_record: unsafe extern "C" fn(u64, u64) -> u32,
+    event_synchronize: unsafe extern "C" fn(u64) -> u32,
+    event_destroy: unsafe extern "C" fn(u64) -> u32,
+    stream_synchronize: unsafe extern "C" fn(u64) -> u32,
+    malloc_host: unsafe extern "C" fn(*mut *mut c_void, usize) -> u32,
+    free_host: unsafe extern "C" fn(*mut c_void) -> u32,
+}
+
+impl LoopApi {
+    fn new(cudart: &Library) -> Result<LoopApi> {
+        Ok(LoopApi {
+            graph_launch: symbol_as(cudart, "cudaGraphLaunch")?,
+            memcpy_async: symbol_as(cudart, "cudaMemcpyAsync")?,
+            event_create: symbol_as(cudart, "cudaEventCreateWithFlags")?,
+            event_record: symbol_as(cudart, "cudaEventRecord")?,
+            event_synchronize: symbol_as(cudart, "cudaEventSynchronize")?,
+            event_destroy: symbol_as(cudart, "cudaEventDestroy")?,
+            stream_synchronize: symbol_as(cudart, "cudaStreamSynchronize")?,
+            malloc_host: symbol_as(cudart, "cudaMallocHost")?,
+            free_host: symbol_as(cudart, "cudaFreeHost")?,
+        })
+    }
+}
+
+/// A loop on the real GPU: checkpoints copy into slots of pinned memory (4-byte flag at 0,
+/// the output from 8) and record an event.
+struct RealLoop<'a> {
+    api: &'a LoopApi,
+    request: &'a GraphLoop,
+    host: *mut u8,
+    slot_size: usize,
+    events: [u64; LOOP_SLOTS],
+    lens: [usize; LOOP_SLOTS],
+}
+
+/// cudaMemcpyDeviceToHost.
+const D2H: u32 = 2;
+
+fn status(rc: u32) -> Result<(), i64> {
+    if rc == 0 { Ok(()) } else { Err(i64::from(rc)) }
+}
+
+impl LoopDevice for RealLoop<'_> {
+    fn launch(&mut self) -> Result<(), i64> {
+        // SAFETY: exec and stream are this session's handles (checked by the session).
+        status(unsafe { (self.api.graph_launch)(self.request.exec, self.request.stream) })
+    }
+
+    fn checkpoint(&mut self, slot: usize, from: u32, to: u32) -> Result<(), i64> {
+        let r = self.request;
+        // SAFETY: the slot lies inside the pinned allocation; `to - from` steps of output
+        // fit its output area (at most check_every steps per checkpoint); the device
+        // addresses are the client's.
+        unsafe {
+            let base = self.host.add(slot * self.slot_size);
+            if r.stop_flag != 0 {
+                status((self.api.memcpy_async)(base.cast(), r.stop_flag as *const c_void, 4, D2H, r.stream))?;
+            }
+            let n = (to - from) as usize * r.bytes_per_step as usize;
+            self.lens[slot] = 0;
+            if r.output != 0 && n > 0 {
+                let src = r.output + u64::from(from) * u64::from(r.bytes_per_step);
+                status((self.api.memcpy_async)(base.add(8).cast(), src as *const c_void, n, D2H, r.stream))?;
+                self.lens[slot] = n;
+            }
+            status((self.api.event_record)(self.events[slot], r.stream))
+        }
+    }
+
+    fn examine(&mut self, slot: usize) -> Result<(u32, &[u8]), i64> {
+        // SAFETY: the event was recorded by checkpoint; the slot's bytes are written once
+        // it completes.
+        unsafe {
+            status((self.api.event_synchronize)(self.events[slot]))?;
+            let base = self.host.add(slot * self.slot_size);
+            let flag = std::ptr::read_unaligned(base as *const u32);
+            Ok((flag, std::slice::from_raw_parts(base.add(8), self.lens[slot])))
+        }
+    }
+
+    fn drain(&mut self) -> Result<(), i64> {
+        // SAFETY: the session's stream.
+        status(unsafe { (self.api.stream_synchronize)(self.request.stream) })
+    }
 }
 
 /// cudaHostRegisterPortable | cudaHostRegisterMapped: every context may address it.
@@ -168,10 +262,10 @@ impl Real {
             kernel_get_name: fn_ptr!(driver, "cuKernelGetName", _),
             func_get_param_info: fn_ptr!(driver, "cuFuncGetParamInfo", _),
             launch_kernel_ex: fn_ptr!(driver, "cuLaunchKernelEx", _),
-            rt_free: fn_ptr!(cudart, "cudaFree", _),
-            host_register: fn_ptr!(cudart, "cudaHostRegister", _),
-            host_unregister: fn_ptr!(cudart, "cudaHostUnregister", _),
-            host_get_device_pointer: fn_ptr!(cudart, "cudaHostGetDevicePointer", _),
+            rt_free: symbol_as(&cudart, "cudaFree")?,
+            host_register: symbol_as(&cudart, "cudaHostRegister")?,
+            host_unregister: symbol_as(&cudart, "cudaHostUnregister")?,
+            host_get_device_pointer: symbol_as(&cudart, "cudaHostGetDevicePointer")?,
         };
         // SAFETY (block): each call passes valid out-pointers of the documented types.
         unsafe {
@@ -403,6 +497,47 @@ impl Backend for Real {
         i64::from(unsafe {
             (self.module_api.launch_kernel_ex)(&config, launch.function, pointers.as_mut_ptr(), std::ptr::null_mut())
         })
+    }
+
+    fn graph_loop(&self, request: &GraphLoop, progress: &mut dyn FnMut(u32, &[u8])) -> LoopEnd {
+        let failed = |status: i64| LoopEnd { steps: 0, stopped_at: None, status };
+        let api = match LoopApi::new(&self.cudart) {
+            Ok(api) => api,
+            Err(e) => {
+                tracing::warn!("graph loop: {e}");
+                return failed(NOT_SUPPORTED_RT);
+            }
+        };
+        let every = request.check_every.max(1) as usize;
+        let out_len = every.saturating_mul(request.bytes_per_step as usize);
+        let slot_size = 8 + out_len;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        // SAFETY: cudaMallocHost with a valid out-pointer.
+        let rc = unsafe { (api.malloc_host)(&mut host, slot_size * LOOP_SLOTS) };
+        if rc != 0 {
+            return failed(i64::from(rc));
+        }
+        let mut events = [0u64; LOOP_SLOTS];
+        for e in &mut events {
+            // SAFETY: a valid out-pointer; cudaEventDisableTiming.
+            let rc = unsafe { (api.event_create)(e, 2) };
+            if rc != 0 {
+                // SAFETY: allocated above.
+                unsafe { (api.free_host)(host) };
+                return failed(i64::from(rc));
+            }
+        }
+        let mut device =
+            RealLoop { api: &api, request, host: host as *mut u8, slot_size, events, lens: [0; LOOP_SLOTS] };
+        let end = run_loop(request, &mut device, progress);
+        // SAFETY: created and allocated above; every launch has finished (drain).
+        unsafe {
+            for e in events {
+                (api.event_destroy)(e);
+            }
+            (api.free_host)(host);
+        }
+        end
     }
 
     fn map_host(&self, base: u64, len: u64) -> Result<(), String> {

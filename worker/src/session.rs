@@ -21,8 +21,8 @@ use chidori_protocol::PROTOCOL_VERSION;
 use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Ret, Wire};
 use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
-    self, Api, AsyncError, Call, Goodbye, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch, NULL_LEN, Refuse,
-    RefuseReason, Reply, Service, ServiceReply, Welcome,
+    self, Api, AsyncError, Call, Goodbye, GraphLoop, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch,
+    NULL_LEN, Progress, Refuse, RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
 
 use crate::backend::Backend;
@@ -840,6 +840,7 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             return Ok(());
         }
         Service::MirrorPull { bases } => ServiceReply::MirrorRuns { runs: lock(&session.mirrors).pull(&bases) },
+        Service::GraphLoop(request) => graph_loop(session, frame, request),
         Service::LoadModule { hash } => {
             let known = lock(&session.modules).get(&hash).cloned();
             match known {
@@ -882,6 +883,39 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     };
     let h = Header::new(Kind::ServiceReply, 0, frame.header.thread, frame.header.seq);
     session.writer.send(h, &messages::encode(&reply), &[]).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// Run a graph-replay loop: the graph and stream must be this session's; the output of
+/// completed steps goes back in Progress frames as the loop runs.
+fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> ServiceReply {
+    let handles = lock(&session.handles);
+    let exec = handles.resolve(chidori_cuda::handles::kind::CUgraphExec_st, request.exec).filter(|&e| e != 0);
+    let stream = handles.resolve(chidori_cuda::handles::kind::CUstream_st, request.stream);
+    drop(handles);
+    let (Some(exec), Some(stream)) = (exec, stream) else {
+        // cudaErrorInvalidResourceHandle.
+        return ServiceReply::Error {
+            status: 400,
+            message: format!(
+                "graph loop: {:#x} / {:#x} is no graph and stream of this session",
+                request.exec, request.stream
+            ),
+        };
+    };
+    if request.bytes_per_step as u64 * u64::from(request.check_every.max(1)) > MAX_BUFFER {
+        return ServiceReply::Error { status: 1, message: "graph loop: output per check larger than a frame".into() };
+    }
+    request.exec = exec;
+    request.stream = stream;
+    let (thread, seq) = (frame.header.thread, frame.header.seq);
+    let mut progress = |steps: u32, bytes: &[u8]| {
+        let h = Header::new(Kind::Progress, 0, thread, seq);
+        if let Err(e) = session.writer.send(h, &messages::encode(&Progress { steps }), &[bytes]) {
+            tracing::warn!("graph loop: sending progress: {e}");
+        }
+    };
+    let end = session.backend.graph_loop(&request, &mut progress);
+    ServiceReply::Looped { steps: end.steps, stopped_at: end.stopped_at, status: end.status }
 }
 
 /// Data pointers from `hostvalues` records: device addresses as they are, host scalars as

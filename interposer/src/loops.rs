@@ -1,0 +1,205 @@
+//! Graph-replay loops on the server: Chidori's own C API for programs (and the Python
+//! package's server-side decode) that want a loop of graph launches to run next to the GPU
+//! instead of one round trip per step. See `chidori_protocol::messages::GraphLoop`.
+//!
+//! ```c
+//! uint64_t id = chidori_loop_start(exec, stream, max_steps, check_every,
+//!                                  stop_flag, output, bytes_per_step, progress_ms);
+//! while (...) n = chidori_loop_poll(id, buf, cap, timeout_ms, &steps, &stopped, &done, &status);
+//! chidori_loop_end(id);
+//! ```
+//!
+//! `exec` and `stream` are the program's `cudaGraphExec_t` and `cudaStream_t`; `stop_flag`
+//! and `output` device addresses (0: none). Work the program issued before the start runs
+//! before the loop, as on a stream.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chidori_protocol::messages::{GraphLoop, Service, ServiceReply};
+
+use chidori_cuda::calls::cudart as calls;
+
+use crate::conn::{Conn, Slot};
+use crate::runtime;
+
+/// How a loop ended: (steps launched, steps at which it stopped or 0, status).
+type Ended = (u32, u32, i64);
+
+struct Running {
+    conn: Arc<Conn>,
+    seq: u64,
+    slot: Arc<Slot>,
+    progress: Receiver<(u32, Vec<u8>)>,
+    /// Output received and not yet handed to the program.
+    buffered: VecDeque<u8>,
+    /// Steps whose output has been received.
+    steps: u32,
+    ended: Option<Ended>,
+}
+
+static LOOPS: Mutex<Option<HashMap<u64, Running>>> = Mutex::new(None);
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// Start a loop; returns its id, or 0 when it could not start (logged).
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn chidori_loop_start(
+    exec: u64,
+    stream: u64,
+    max_steps: u32,
+    check_every: u32,
+    stop_flag: u64,
+    output: u64,
+    bytes_per_step: u32,
+    progress_ms: u32,
+) -> u64 {
+    crate::guard::ffi("chidori_loop_start", 0, || {
+        let conn = match crate::conn::get() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("graph loop: no server: {e}");
+                return 0;
+            }
+        };
+        let request =
+            GraphLoop { exec, stream, max_steps, check_every, stop_flag, output, bytes_per_step, progress_ms };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (seq, slot) = match conn.start_service(&Service::GraphLoop(request), tx) {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::warn!("graph loop: {e}");
+                return 0;
+            }
+        };
+        crate::trace::local("chidori_loop_start");
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let running = Running { conn, seq, slot, progress: rx, buffered: VecDeque::new(), steps: 0, ended: None };
+        LOOPS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id, running);
+        id
+    })
+}
+
+/// Wait up to `timeout_ms` for output, then copy what arrived (at most `cap` bytes, in
+/// order) to `buf`. `steps`: steps whose output arrived so far; once the loop has ended
+/// and every byte was handed out, `done` is 1, `steps` the steps launched, `stopped` the
+/// step count at which the stop flag was seen (0: it ran to the end) and `status` the
+/// first failure (0: none). Returns the bytes written, or -1 for an unknown id.
+///
+/// # Safety
+/// `buf` must be writable for `cap` bytes; the out-pointers writable or null.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn chidori_loop_poll(
+    id: u64,
+    buf: *mut u8,
+    cap: u64,
+    timeout_ms: u32,
+    steps: *mut u32,
+    stopped: *mut u32,
+    done: *mut u32,
+    status: *mut i64,
+) -> i64 {
+    crate::guard::ffi("chidori_loop_poll", -1, || {
+        // Taken out of the table while this call waits, so other loops can be polled.
+        let Some(mut running) = LOOPS.lock().unwrap_or_else(|p| p.into_inner()).as_mut().and_then(|l| l.remove(&id))
+        else {
+            return -1;
+        };
+        let n = poll(&mut running, buf, cap, timeout_ms);
+        let finished = running.ended.filter(|_| running.buffered.is_empty());
+        // SAFETY (all four): the caller's out-pointers, each writable or null.
+        unsafe {
+            put(steps, finished.map_or(running.steps, |e| e.0));
+            put(stopped, finished.map_or(0, |e| e.1));
+            put(done, u32::from(finished.is_some()));
+            put(status, finished.map_or(0, |e| e.2));
+        }
+        LOOPS.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(id, running);
+        n as i64
+    })
+}
+
+fn take_progress(running: &mut Running) {
+    while let Ok((n, bytes)) = running.progress.try_recv() {
+        running.steps = n;
+        running.buffered.extend(bytes);
+    }
+}
+
+/// Wait for output or the end, then hand out what there is. Returns the bytes written.
+fn poll(running: &mut Running, buf: *mut u8, cap: u64, timeout_ms: u32) -> usize {
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    while running.buffered.is_empty() && running.ended.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match running.progress.recv_timeout(left.min(Duration::from_millis(5))) {
+            Ok((n, bytes)) => {
+                running.steps = n;
+                running.buffered.extend(bytes);
+            }
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
+        }
+        if running.slot.ready_within(Duration::ZERO) || left.is_zero() {
+            break;
+        }
+    }
+    take_progress(running);
+    if running.ended.is_none() && running.slot.ready_within(Duration::ZERO) {
+        // Progress frames precede the answer on the connection: none is still to come.
+        take_progress(running);
+        let lost = runtime::unavailable(&calls::cudaGraphLaunch) as i64;
+        running.ended = Some(match running.conn.finish_service(running.seq, &running.slot) {
+            Ok(ServiceReply::Looped { steps, stopped_at, status }) => (steps, stopped_at.unwrap_or(0), status),
+            Ok(ServiceReply::Error { status, message }) => {
+                tracing::warn!("graph loop: {message}");
+                (0, 0, status)
+            }
+            Ok(_) => (0, 0, lost),
+            Err(e) => {
+                tracing::warn!("graph loop: {e}");
+                (0, 0, lost)
+            }
+        });
+    }
+    let n = (cap as usize).min(running.buffered.len());
+    if n > 0 && !buf.is_null() {
+        let (a, b) = running.buffered.as_slices();
+        let first = n.min(a.len());
+        // SAFETY: `buf` is writable for `cap` ≥ n bytes (the contract of chidori_loop_poll).
+        unsafe {
+            std::ptr::copy_nonoverlapping(a.as_ptr(), buf, first);
+            std::ptr::copy_nonoverlapping(b.as_ptr(), buf.add(first), n - first);
+        }
+        running.buffered.drain(..n);
+    }
+    n
+}
+
+/// Forget a loop (after it ended, or to stop waiting for it: the server finishes it anyway).
+#[unsafe(no_mangle)]
+pub extern "C" fn chidori_loop_end(id: u64) {
+    crate::guard::ffi("chidori_loop_end", (), || {
+        let removed = LOOPS.lock().unwrap_or_else(|p| p.into_inner()).as_mut().and_then(|l| l.remove(&id));
+        if let Some(r) = removed
+            && r.ended.is_none()
+        {
+            // The answer is still to come: wait for it on a thread of its own, so the
+            // connection's table of pending requests empties.
+            std::thread::spawn(move || {
+                let _ = r.conn.finish_service(r.seq, &r.slot);
+            });
+        }
+    })
+}
+
+/// # Safety
+/// `p` must be writable or null.
+unsafe fn put<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: per the contract.
+        unsafe { p.write_unaligned(v) };
+    }
+}
