@@ -25,6 +25,10 @@
 #   repro    each step of gpu/opinfo/repro.py ($REPRO_STEPS: all) in its own process, native
 #            and remote; remotely also through a server run with CUDA_LAUNCH_BLOCKING=1 that
 #            logs every call (a fault is reported by the call that made it)
+#   optimize server-side decode (gpu/decode/generate_cases.py): native generate, the native
+#            CUDA-graph replay reference (decode.py --mode graph), and through chidori with
+#            chidori.optimize() (loopback and 70 ms) and with `chidori run --optimize`
+#            (loopback); $DECODE_CASES narrows the cases
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -238,6 +242,31 @@ if want repro; then
   done
   kill $DBG_PID 2>/dev/null
   grep -E "WARN|ERROR|status [1-9]" "$LOGS/serve-debug.log" | head -20
+fi
+
+if want optimize; then
+  D=gpu/decode
+  only=(); [[ -n ${DECODE_CASES:-} ]] && only=(--only "$DECODE_CASES")
+  timeout ${DECODE_TIMEOUT:-240} python3 $D/generate_cases.py --optimize none "${only[@]}" > "$LOGS/gen-native.jsonl" 2> "$LOGS/gen-native.err"
+  graphs=()
+  for layers in 22 4; do
+    g=$(timeout 120 python3 "$SHARED/workloads/decode.py" --mode graph --layers $layers --new-tokens 200 2>/dev/null | grep -o '"tok_per_s": [0-9.]*' | awk '{print $2}')
+    graphs+=(--graph "tinyllama${layers}_greedy_200=$g")
+    row "native graph replay ${layers}L" "$g tok/s"
+  done
+  export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
+  timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run -s $SERVER -- python3 $D/generate_cases.py --optimize api "${only[@]}" \
+    > "$LOGS/gen-lo-api.jsonl" 2> "$LOGS/gen-lo-api.err"
+  timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run --optimize -s $SERVER -- python3 $D/generate_cases.py --optimize none "${only[@]}" \
+    > "$LOGS/gen-lo-cli.jsonl" 2> "$LOGS/gen-lo-cli.err"
+  timeout ${DECODE_TIMEOUT:-300} "$CHIDORI" run -s 127.0.0.1:$WAN_PORT -- python3 $D/generate_cases.py --optimize api "${only[@]}" \
+    > "$LOGS/gen-wan-api.jsonl" 2> "$LOGS/gen-wan-api.err"
+  python3 $D/compare.py "$LOGS/gen-native.jsonl" lo-api="$LOGS/gen-lo-api.jsonl" lo-cli="$LOGS/gen-lo-cli.jsonl" \
+    wan70-api="$LOGS/gen-wan-api.jsonl" "${graphs[@]}" > "$LOGS/gen-compare.txt" 2>&1
+  rc=$?
+  cat "$LOGS/gen-compare.txt"
+  grep -h "chidori" "$LOGS"/gen-*.err | sort | uniq -c | head -10
+  row "optimize" "$( ((rc == 0)) && echo "all cases match (gen-compare.txt)" || echo "MISMATCHES rc=$rc (gen-compare.txt)")"
 fi
 
 if want opinfo; then

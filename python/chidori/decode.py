@@ -1,0 +1,512 @@
+"""Server-side decode: Hugging Face ``generate`` with the token loop on the GPU machine.
+
+Through ``chidori run``, every decode step of plain ``generate`` waits for the server at
+least once (the host reads whether the sequences are done), so at 70 ms round-trip time a
+model decodes at most ~14 tokens per second. Under :func:`optimize`, ``generate`` captures
+one decode step as a CUDA graph -- the forward pass, token selection, and the next step's
+inputs, all on the device -- and asks the server to replay it until every sequence has
+ended (``chidori_loop_start``: a generic graph-replay loop of Chidori's protocol). Tokens
+stream back while the loop runs; the result is what ``generate`` would have returned.
+
+What the fast path does not cover (beam search, assisted decoding, logits processors and
+stopping criteria other than temperature/top-k/top-p/min-p, minimum lengths, EOS and
+length limits, ``return_dict_in_generate``, encoder-decoder models, ...) runs through the
+original ``generate``, after one log line that says why.
+
+Greedy decoding gives the tokens of native ``generate`` with a static cache: the prefill
+and every step run the same model code on the same inputs. Sampling draws from the same
+distribution with uniform numbers drawn beforehand by torch's CUDA generator (the inverse
+of the cumulative distribution), since a replayed graph cannot advance torch's RNG itself.
+A dynamic cache request uses a static cache, and says so once.
+
+Nothing here imports torch or transformers until it is used.
+"""
+from __future__ import annotations
+
+import copy
+import ctypes
+import inspect
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+_log = logging.getLogger("chidori")
+_said: set[str] = set()
+_enabled = False
+_original_generate: Optional[Callable[..., Any]] = None
+_hook_installed = False
+
+# Decode steps between two looks at the stop flag on the server, and how often tokens
+# stream back while a streamer listens.
+CHECK_EVERY = 8
+PROGRESS_MS = 100
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        _log.warning("chidori: %s", message)
+
+
+class _Unsupported(Exception):
+    """The fast path cannot run this call; the message says why."""
+
+
+# ---- The loop API of libchidori.so ----
+
+def _loop_api() -> Optional[ctypes.CDLL]:
+    """libchidori's loop functions in this process, or None when not under ``chidori run``."""
+    try:
+        lib = ctypes.CDLL(None)
+        start = lib.chidori_loop_start
+    except (OSError, AttributeError):
+        return None
+    start.restype = ctypes.c_uint64
+    start.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64,
+                      ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
+    lib.chidori_loop_poll.restype = ctypes.c_int64
+    lib.chidori_loop_poll.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                      ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                                      ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_int64)]
+    lib.chidori_loop_end.restype = None
+    lib.chidori_loop_end.argtypes = [ctypes.c_uint64]
+    return lib
+
+
+@dataclass
+class LoopResult:
+    """How a server-side loop ended."""
+
+    steps: int
+    stopped_at: int
+    status: int
+
+
+def run_loop(exec_handle: int, stream: int, max_steps: int, check_every: int, stop_flag: int, output: int,
+             bytes_per_step: int, progress_ms: int, on_output: Optional[Callable[[bytes], None]] = None) -> LoopResult:
+    """Replay the graph ``exec_handle`` on ``stream`` on the server (see the module doc):
+    ``on_output`` receives each step's output bytes, in order, as they arrive."""
+    lib = _loop_api()
+    if lib is None:
+        raise RuntimeError("chidori: not running under `chidori run` (no libchidori in this process)")
+    loop_id = lib.chidori_loop_start(exec_handle, stream, max_steps, check_every, stop_flag, output,
+                                     bytes_per_step, progress_ms)
+    if not loop_id:
+        raise RuntimeError("chidori: the server could not start the graph loop (see the log)")
+    buf = ctypes.create_string_buffer(max(1 << 16, bytes_per_step))
+    steps, stopped, done, status = ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_int64()
+    pending = b""
+    try:
+        while True:
+            n = lib.chidori_loop_poll(loop_id, buf, len(buf), 200, ctypes.byref(steps), ctypes.byref(stopped),
+                                      ctypes.byref(done), ctypes.byref(status))
+            if n < 0:
+                raise RuntimeError("chidori: lost the graph loop")
+            if n and on_output is not None and bytes_per_step:
+                pending += buf.raw[:n]
+                whole = len(pending) // bytes_per_step * bytes_per_step
+                for at in range(0, whole, bytes_per_step):
+                    on_output(pending[at:at + bytes_per_step])
+                pending = pending[whole:]
+            if done.value:
+                return LoopResult(steps.value, stopped.value, status.value)
+    finally:
+        lib.chidori_loop_end(loop_id)
+
+
+# ---- What a generate call asks for ----
+
+@dataclass
+class _Plan:
+    input_ids: Any
+    attention_mask: Any
+    max_new: int
+    # EOS is masked out of the scores while fewer tokens than this have been generated.
+    min_new: int
+    eos: Optional[list[int]]
+    pad: Optional[int]
+    do_sample: bool
+    warpers: list[Any]
+    streamer: Any
+    padded: bool
+    key: tuple[Any, ...] = field(default=())
+
+
+# Keyword arguments of generate the fast path understands besides generation settings.
+_INPUT_KWARGS = {"attention_mask", "streamer", "use_cache", "input_ids", "inputs"}
+_WARPERS = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper"}
+_LENGTH_PROCESSORS = {"MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor"}
+
+
+def _plan(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Plan:
+    import torch
+
+    kwargs = dict(kwargs)
+    input_ids = kwargs.pop("input_ids", None)
+    if input_ids is None:
+        input_ids = kwargs.pop("inputs", None)
+    if args:
+        if input_ids is not None or len(args) > 1:
+            raise _Unsupported("positional arguments other than the input ids")
+        input_ids = args[0]
+    on_cpu_for_tests = os.environ.get("CHIDORI_DECODE_REPLAY") == "eager"
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or (
+            input_ids.device.type != "cuda" and not on_cpu_for_tests):
+        raise _Unsupported("input ids that are not a 2D tensor on a CUDA device")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise _Unsupported("encoder-decoder models")
+    for name in ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
+                 "negative_prompt_ids", "past_key_values", "synced_gpus", "custom_generate"):
+        if kwargs.pop(name, None) not in (None, [], ()):
+            raise _Unsupported(f"`{name}`")
+    config = copy.deepcopy(kwargs.pop("generation_config", None) or model.generation_config)
+    cache_implementation = kwargs.pop("cache_implementation", None) or config.cache_implementation
+    config.cache_implementation = None
+    kwargs.pop("disable_compile", None)
+    unused = config.update(**kwargs)
+    unknown = set(unused) - _INPUT_KWARGS
+    if unknown:
+        raise _Unsupported(f"arguments {sorted(unknown)}")
+    if kwargs.get("use_cache") is False or not getattr(config, "use_cache", True):
+        raise _Unsupported("use_cache=False")
+    if cache_implementation not in (None, "static", "dynamic"):
+        raise _Unsupported(f"cache_implementation={cache_implementation!r}")
+    if cache_implementation != "static":
+        _say_once("optimize(): generate runs with a static cache on the server (a dynamic one was asked for)")
+    if (config.num_beams or 1) != 1 or (config.num_return_sequences or 1) != 1:
+        raise _Unsupported("beam search or several sequences per prompt")
+    if config.return_dict_in_generate or config.output_scores or config.output_logits:
+        raise _Unsupported("return_dict_in_generate / output_scores")
+    if getattr(config, "prefill_chunk_size", None):
+        raise _Unsupported("chunked prefill")
+    length = input_ids.shape[1]
+    max_new = config.max_new_tokens if config.max_new_tokens is not None else (config.max_length or 20) - length
+    if max_new < 1:
+        raise _Unsupported("no new tokens to generate")
+    eos = config.eos_token_id
+    if isinstance(eos, torch.Tensor):
+        eos = eos.tolist()
+    if isinstance(eos, int):
+        eos = [eos]
+    eos = list(eos) if eos else None
+    pad = config.pad_token_id
+    if isinstance(pad, torch.Tensor):
+        pad = int(pad)
+    if eos and pad is None:
+        pad = eos[0]
+    min_new = max(config.min_new_tokens or 0, (config.min_length or 0) - length, 0)
+    # The processors generate would use: only those the fast path reproduces on the device.
+    processors = model._get_logits_processor(generation_config=config, input_ids_seq_length=length,
+                                             encoder_input_ids=input_ids, prefix_allowed_tokens_fn=None,
+                                             logits_processor=None, device=input_ids.device, model_kwargs={})
+    warpers = []
+    for p in processors:
+        name = type(p).__name__
+        if name in _WARPERS:
+            warpers.append(p)
+        elif name not in _LENGTH_PROCESSORS:
+            raise _Unsupported(f"the logits processor {name}")
+    mask = unused.get("attention_mask")
+    if mask is None:
+        # As generate infers it: padding where the pad token (other than EOS) occurs.
+        if pad is not None and pad not in (eos or []) and bool((input_ids == pad).any()):
+            mask = input_ids.ne(pad)
+        else:
+            mask = torch.ones_like(input_ids)
+    padded = bool((mask == 0).any())
+    streamer = unused.get("streamer")
+    key = (id(model), tuple(input_ids.shape), max_new, min_new, tuple(eos or ()), pad, bool(config.do_sample),
+           tuple(repr(vars(w)) for w in warpers), padded, str(model.dtype))
+    return _Plan(input_ids, mask.to(torch.long), max_new, min_new, eos, pad, bool(config.do_sample), warpers,
+                 streamer, padded, key)
+
+
+# ---- The decode state a graph is captured over ----
+
+class _Decoder:
+    """The static cache, the device buffers of one decode step, and the graph of it."""
+
+    def __init__(self, model: Any, plan: _Plan) -> None:
+        import torch
+        from transformers import StaticCache
+
+        self.model = model
+        self.plan = plan
+        batch, length = plan.input_ids.shape
+        device = plan.input_ids.device
+        self.total = length + plan.max_new
+        try:
+            self.cache = StaticCache(config=model.config, max_cache_len=self.total)
+        except TypeError:
+            self.cache = StaticCache(config=model.config, max_batch_size=batch, max_cache_len=self.total,
+                                     device=device, dtype=model.dtype)
+        if any(getattr(self.cache, "is_sliding", []) or []):
+            raise _Unsupported("sliding-window caches")
+        long = dict(dtype=torch.long, device=device)
+        self.tokens = torch.zeros(batch, 1, **long)
+        self.positions = torch.zeros(batch, 1, **long)
+        self.step = torch.zeros(1, **long)
+        self.unfinished = torch.ones(batch, **long)
+        self.rows = torch.zeros(plan.max_new, batch, **long)
+        self.stop = torch.zeros(1, dtype=torch.int32, device=device)
+        self.mask = torch.ones(batch, self.total, **long)
+        self.eos = torch.tensor(plan.eos, **long) if plan.eos else None
+        self.uniform = torch.zeros(plan.max_new, batch, dtype=torch.float32, device=device)
+        forward = inspect.signature(model.forward).parameters
+        self.extra = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+        prepare = inspect.signature(model.prepare_inputs_for_generation).parameters
+        self.cache_key = "past_key_values" if "past_key_values" in prepare else "cache"
+        self.graph: Any = None
+        self.exec_handle = 0
+
+    def select(self, logits: Any, generated: Any) -> Any:
+        """The next tokens from the last position's logits, as generate selects them;
+        ``generated`` (a device scalar) counts the tokens generated before this one."""
+        import torch
+
+        plan = self.plan
+        scores = logits[:, -1].to(copy=True, dtype=torch.float32)
+        if plan.min_new > 0 and self.eos is not None:
+            vocab = torch.arange(scores.shape[-1], device=scores.device)
+            banned = torch.isin(vocab, self.eos) & (generated < plan.min_new)
+            scores = torch.where(banned, -float("inf"), scores)
+        for warper in plan.warpers:
+            scores = warper(self.tokens, scores)
+        if not plan.do_sample:
+            return torch.argmax(scores, dim=-1)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        cdf = probs.cumsum(-1)
+        u = self.uniform.index_select(0, generated.reshape(1)).reshape(-1, 1) * cdf[:, -1:]
+        return torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1).reshape(-1)
+
+    def finish(self, tokens: Any) -> Any:
+        """Pad the tokens of finished sequences; update which are finished and the stop flag."""
+        import torch
+
+        if self.eos is None:
+            return tokens
+        pad = self.plan.pad if self.plan.pad is not None else 0
+        tokens = tokens * self.unfinished + pad * (1 - self.unfinished)
+        self.unfinished.mul_((~torch.isin(tokens, self.eos)).to(torch.long))
+        self.stop.copy_((self.unfinished.max() == 0).to(torch.int32).reshape(1))
+        return tokens
+
+    def prefill(self) -> None:
+        """The prompt's forward pass and the first token (nothing waits for the GPU)."""
+        import torch
+
+        plan = self.plan
+        batch, length = plan.input_ids.shape
+        self.cache.reset()
+        self.unfinished.fill_(1)
+        self.stop.zero_()
+        self.mask.fill_(1)
+        self.mask[:, :length].copy_(plan.attention_mask)
+        if plan.do_sample:
+            self.uniform.uniform_()
+        positions = plan.attention_mask.cumsum(-1) - 1
+        positions = positions.masked_fill(plan.attention_mask == 0, 0)
+        inputs = self.model.prepare_inputs_for_generation(
+            plan.input_ids, **{self.cache_key: self.cache}, attention_mask=plan.attention_mask,
+            position_ids=positions, use_cache=True, is_first_iteration=True, **self.extra)
+        logits = self.model(**inputs, return_dict=True).logits
+        self.step.zero_()
+        first = self.finish(self.select(logits, self.step))
+        self.rows[0].copy_(first)
+        self.tokens.copy_(first.reshape(batch, 1))
+        self.positions.copy_(positions[:, -1:] + 1)
+        self.step.fill_(1)
+
+    def decode_step(self) -> None:
+        """One decode step on device buffers only (what the graph captures)."""
+        batch = self.tokens.shape[0]
+        inputs = self.model.prepare_inputs_for_generation(
+            self.tokens, next_sequence_length=1, **{self.cache_key: self.cache}, attention_mask=self.mask,
+            position_ids=self.positions, use_cache=True, **self.extra)
+        logits = self.model(**inputs, return_dict=True).logits
+        tokens = self.finish(self.select(logits, self.step))
+        self.rows.index_copy_(0, self.step, tokens.reshape(1, batch))
+        self.tokens.copy_(tokens.reshape(batch, 1))
+        self.positions.add_(1)
+        self.step.add_(1)
+
+    def capture(self) -> None:
+        """Capture decode_step as a CUDA graph (after one eager step: the first call allocates)."""
+        import torch
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.decode_step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.decode_step()
+        exec_of = getattr(graph, "raw_cuda_graph_exec", None)
+        if exec_of is None:
+            raise _Unsupported("this torch has no CUDAGraph.raw_cuda_graph_exec")
+        self.graph = graph
+        self.exec_handle = int(exec_of())
+
+
+_decoders: dict[tuple[Any, ...], _Decoder] = {}
+_decoders_lock = threading.Lock()
+
+
+def _rows_to_streamer(streamer: Any, rows: Any) -> None:
+    for row in rows:
+        streamer.put(row)
+
+
+def _generated_length(rows: Any, plan: _Plan, steps: int) -> int:
+    """How many tokens generate returns: up to the step where every sequence had ended."""
+    if plan.eos is None:
+        return steps
+    finished = [False] * rows.shape[1]
+    eos = set(plan.eos)
+    for t in range(steps):
+        for b, token in enumerate(rows[t].tolist()):
+            finished[b] = finished[b] or token in eos
+        if all(finished):
+            return t + 1
+    return steps
+
+
+def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
+    import torch
+
+    with _decoders_lock:
+        decoder = _decoders.get(plan.key)
+        if decoder is None:
+            decoder = _Decoder(model, plan)
+            if len(_decoders) >= 8:
+                _decoders.pop(next(iter(_decoders)))
+            _decoders[plan.key] = decoder
+    decoder.plan = plan
+    batch, _ = plan.input_ids.shape
+    if plan.streamer is not None:
+        plan.streamer.put(plan.input_ids.cpu())
+    with torch.no_grad():
+        decoder.prefill()
+        start = 1
+        if replay == "server" and decoder.graph is None and plan.max_new > 1:
+            decoder.capture()  # runs step 1 eagerly first
+            start = 2
+        remaining = plan.max_new - start
+        streamed = 0
+        if remaining > 0 and replay == "eager":
+            for _ in range(remaining):
+                decoder.decode_step()
+                if decoder.eos is not None and int(decoder.stop.item()):
+                    break
+        elif remaining > 0:
+            def on_row(raw: bytes) -> None:
+                nonlocal streamed
+                if plan.streamer is not None:
+                    plan.streamer.put(torch.frombuffer(bytearray(raw), dtype=torch.long))
+                streamed += 1
+
+            row_bytes = batch * 8
+            result = run_loop(decoder.exec_handle, torch.cuda.current_stream().cuda_stream, remaining, CHECK_EVERY,
+                              decoder.stop.data_ptr() if decoder.eos is not None else 0,
+                              decoder.rows.data_ptr() + (start - 1) * row_bytes, row_bytes,
+                              PROGRESS_MS if plan.streamer is not None else 0,
+                              on_row if plan.streamer is not None else None)
+            if result.status:
+                raise RuntimeError(f"chidori: the server-side decode loop failed with status {result.status}")
+        rows = decoder.rows.cpu()
+    n = _generated_length(rows, plan, plan.max_new)
+    if plan.streamer is not None:
+        _rows_to_streamer(plan.streamer, rows[streamed:n])
+        plan.streamer.end()
+    return torch.cat([plan.input_ids, rows[:n].t().to(plan.input_ids.device)], dim=-1)
+
+
+def fast_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """``model.generate(*args, **kwargs)`` with the token loop on the server where the call
+    allows it, else the original ``generate`` (after one log line that says why)."""
+    original = _original_generate or type(model).generate
+    try:
+        plan = _plan(model, args, kwargs)
+        if _loop_api() is None and os.environ.get("CHIDORI_DECODE_REPLAY") != "eager":
+            raise _Unsupported("not running under `chidori run`")
+    except _Unsupported as reason:
+        _say_once(f"optimize(): generate runs as usual here: {reason}")
+        return original(model, *args, **kwargs)
+    replay = "eager" if os.environ.get("CHIDORI_DECODE_REPLAY") == "eager" else "server"
+    try:
+        return _run(model, plan, replay)
+    except _Unsupported as reason:
+        _say_once(f"optimize(): generate runs as usual here: {reason}")
+        return original(model, *args, **kwargs)
+
+
+def server_decode(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int = 200, **kwargs: Any) -> str:
+    """Generate a completion of ``prompt`` with the token loop on the server; the text of
+    the new tokens."""
+    encoded = tokenizer(prompt, return_tensors="pt").to(model.device)
+    kwargs.setdefault("cache_implementation", "static")
+    out = fast_generate(model, encoded["input_ids"], attention_mask=encoded.get("attention_mask"),
+                        max_new_tokens=max_new_tokens, **kwargs)
+    return str(tokenizer.decode(out[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True))
+
+
+# ---- optimize(): route GenerationMixin.generate through fast_generate ----
+
+def _patch(module: Any) -> None:
+    global _original_generate
+    mixin = getattr(module, "GenerationMixin", None)
+    if mixin is None or getattr(mixin.generate, "_chidori", False):
+        return
+    _original_generate = mixin.generate
+    original = mixin.generate
+
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _enabled:
+            return original(self, *args, **kwargs)
+        return fast_generate(self, *args, **kwargs)
+
+    generate._chidori = True  # type: ignore[attr-defined]
+    generate.__doc__ = original.__doc__
+    generate.__wrapped__ = original  # type: ignore[attr-defined]
+    mixin.generate = generate
+
+
+class _PatchOnImport:
+    """A meta-path finder that patches transformers' generate once its module is loaded."""
+
+    target = "transformers.generation.utils"
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.target:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def patched_exec(module: Any) -> None:
+            exec_module(module)
+            _patch(module)
+
+        loader.exec_module = patched_exec  # type: ignore[method-assign]
+        return spec
+
+
+def optimize(enable: bool = True) -> None:
+    """Run Hugging Face ``generate`` with its token loop on the server from now on (before
+    or after transformers is imported). Without ``chidori run`` it changes nothing."""
+    global _enabled, _hook_installed
+    _enabled = enable
+    module = sys.modules.get("transformers.generation.utils")
+    if module is not None:
+        _patch(module)
+    elif enable and not _hook_installed:
+        sys.meta_path.insert(0, _PatchOnImport())
+        _hook_installed = True
