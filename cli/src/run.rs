@@ -24,6 +24,10 @@ pub struct RunArgs {
     /// Directory holding libchidori.so and the shims (default: ../lib next to this binary).
     #[arg(long, value_name = "DIR")]
     pub lib_dir: Option<PathBuf>,
+    /// Run Hugging Face `generate` with its token loop on the server, without a code
+    /// change (Python programs: the `chidori` package is loaded at interpreter start).
+    #[arg(long, env = env::OPTIMIZE)]
+    pub optimize: bool,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
@@ -58,6 +62,28 @@ pub fn lib_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The `chidori` Python package of this installation: beside the shims in a wheel, under
+/// `python/` in a release directory.
+fn python_package(lib_dir: &std::path::Path) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the chidori binary")?;
+    let prefix = exe.parent().and_then(|p| p.parent()).map(PathBuf::from);
+    let mut candidates = vec![lib_dir.parent().map(PathBuf::from)];
+    candidates.push(lib_dir.parent().map(|p| p.join("python/chidori")));
+    candidates.push(prefix.as_ref().map(|p| p.join("python/chidori")));
+    candidates.push(prefix.as_ref().map(|p| p.join("share/chidori/python/chidori")));
+    let candidates: Vec<PathBuf> = candidates.into_iter().flatten().collect();
+    candidates
+        .iter()
+        .find(|p| p.join("decode.py").is_file() && p.join("_hook/sitecustomize.py").is_file())
+        .cloned()
+        .with_context(|| {
+            format!(
+                "--optimize needs the chidori Python package of this installation, looked in: {}",
+                candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            )
+        })
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
     if !args.no_check {
         crate::check::check(&args.server)?;
@@ -85,6 +111,17 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     if args.trace {
         cmd.env(env::TRACE, "-");
+    }
+    if args.optimize {
+        let package = python_package(&dir)?;
+        let mut path = OsString::from(package.join("_hook"));
+        path.push(":");
+        path.push(package.parent().context("the chidori package has no parent directory")?);
+        if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|v| !v.is_empty()) {
+            path.push(":");
+            path.push(existing);
+        }
+        cmd.env("PYTHONPATH", path).env(env::OPTIMIZE, "1");
     }
     let err = cmd.exec();
     bail!("could not run {}: {err}", program.to_string_lossy())

@@ -494,6 +494,79 @@ fn graphs_replay_in_a_loop_on_the_server() {
     assert_eq!(trace_row(&stderr, "chidori_loop_start"), ["3", "0"], "{stderr}");
 }
 
+/// `chidori run --optimize` loads the chidori package at interpreter start (after the
+/// environment's own sitecustomize), and its loop wrapper replays a graph on the server:
+/// a Python program without torch, calling the runtime through ctypes.
+const PYTHON_LOOP: &str = r#"
+import ctypes, os, sys
+import chidori.decode as decode
+assert decode._enabled, "optimize() was not turned on at start"
+assert os.environ.get("ENV_HOOK_RAN") == "1" or "envhook" in sys.modules, "the environment's sitecustomize did not run"
+rt = ctypes.CDLL("libcudart.so.13")
+def check(rc, what):
+    if rc != 0:
+        raise SystemExit(f"{what} failed: {rc}")
+p = lambda: ctypes.c_void_p()
+flag, src, out = p(), p(), p()
+for ptr, n in ((flag, 4), (src, 4), (out, 64)):
+    check(rt.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(n)), "cudaMalloc")
+host = (ctypes.c_int32 * 16)(*range(500, 516))
+check(rt.cudaMemcpy(out, host, ctypes.c_size_t(64), 1), "cudaMemcpy")
+check(rt.cudaMemset(flag, 0, ctypes.c_size_t(4)), "cudaMemset")
+one = ctypes.c_int32(1)
+check(rt.cudaMemcpy(src, ctypes.byref(one), ctypes.c_size_t(4), 1), "cudaMemcpy")
+stream, graph, exe = p(), p(), p()
+check(rt.cudaStreamCreateWithFlags(ctypes.byref(stream), 1), "cudaStreamCreateWithFlags")
+check(rt.cudaStreamBeginCapture(stream, 0), "cudaStreamBeginCapture")
+check(rt.cudaMemcpyAsync(flag, src, ctypes.c_size_t(4), 3, stream), "cudaMemcpyAsync")
+check(rt.cudaStreamEndCapture(stream, ctypes.byref(graph)), "cudaStreamEndCapture")
+check(rt.cudaGraphInstantiate(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)), "cudaGraphInstantiate")
+rows = []
+r = decode.run_loop(exe.value, stream.value, 16, 2, flag.value, out.value, 4, 1, rows.append)
+assert r.status == 0 and r.stopped_at == 2, r
+assert [int.from_bytes(b, "little") for b in rows] == [500, 501], rows
+print("OK", r)
+"#;
+
+#[test]
+fn optimize_loads_the_package_and_its_loop_wrapper_replays_on_the_server() {
+    let server = server();
+    let dir = chidori_tests::scratch("python-loop");
+    std::fs::write(dir.join("loop.py"), PYTHON_LOOP).unwrap();
+    // The environment's own sitecustomize, which --optimize must keep.
+    let env_hook = dir.join("env-hook");
+    std::fs::create_dir_all(&env_hook).unwrap();
+    std::fs::write(env_hook.join("sitecustomize.py"), "import os\nos.environ['ENV_HOOK_RAN'] = '1'\n").unwrap();
+    // A release layout: the package beside the shims' directory.
+    let shims = chidori_tests::shim_dir();
+    let package = shims.parent().unwrap().join("python/chidori");
+    copy_tree(&chidori_tests::root().join("python/chidori"), &package);
+    let out = Command::new(chidori())
+        .args(["run", "--optimize", "-s", &server.address, "--lib-dir"])
+        .arg(shims)
+        .args(["--", "python3"])
+        .arg(dir.join("loop.py"))
+        .env("PYTHONPATH", &env_hook)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            if entry.file_name() != "__pycache__" {
+                copy_tree(&entry.path(), &target);
+            }
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 /// Driver entry points handed out by the runtime are the shims' own: calling one reaches
 /// the server (here: the emulated profile's device count), with no NVIDIA library loaded.
 const ENTRY_POINT: &str = r#"

@@ -38,3 +38,7 @@ pub const HEARTBEAT_SECS: &str = "CHIDORI_HEARTBEAT_SECS";
 /// Directory of the server's module cache (module images by hash, so the second run of a
 /// program uploads nothing).
 pub const MODULE_CACHE: &str = "CHIDORI_MODULE_CACHE";
+
+/// Set (to 1) by `chidori run --optimize`: Hugging Face `generate` runs its token loop on
+/// the server (the `chidori` Python package turns it on at interpreter start).
+pub const OPTIMIZE: &str = "CHIDORI_OPTIMIZE";

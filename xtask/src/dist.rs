@@ -48,12 +48,32 @@ pub fn run(root: &Path, profile: &str) -> Result<PathBuf> {
     }
     build_shims(root, &lib)?;
     std::os::unix::fs::symlink("libcuda.so.1", lib.join("libcuda.so"))?;
+    // The Python package (server-side decode; `chidori run --optimize` loads it).
+    copy_tree(&root.join("python/chidori"), &dist.join("python/chidori"))?;
     // The recorded device profile the emulated backend answers from by default.
     let profiles = dist.join("share/chidori/profiles");
     std::fs::create_dir_all(&profiles)?;
     std::fs::copy(root.join("worker/profiles/nvidia-h200.json"), profiles.join("nvidia-h200.json"))?;
     eprintln!("dist: {}", dist.display());
     Ok(dist)
+}
+
+/// Copy a directory of plain files, without Python's caches.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == "__pycache__" {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &to.join(&name))?;
+        } else {
+            std::fs::copy(entry.path(), to.join(&name))?;
+        }
+    }
+    Ok(())
 }
 
 /// Assemble and link every shim of generated/shims into `lib` (which holds libchidori.so).
