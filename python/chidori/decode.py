@@ -396,7 +396,11 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
             decoder.capture()  # runs step 1 eagerly first
             start = 2
         remaining = plan.max_new - start
-        streamed = 0
+        # The loop streams rows from start - 1 on (its output lags a step: each replay
+        # writes the next row); the rows before came from the prefill and the eager step.
+        next_row = start - 1
+        if plan.streamer is not None and next_row > 0:
+            _rows_to_streamer(plan.streamer, decoder.rows[:next_row].cpu())
         if remaining > 0 and replay == "eager":
             for _ in range(remaining):
                 decoder.decode_step()
@@ -404,10 +408,9 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
                     break
         elif remaining > 0:
             def on_row(raw: bytes) -> None:
-                nonlocal streamed
-                if plan.streamer is not None:
-                    plan.streamer.put(torch.frombuffer(bytearray(raw), dtype=torch.long))
-                streamed += 1
+                nonlocal next_row
+                plan.streamer.put(torch.frombuffer(bytearray(raw), dtype=torch.long))
+                next_row += 1
 
             row_bytes = batch * 8
             result = run_loop(decoder.exec_handle, torch.cuda.current_stream().cuda_stream, remaining, CHECK_EVERY,
@@ -420,7 +423,7 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
         rows = decoder.rows.cpu()
     n = _generated_length(rows, plan, plan.max_new)
     if plan.streamer is not None:
-        _rows_to_streamer(plan.streamer, rows[streamed:n])
+        _rows_to_streamer(plan.streamer, rows[min(next_row, n):n])
         plan.streamer.end()
     return torch.cat([plan.input_ids, rows[:n].t().to(plan.input_ids.device)], dim=-1)
 
