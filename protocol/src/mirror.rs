@@ -33,6 +33,55 @@ pub const MAX_MIRRORED: u64 = 64 << 30;
 /// 16 bytes of description).
 const GAP: usize = 32;
 
+/// Reserve `[base, base + len)` (page-aligned) without access or backing, exactly there:
+/// false when any of it is taken (MAP_FIXED_NOREPLACE never replaces a mapping).
+pub fn reserve(base: u64, len: u64) -> bool {
+    map(base, len, libc::PROT_NONE, libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE)
+}
+
+/// Make pages of this process's own reservation readable and writable (zero-filled).
+///
+/// # Safety
+/// `[base, base + len)` must be reserved by this process (by [`reserve`]) and hold nothing
+/// anyone uses: MAP_FIXED replaces what is there.
+pub unsafe fn commit(base: u64, len: u64) -> bool {
+    map(base, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_FIXED)
+}
+
+/// Give committed pages back to the reservation (their memory is released).
+///
+/// # Safety
+/// As [`commit`]: the pages must be this process's and unused.
+pub unsafe fn decommit(base: u64, len: u64) -> bool {
+    map(base, len, libc::PROT_NONE, libc::MAP_NORESERVE | libc::MAP_FIXED)
+}
+
+/// Map fresh anonymous memory at exactly `base`, or nothing.
+fn map(base: u64, len: u64, prot: i32, flags: i32) -> bool {
+    // SAFETY: an anonymous private mapping at a fixed address: with MAP_FIXED_NOREPLACE it
+    // touches no existing mapping; with MAP_FIXED the callers guarantee the range is theirs.
+    let p = unsafe {
+        libc::mmap(
+            base as *mut libc::c_void,
+            len as usize,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    if p as u64 != base {
+        // An old kernel took the address as a hint only: give the stray mapping back.
+        // SAFETY: the mapping just created, of this length.
+        unsafe { libc::munmap(p, len as usize) };
+        return false;
+    }
+    true
+}
+
 /// Whether `addr` lies in the arena.
 pub fn in_arena(addr: u64) -> bool {
     (ARENA_BASE..ARENA_BASE + ARENA_LEN).contains(&addr)

@@ -20,23 +20,7 @@ static ARENA: AtomicBool = AtomicBool::new(false);
 /// Reserve the arena; call before CUDA is initialized, so the driver's own reservations
 /// avoid it. Without it, mirrors still work where the address happens to be free.
 pub fn reserve_arena() -> bool {
-    // SAFETY: a fresh reservation without access; MAP_FIXED_NOREPLACE never replaces a
-    // mapping (it fails instead).
-    let p = unsafe {
-        libc::mmap(
-            ARENA_BASE as *mut libc::c_void,
-            ARENA_LEN as usize,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        )
-    };
-    let ok = p as u64 == ARENA_BASE;
-    if !ok && p != libc::MAP_FAILED {
-        // SAFETY: the mapping an old kernel placed elsewhere, just created.
-        unsafe { libc::munmap(p, ARENA_LEN as usize) };
-    }
+    let ok = mirror::reserve(ARENA_BASE, ARENA_LEN);
     if !ok {
         tracing::warn!("could not reserve the pinned-memory arena at {ARENA_BASE:#x}; mirrors there may fail");
     }
@@ -112,26 +96,15 @@ impl Mirrors {
         }
         let in_arena =
             ARENA.load(Ordering::Relaxed) && mirror::in_arena(page_base) && mirror::in_arena(page_base + page_len - 1);
-        // Inside the arena the pages replace part of this process's own reservation;
-        // elsewhere they must be free.
-        let fixed = if in_arena { libc::MAP_FIXED } else { libc::MAP_FIXED_NOREPLACE };
-        // SAFETY: inside the arena only our own reservation is replaced (no mirror overlaps,
-        // checked above); elsewhere MAP_FIXED_NOREPLACE touches no existing mapping.
-        let p = unsafe {
-            libc::mmap(
-                page_base as *mut libc::c_void,
-                page_len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | fixed,
-                -1,
-                0,
-            )
+        // Inside the arena the pages replace part of this process's own reservation (no
+        // mirror overlaps, checked above); elsewhere they must be free.
+        // SAFETY: see above.
+        let mapped = if in_arena {
+            unsafe { mirror::commit(page_base, page_len) }
+        } else {
+            mirror::reserve(page_base, page_len) && unsafe { mirror::commit(page_base, page_len) }
         };
-        if p as u64 != page_base {
-            if p != libc::MAP_FAILED {
-                // SAFETY: a mapping placed elsewhere, just created.
-                unsafe { libc::munmap(p, page_len as usize) };
-            }
+        if !mapped {
             return Err(format!(
                 "the server has no free address space at {page_base:#x} to mirror the client's pinned memory"
             ));
@@ -176,16 +149,7 @@ impl Mirrors {
 fn release(page_base: u64, page_len: u64, in_arena: bool) {
     if in_arena {
         // SAFETY: the pages are this process's mirror inside its own reservation.
-        unsafe {
-            libc::mmap(
-                page_base as *mut libc::c_void,
-                page_len as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
+        unsafe { mirror::decommit(page_base, page_len) };
     } else {
         // SAFETY: the pages this mirror mapped.
         unsafe { libc::munmap(page_base as *mut libc::c_void, page_len as usize) };

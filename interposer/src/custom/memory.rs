@@ -75,23 +75,8 @@ mod arena {
     static FREE: Mutex<Option<BTreeMap<u64, u64>>> = Mutex::new(None);
 
     fn reserve() -> BTreeMap<u64, u64> {
-        // SAFETY: a reservation without access; MAP_FIXED_NOREPLACE replaces nothing.
-        let p = unsafe {
-            libc::mmap(
-                ARENA_BASE as *mut libc::c_void,
-                ARENA_LEN as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        if p as u64 == ARENA_BASE {
+        if chidori_protocol::mirror::reserve(ARENA_BASE, ARENA_LEN) {
             return BTreeMap::from([(ARENA_BASE, ARENA_LEN)]);
-        }
-        if p != libc::MAP_FAILED {
-            // SAFETY: placed elsewhere by an old kernel; just created.
-            unsafe { libc::munmap(p, ARENA_LEN as usize) };
         }
         tracing::debug!("the pinned-memory arena is taken in this process; pinned memory comes from mmap");
         BTreeMap::new()
@@ -107,18 +92,8 @@ mod arena {
         if extent > len {
             free.insert(start + len, extent - len);
         }
-        // SAFETY: [start, start + len) is part of this process's own reservation.
-        let p = unsafe {
-            libc::mmap(
-                start as *mut libc::c_void,
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        if p as u64 != start {
+        // SAFETY: [start, start + len) is a free extent of this process's own reservation.
+        if !unsafe { chidori_protocol::mirror::commit(start, len) } {
             give_back(free, start, len);
             return None;
         }
@@ -131,18 +106,9 @@ mod arena {
             return false;
         }
         let len = size.div_ceil(PAGE) * PAGE;
-        // SAFETY: the pages [base, base + len) were handed out by alloc; this makes them a
-        // reservation again and releases their memory.
-        unsafe {
-            libc::mmap(
-                base as *mut libc::c_void,
-                len as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
+        // SAFETY: the pages [base, base + len) were handed out by alloc and the program freed
+        // them; they become a reservation again and their memory is released.
+        unsafe { chidori_protocol::mirror::decommit(base, len) };
         let mut guard = FREE.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(free) = guard.as_mut() {
             give_back(free, base, len);
