@@ -38,3 +38,9 @@ pub const HEARTBEAT_SECS: &str = "CHIDORI_HEARTBEAT_SECS";
 /// Directory of the server's module cache (module images by hash, so the second run of a
 /// program uploads nothing).
 pub const MODULE_CACHE: &str = "CHIDORI_MODULE_CACHE";
+
+/// Directory holding libchidori.so and the shim libraries `chidori run` preloads (the
+/// fallback of its `--lib-dir`). Unset, `chidori run` looks beside its binary: `../lib` of
+/// a `cargo xtask dist` directory, else the `chidori/lib` directory of the Python package
+/// the binary was installed with (a venv, `pip install --user` or `--target DIR`).
+pub const LIB_DIR: &str = "CHIDORI_LIB_DIR";
