@@ -43,7 +43,8 @@ const ZIG_TARGET: &str = "x86_64-unknown-linux-gnu.2.28";
 /// The wheel's platform tag: the glibc floor and the architecture.
 const PLATFORM_TAG: &str = "manylinux_2_28_x86_64";
 
-/// The workspace version, which maturin writes into the wheel from the same Cargo.toml.
+/// The workspace version, which maturin writes into the wheel from the same Cargo.toml (a
+/// pre-release would be spelled the PEP 440 way there, `0.2.0rc1`; none is used).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The device profile the emulated backend answers from by default.
@@ -86,13 +87,15 @@ impl Tools {
 
     /// A command for a tool of the venv, with the venv first on PATH (where cargo-zigbuild
     /// and maturin find zig, as `python3 -m ziglang`).
-    fn command(&self, tool: &str) -> Command {
+    fn command(&self, tool: &str) -> Result<Command> {
         let mut cmd = Command::new(self.bin.join(tool));
         let path = std::env::var_os("PATH").unwrap_or_default();
         let mut paths = vec![self.bin.clone()];
         paths.extend(std::env::split_paths(&path));
-        cmd.env("PATH", std::env::join_paths(paths).expect("PATH entries without ':'"));
-        cmd
+        let path = std::env::join_paths(paths)
+            .with_context(|| format!("{} cannot go on PATH (it holds a ':')", self.bin.display()))?;
+        cmd.env("PATH", path);
+        Ok(cmd)
     }
 }
 
@@ -129,7 +132,7 @@ pub fn build(root: &Path) -> Result<PathBuf> {
 
     // libchidori.so with the glibc floor, in its own target directory (see the module docs).
     let interposer_target = target.join("wheel-interposer");
-    run(tools.command("cargo-zigbuild").current_dir(root).env("CARGO_TARGET_DIR", &interposer_target).args([
+    run(tools.command("cargo-zigbuild")?.current_dir(root).env("CARGO_TARGET_DIR", &interposer_target).args([
         "zigbuild",
         "--release",
         "--target",
@@ -156,13 +159,13 @@ pub fn build(root: &Path) -> Result<PathBuf> {
         bail!("`strip --strip-debug` failed on libchidori.so (binutils is needed)");
     }
     crate::dist::build_shims(root, &lib)?;
-    // A wheel cannot hold a symlink (pip would write the link's target path as the file's
-    // contents), so the name programs link with -lcuda is a copy of the shim.
+    // pip installs no symlinks from a wheel, so the name programs link with -lcuda is a copy
+    // of the shim (a 140 KiB one).
     std::fs::copy(lib.join("libcuda.so.1"), lib.join("libcuda.so"))?;
     std::fs::copy(root.join("worker/profiles").join(PROFILE), profiles.join(PROFILE))?;
 
     run(tools
-        .command("maturin")
+        .command("maturin")?
         .current_dir(root)
         .args(["build", "--release", "--zig", "--quiet", "--out"])
         .arg(target.join("wheels")))
@@ -254,7 +257,7 @@ pub fn check(root: &Path, wheel: &Path) -> Result<String> {
 /// The program `--check-install` runs through `chidori run`: CUDA calls through the
 /// `libcudart.so.13` shim with ctypes, then what the `chidori` package says about them.
 const CHECK_PROGRAM: &str = r#"
-import ctypes, json, sys
+import ctypes, json
 import chidori
 
 cudart = ctypes.CDLL("libcudart.so.13")
@@ -278,9 +281,9 @@ print(json.dumps({
 }))
 "#;
 
-/// A scratch directory under the target directory, emptied.
-fn scratch(root: &Path, name: &str) -> Result<PathBuf> {
-    let dir = target_dir(root).join("wheel-check").join(name);
+/// The check's scratch directory under the target directory, emptied.
+fn scratch(root: &Path) -> Result<PathBuf> {
+    let dir = target_dir(root).join("wheel-check");
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
@@ -292,7 +295,7 @@ fn scratch(root: &Path, name: &str) -> Result<PathBuf> {
 /// run through `chidori run` against an emulated `chidori serve`, all from the install.
 pub fn check_install(root: &Path, wheel: &Path) -> Result<()> {
     let started = Instant::now();
-    let dir = scratch(root, "")?;
+    let dir = scratch(root)?;
     // Away from the checkout, so that `import chidori` can only mean the installed one.
     let work = dir.join("work");
     std::fs::create_dir_all(&work)?;
@@ -314,9 +317,11 @@ pub fn check_install(root: &Path, wheel: &Path) -> Result<()> {
     let version = output(Command::new(&chidori).arg("--version"))?;
     ensure!(version.trim() == format!("chidori {VERSION}"), "`chidori --version` printed {version:?}");
     println!("check-install: {} --version: {}", chidori.display(), version.trim());
+    let mut passed = 1;
     let help = output(Command::new(&python).args(["-m", "chidori", "--help"]).current_dir(&work))?;
     ensure!(help.contains("serve") && help.contains("run"), "`python -m chidori --help` printed:\n{help}");
     println!("check-install: python -m chidori --help: {}", help.lines().next().unwrap_or_default());
+    passed += 1;
     let imported = output(
         Command::new(&python)
             .args([
@@ -331,6 +336,7 @@ pub fn check_install(root: &Path, wheel: &Path) -> Result<()> {
         "outside `chidori run`, the package said {imported:?}"
     );
     println!("check-install: import chidori: {}", imported.trim());
+    passed += 1;
     let tests = root.join("python/tests");
     let unittest = Command::new(&python)
         .args(["-m", "unittest", "discover", "-s"])
@@ -345,6 +351,7 @@ pub fn check_install(root: &Path, wheel: &Path) -> Result<()> {
     let report = String::from_utf8_lossy(&unittest.stderr);
     ensure!(unittest.status.success(), "python/tests failed against the installed package:\n{report}");
     println!("check-install: python/tests: {}", report.lines().rfind(|l| l.starts_with("Ran ")).unwrap_or("ran"));
+    passed += 1;
 
     // Both sides from the venv: serve finds its profile and run its shims in the package.
     let server =
@@ -360,6 +367,7 @@ pub fn check_install(root: &Path, wheel: &Path) -> Result<()> {
     .context("running a program through the venv's chidori run")?;
     check_program_output(&result, &server.address)?;
     println!("check-install: venv: chidori run -- python check.py: {}", result.trim());
+    passed += 1;
 
     // `pip install --target DIR`, the offline install on a GPU machine: DIR/bin/chidori.
     let target = dir.join("target-install");
@@ -384,6 +392,7 @@ pub fn check_install(root: &Path, wheel: &Path) -> Result<()> {
         Command::new(&python).args(["-m", "chidori", "--version"]).current_dir(&work).env("PYTHONPATH", &target),
     )?;
     ensure!(version.trim() == format!("chidori {VERSION}"), "`python -m chidori --version` of DIR printed {version:?}");
+    passed += 1;
     let result = output(
         Command::new(&target_chidori)
             .args(["run", "-s", &server.address, "--"])
@@ -396,8 +405,12 @@ pub fn check_install(root: &Path, wheel: &Path) -> Result<()> {
     .context("running a program through chidori run of a pip install --target")?;
     check_program_output(&result, &server.address)?;
     println!("check-install: pip install --target DIR: python -m chidori and DIR/bin/chidori run work too");
+    passed += 1;
     drop(server);
-    println!("check-install: passed in {:.0} s", started.elapsed().as_secs_f64());
+    // The closing line in the form test runners end with (a failed check ended the task
+    // above with its error).
+    println!("check-install: done in {:.0} s", started.elapsed().as_secs_f64());
+    println!("check-install: {passed} passed, 0 failed");
     Ok(())
 }
 
