@@ -33,10 +33,15 @@ def profiles_dir() -> Path:
 
 
 def _candidates() -> Iterator[Path]:
-    """Directories where pip may have put the binary, most likely first."""
-    # The scheme this interpreter installs into (a venv, the system prefix).
+    """Directories where pip may have put the binary, this package's own first (so that a
+    package imported from ``--target DIR`` runs DIR's binary, not another install's)."""
+    # `pip install --target DIR`: DIR/chidori is this package, DIR/bin the scripts.
+    yield PACKAGE_DIR.parent / "bin"
+    # A venv, `--user`, `--prefix P` or system install: P/lib/python3.X/site-packages/chidori
+    # (lib64, dist-packages elsewhere) beside P/bin.
+    yield PACKAGE_DIR.parent.parent.parent.parent / "bin"
+    # The scheme this interpreter installs into, then the user scheme.
     yield Path(sysconfig.get_path("scripts"))
-    # `pip install --user`.
     if sys.version_info >= (3, 10):
         user_scheme = sysconfig.get_preferred_scheme("user")
     else:
@@ -45,10 +50,6 @@ def _candidates() -> Iterator[Path]:
         yield Path(sysconfig.get_path("scripts", scheme=user_scheme))
     except KeyError:
         pass
-    # `pip install --target DIR`: DIR/chidori is this package, DIR/bin the scripts.
-    yield PACKAGE_DIR.parent / "bin"
-    # `pip install --prefix P`: P/lib/python3.X/site-packages/chidori.
-    yield PACKAGE_DIR.parent.parent.parent.parent / "bin"
 
 
 def find_binary() -> Path:
