@@ -1,6 +1,7 @@
 //! `chidori`: run unmodified CUDA programs on a GPU in another machine.
 
 mod check;
+mod install;
 mod run;
 mod serve;
 

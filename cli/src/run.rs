@@ -1,4 +1,4 @@
-//! `chidori run`: check the server, preload the shims next to this binary, exec the command.
+//! `chidori run`: check the server, preload the shims of this installation, exec the command.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -21,8 +21,9 @@ pub struct RunArgs {
     /// Do not check that the server answers before starting the command.
     #[arg(long)]
     pub no_check: bool,
-    /// Directory holding libchidori.so and the shims (default: ../lib next to this binary).
-    #[arg(long, value_name = "DIR")]
+    /// Directory holding libchidori.so and the shims (default: ../lib beside this binary,
+    /// else the installed Python package's chidori/lib).
+    #[arg(long, env = env::LIB_DIR, value_name = "DIR")]
     pub lib_dir: Option<PathBuf>,
     /// Run Hugging Face `generate` with its token loop on the server, without a code
     /// change (Python programs: the `chidori` package is loaded at interpreter start).
@@ -53,13 +54,14 @@ pub fn shims(dir: &std::path::Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// The directory of the shims: `explicit` (`--lib-dir`, `CHIDORI_LIB_DIR`), else the one
+/// of this installation (see [`crate::install`]).
 pub fn lib_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(dir) = explicit {
         return Ok(dir);
     }
     let exe = std::env::current_exe().context("locating the chidori binary")?;
-    let dir = exe.parent().and_then(|p| p.parent()).context("binary has no parent directory")?.join("lib");
-    Ok(dir)
+    crate::install::find_lib_dir(&exe)
 }
 
 /// The `chidori` Python package of this installation: beside the shims in a wheel, under

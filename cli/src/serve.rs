@@ -69,11 +69,19 @@ pub struct SessionArgs {
     pub probe: bool,
 }
 
-fn default_profile() -> Option<PathBuf> {
-    // Installed layout: bin/chidori next to share/chidori/profiles; repository: worker/profiles.
-    let exe = std::env::current_exe().ok()?;
-    let prefix = exe.parent()?.parent()?;
-    [prefix.join("share/chidori/profiles/nvidia-h200.json")].into_iter().find(|p| p.exists())
+/// The recorded H200 profile of this installation (`share/chidori/profiles` of a dist
+/// directory, `profiles` of the installed Python package); the error lists where it looked.
+fn default_profile() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the chidori binary")?;
+    let candidates = crate::install::profile_candidates(&exe, "nvidia-h200.json");
+    if let Some(found) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(found.clone());
+    }
+    anyhow::bail!(
+        "the emulated backend needs a device profile: pass --profile FILE or set {} (searched:\n  {})",
+        env::PROFILE,
+        candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join("\n  ")
+    )
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
@@ -81,7 +89,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let backend = match args.backend {
         BackendKind::Real => BackendChoice::Real { cuda_lib_dirs: args.cuda_lib_dirs },
         BackendKind::Emulated => BackendChoice::Emulated {
-            profile: args.profile.or_else(default_profile).context("the emulated backend needs --profile FILE")?,
+            profile: match args.profile {
+                Some(profile) => profile,
+                None => default_profile()?,
+            },
         },
     };
     let options = ServeOptions {

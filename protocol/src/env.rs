@@ -42,3 +42,9 @@ pub const MODULE_CACHE: &str = "CHIDORI_MODULE_CACHE";
 /// Set (to 1) by `chidori run --optimize`: Hugging Face `generate` runs its token loop on
 /// the server (the `chidori` Python package turns it on at interpreter start).
 pub const OPTIMIZE: &str = "CHIDORI_OPTIMIZE";
+
+/// Directory holding libchidori.so and the shim libraries `chidori run` preloads (the
+/// fallback of its `--lib-dir`). Unset, `chidori run` looks beside its binary: `../lib` of
+/// a `cargo xtask dist` directory, else the `chidori/lib` directory of the Python package
+/// the binary was installed with (a venv, `pip install --user` or `--target DIR`).
+pub const LIB_DIR: &str = "CHIDORI_LIB_DIR";

@@ -1,7 +1,9 @@
 //! Finding and loading the real NVIDIA libraries at run time (no link-time CUDA
 //! dependency). Search order: directories from `--cuda-lib-dir`/`CHIDORI_CUDA_LIB_DIRS`,
-//! the `nvidia/*/lib` directories of Python environments (where pip puts the CUDA wheels),
-//! CUDA toolkit directories, then the loader's own search (LD_LIBRARY_PATH, ld.so.cache).
+//! the `nvidia/*/lib` directories of Python environments (where pip puts the CUDA wheels:
+//! the active venv or conda environment, the one the `chidori` binary was installed into,
+//! the system's and the user's), CUDA toolkit directories, then the loader's own search
+//! (LD_LIBRARY_PATH, ld.so.cache).
 
 use std::ffi::{CStr, CString, c_void};
 use std::path::{Path, PathBuf};
@@ -78,6 +80,13 @@ pub fn search_dirs(extra: &[PathBuf]) -> Vec<PathBuf> {
         "/opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib".to_owned(),
         "/opt/conda/lib/python3*/site-packages/nvidia/*/lib".to_owned(),
     ];
+    // The environment `chidori` was installed into (`pip install chidori` in a venv where
+    // torch's CUDA wheels are: PREFIX/bin/chidori; `pip install --target DIR`: DIR/bin/chidori
+    // beside DIR/nvidia), ahead of the system's.
+    let exe = std::env::current_exe().ok();
+    if let Some(prefix) = exe.as_deref().and_then(Path::parent).and_then(Path::parent) {
+        patterns.splice(0..0, installed_env_patterns(prefix));
+    }
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
         if let Some(prefix) = std::env::var_os(var) {
             patterns.insert(0, format!("{}/lib/python3*/site-packages/nvidia/*/lib", Path::new(&prefix).display()));
@@ -99,6 +108,18 @@ pub fn search_dirs(extra: &[PathBuf]) -> Vec<PathBuf> {
     dirs.extend(toolkits);
     dirs.push(PathBuf::from("/usr/local/nvidia/lib64"));
     dirs
+}
+
+/// Where pip puts the NVIDIA wheels of the environment whose scripts directory is
+/// `PREFIX/bin`: its site-packages (`lib64` on some distributions), or `PREFIX/nvidia` for
+/// `pip install --target PREFIX`.
+fn installed_env_patterns(prefix: &Path) -> Vec<String> {
+    let prefix = prefix.display();
+    vec![
+        format!("{prefix}/lib/python3*/site-packages/nvidia/*/lib"),
+        format!("{prefix}/lib64/python3*/site-packages/nvidia/*/lib"),
+        format!("{prefix}/nvidia/*/lib"),
+    ]
 }
 
 /// A minimal glob: `*` matches within one path component.
@@ -159,4 +180,35 @@ pub fn load(sonames: &[&str], dirs: &[PathBuf]) -> Result<Library, String> {
         chidori_protocol::env::CUDA_LIB_DIRS,
         tried.join("; ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_installed_environments_nvidia_wheels_are_found() {
+        let prefix = std::env::temp_dir().join(format!("chidori-loader-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&prefix);
+        let venv = prefix.join("venv");
+        let target = prefix.join("target");
+        for dir in [
+            venv.join("lib/python3.11/site-packages/nvidia/cublas/lib"),
+            venv.join("lib/python3.11/site-packages/nvidia/cudnn/lib"),
+            target.join("nvidia/cuda_runtime/lib"),
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        let found =
+            |prefix: &Path| -> Vec<PathBuf> { installed_env_patterns(prefix).iter().flat_map(|p| glob(p)).collect() };
+        assert_eq!(
+            found(&venv),
+            [
+                venv.join("lib/python3.11/site-packages/nvidia/cublas/lib"),
+                venv.join("lib/python3.11/site-packages/nvidia/cudnn/lib")
+            ]
+        );
+        assert_eq!(found(&target), [target.join("nvidia/cuda_runtime/lib")]);
+        std::fs::remove_dir_all(&prefix).unwrap();
+    }
 }

@@ -8,6 +8,7 @@ pub mod coverage;
 pub mod dist;
 pub mod elf;
 pub mod emit;
+pub mod glibc;
 pub mod headers;
 pub mod ir;
 pub mod irgen;
@@ -30,3 +31,4 @@ pub fn project_root() -> PathBuf {
 }
 pub mod model;
 pub mod spec;
+pub mod wheel;

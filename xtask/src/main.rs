@@ -54,6 +54,19 @@ enum Command {
         #[arg(long, default_value = "release")]
         profile: String,
     },
+    /// Build the `pip install chidori` wheel into target/wheels (binary, libchidori.so, the
+    /// shims, the device profile, the Python package) with the manylinux_2_28 glibc floor,
+    /// and check every ELF file in it against that floor.
+    Wheel {
+        /// Then install it into a fresh venv and with `pip install --target`, and run a CUDA
+        /// program through the installed `chidori run` against the installed emulated
+        /// `chidori serve`.
+        #[arg(long)]
+        check_install: bool,
+        /// Check this wheel instead of building one (with --check-install: install it).
+        #[arg(long, value_name = "WHEEL")]
+        prebuilt: Option<std::path::PathBuf>,
+    },
     /// Per library and CUDA version: exported, forwarded, hand-written, NOT_SUPPORTED; and
     /// the functions torch imports that still answer NOT_SUPPORTED.
     Coverage,
@@ -115,6 +128,16 @@ fn main() -> Result<()> {
             xtask::codegen::run(&root, cuda.as_deref(), mode)
         }
         Command::Dist { profile } => xtask::dist::run(&root, &profile).map(|_| ()),
+        Command::Wheel { check_install, prebuilt } => {
+            let wheel = match prebuilt {
+                Some(wheel) => {
+                    print!("{}", xtask::wheel::check(&root, &wheel)?);
+                    wheel
+                }
+                None => xtask::wheel::build(&root)?,
+            };
+            if check_install { xtask::wheel::check_install(&root, &wheel) } else { Ok(()) }
+        }
         Command::Coverage => {
             let model = xtask::codegen::build_model(&root)?;
             print!("{}", xtask::coverage::report(&root, &model)?);

@@ -440,10 +440,20 @@ pub struct EmulatedServer {
 
 impl EmulatedServer {
     pub fn start(chidori: &Path, profile: &Path) -> Result<EmulatedServer> {
-        let mut child = Command::new(chidori)
-            .args(["serve", "--backend", "emulated", "--bind", "127.0.0.1", "--port", "0", "--profile"])
-            .arg(profile)
+        EmulatedServer::start_with(chidori, Some(profile))
+    }
+
+    /// As [`EmulatedServer::start`]; without a profile, the one `chidori serve` finds in its
+    /// installation.
+    pub fn start_with(chidori: &Path, profile: Option<&Path>) -> Result<EmulatedServer> {
+        let mut cmd = Command::new(chidori);
+        cmd.args(["serve", "--backend", "emulated", "--bind", "127.0.0.1", "--port", "0"]);
+        if let Some(profile) = profile {
+            cmd.arg("--profile").arg(profile);
+        }
+        let mut child = cmd
             .env("CHIDORI_LOG", "warn")
+            .env_remove("CHIDORI_PROFILE")
             .stderr(Stdio::piped())
             .spawn()
             .context("starting chidori serve")?;
