@@ -25,6 +25,9 @@
 #   repro    each step of gpu/opinfo/repro.py ($REPRO_STEPS: all) in its own process, native
 #            and remote; remotely also through a server run with CUDA_LAUNCH_BLOCKING=1 that
 #            logs every call (a fault is reported by the call that made it)
+#   wheel    the wheel in target/wheels (carry it too), installed with pip --target: a torch
+#            smoke test and the standard workloads (quick, loopback) with server and client
+#            from the installed package
 #   optimize server-side decode (gpu/decode/generate_cases.py): native generate, the native
 #            CUDA-graph replay reference (decode.py --mode graph), and through chidori with
 #            chidori.optimize() (loopback and 70 ms) and with `chidori run --optimize`
@@ -242,6 +245,35 @@ if want repro; then
   done
   kill $DBG_PID 2>/dev/null
   grep -E "WARN|ERROR|status [1-9]" "$LOGS/serve-debug.log" | head -20
+fi
+
+if want wheel; then
+  W=$B/wheel-install
+  rm -rf "$W"
+  whl=$(ls "$ROOT"/target/wheels/chidori-*.whl 2>/dev/null | head -1)
+  if [[ -z $whl ]]; then
+    row "wheel" "SKIPPED: no wheel in target/wheels (carry it)"
+  elif python3 -m pip install --quiet --no-index --no-deps --target "$W" "$whl" > "$LOGS/wheel-install.txt" 2>&1; then
+    WPORT=43214
+    "$W/bin/chidori" serve --bind 127.0.0.1 --port $WPORT > "$LOGS/serve-wheel.log" 2>&1 &
+    WPID=$!
+    sleep 1
+    prog="import torch; torch.manual_seed(0); x = torch.randn(256, 256, device='cuda'); print('smoke', float((x @ x).sum()))"
+    native=$(timeout 60 python3 -c "$prog" 2>&1 | grep smoke)
+    smoke=$(PYTHONPATH=$W timeout 120 "$W/bin/chidori" run -s 127.0.0.1:$WPORT -- python3 -c \
+      "$prog; import chidori; print('smoke-info', chidori.is_remote(), chidori.server(), chidori.__version__)" 2>&1 | grep smoke | tr '\n' ' ')
+    [[ -n $native && $smoke == "$native"* ]] && smoke="same as native: $smoke"
+    row "wheel torch smoke" "${smoke:-FAILED (see serve-wheel.log)} (native: $native)"
+    timeout ${WORKLOAD_TIMEOUT:-300} python3 gpu/workloads.py --chidori "$W/bin/chidori" --server 127.0.0.1:$WPORT \
+      --workloads "$SHARED/workloads" --json "$LOGS/workloads-wheel.json" --timeout ${RUN_TIMEOUT:-150} --quick --no-wan \
+      > "$LOGS/workloads-wheel.txt" 2>&1
+    rc=$?
+    tail -12 "$LOGS/workloads-wheel.txt"
+    row "wheel workloads" "rc=$rc (workloads-wheel.txt)"
+    kill $WPID 2>/dev/null
+  else
+    row "wheel" "INSTALL FAILED: $(tail -1 "$LOGS/wheel-install.txt")"
+  fi
 fi
 
 if want optimize; then
