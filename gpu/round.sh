@@ -31,7 +31,8 @@
 #   optimize server-side decode (gpu/decode/generate_cases.py): native generate, the native
 #            CUDA-graph replay reference (decode.py --mode graph), and through chidori with
 #            chidori.optimize() (loopback and 70 ms) and with `chidori run --optimize`
-#            (loopback); $DECODE_CASES narrows the cases
+#            (loopback); $DECODE_CASES narrows the cases, $DECODE_RUNS the runs (native
+#            lo-api lo-cli wan-api)
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -266,6 +267,7 @@ if want wheel; then
     row "wheel torch smoke" "${smoke:-FAILED (see serve-wheel.log)} (native: $native)"
     timeout ${WORKLOAD_TIMEOUT:-300} python3 gpu/workloads.py --chidori "$W/bin/chidori" --server 127.0.0.1:$WPORT \
       --workloads "$SHARED/workloads" --json "$LOGS/workloads-wheel.json" --timeout ${RUN_TIMEOUT:-150} --quick --no-wan \
+      ${WHEEL_WORKLOADS:+$(printf -- '--only %s ' $WHEEL_WORKLOADS)} \
       > "$LOGS/workloads-wheel.txt" 2>&1
     rc=$?
     tail -12 "$LOGS/workloads-wheel.txt"
@@ -279,22 +281,32 @@ fi
 if want optimize; then
   D=gpu/decode
   only=(); [[ -n ${DECODE_CASES:-} ]] && only=(--only "$DECODE_CASES")
+  runs=" ${DECODE_RUNS:-native lo-api lo-cli wan-api} "
   timeout ${DECODE_TIMEOUT:-240} python3 $D/generate_cases.py --optimize none "${only[@]}" > "$LOGS/gen-native.jsonl" 2> "$LOGS/gen-native.err"
   graphs=()
   for layers in 22 4; do
     g=$(timeout 120 python3 "$SHARED/workloads/decode.py" --mode graph --layers $layers --new-tokens 200 2>/dev/null | grep -o '"tok_per_s": [0-9.]*' | awk '{print $2}')
-    graphs+=(--graph "tinyllama${layers}_greedy_200=$g")
-    row "native graph replay ${layers}L" "$g tok/s"
+    [[ -n $g ]] && graphs+=(--graph "tinyllama${layers}_greedy_200=$g")
+    row "native graph replay ${layers}L" "${g:-FAILED} tok/s"
   done
   export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
-  timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run -s $SERVER -- python3 $D/generate_cases.py --optimize api "${only[@]}" \
-    > "$LOGS/gen-lo-api.jsonl" 2> "$LOGS/gen-lo-api.err"
-  timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run --optimize -s $SERVER -- python3 $D/generate_cases.py --optimize none "${only[@]}" \
-    > "$LOGS/gen-lo-cli.jsonl" 2> "$LOGS/gen-lo-cli.err"
-  timeout ${DECODE_TIMEOUT:-300} "$CHIDORI" run -s 127.0.0.1:$WAN_PORT -- python3 $D/generate_cases.py --optimize api "${only[@]}" \
-    > "$LOGS/gen-wan-api.jsonl" 2> "$LOGS/gen-wan-api.err"
-  python3 $D/compare.py "$LOGS/gen-native.jsonl" lo-api="$LOGS/gen-lo-api.jsonl" lo-cli="$LOGS/gen-lo-cli.jsonl" \
-    wan70-api="$LOGS/gen-wan-api.jsonl" "${graphs[@]}" > "$LOGS/gen-compare.txt" 2>&1
+  compared=()
+  if [[ $runs == *" lo-api "* ]]; then
+    timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run -s $SERVER -- python3 $D/generate_cases.py --optimize api "${only[@]}" \
+      > "$LOGS/gen-lo-api.jsonl" 2> "$LOGS/gen-lo-api.err"
+    compared+=(lo-api="$LOGS/gen-lo-api.jsonl")
+  fi
+  if [[ $runs == *" lo-cli "* ]]; then
+    timeout ${DECODE_TIMEOUT:-240} "$CHIDORI" run --optimize -s $SERVER -- python3 $D/generate_cases.py --optimize none "${only[@]}" \
+      > "$LOGS/gen-lo-cli.jsonl" 2> "$LOGS/gen-lo-cli.err"
+    compared+=(lo-cli="$LOGS/gen-lo-cli.jsonl")
+  fi
+  if [[ $runs == *" wan-api "* ]]; then
+    timeout ${DECODE_TIMEOUT:-300} "$CHIDORI" run -s 127.0.0.1:$WAN_PORT -- python3 $D/generate_cases.py --optimize api "${only[@]}" \
+      > "$LOGS/gen-wan-api.jsonl" 2> "$LOGS/gen-wan-api.err"
+    compared+=(wan70-api="$LOGS/gen-wan-api.jsonl")
+  fi
+  python3 $D/compare.py "$LOGS/gen-native.jsonl" "${compared[@]}" "${graphs[@]}" > "$LOGS/gen-compare.txt" 2>&1
   rc=$?
   cat "$LOGS/gen-compare.txt"
   grep -h "chidori" "$LOGS"/gen-*.err | sort | uniq -c | head -10

@@ -356,23 +356,38 @@ _decoders: dict[tuple[Any, ...], _Decoder] = {}
 _decoders_lock = threading.Lock()
 
 
-def _rows_to_streamer(streamer: Any, rows: Any) -> None:
-    for row in rows:
-        streamer.put(row)
+class _Streamed:
+    """Hands generated rows to the program's streamer as generate would: each step's
+    tokens, up to the step at which every sequence had ended (the loop on the server may
+    run a few steps past it before it sees the stop flag)."""
+
+    def __init__(self, streamer: Any, plan: _Plan, batch: int) -> None:
+        self.streamer = streamer
+        self.eos = set(plan.eos) if plan.eos else None
+        self.finished = [False] * batch
+        self.rows = 0
+        self.done = False
+
+    def put(self, row: Any) -> None:
+        if self.done:
+            return
+        self.rows += 1
+        if self.streamer is not None:
+            self.streamer.put(row)
+        if self.eos is not None:
+            for b, token in enumerate(row.tolist()):
+                self.finished[b] = self.finished[b] or token in self.eos
+            self.done = all(self.finished)
 
 
 def _generated_length(rows: Any, plan: _Plan, steps: int) -> int:
     """How many tokens generate returns: up to the step where every sequence had ended."""
-    if plan.eos is None:
-        return steps
-    finished = [False] * rows.shape[1]
-    eos = set(plan.eos)
+    count = _Streamed(None, plan, rows.shape[1])
     for t in range(steps):
-        for b, token in enumerate(rows[t].tolist()):
-            finished[b] = finished[b] or token in eos
-        if all(finished):
-            return t + 1
-    return steps
+        count.put(rows[t])
+        if count.done:
+            break
+    return count.rows
 
 
 def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
@@ -398,32 +413,30 @@ def _run(model: Any, plan: _Plan, replay: str = "server") -> Any:
         remaining = plan.max_new - start
         # The loop streams rows from start - 1 on (its output lags a step: each replay
         # writes the next row); the rows before came from the prefill and the eager step.
-        next_row = start - 1
-        if plan.streamer is not None and next_row > 0:
-            _rows_to_streamer(plan.streamer, decoder.rows[:next_row].cpu())
+        streamed = _Streamed(plan.streamer, plan, batch)
+        if plan.streamer is not None and start > 1:
+            for row in decoder.rows[:start - 1].cpu():
+                streamed.put(row)
         if remaining > 0 and replay == "eager":
             for _ in range(remaining):
                 decoder.decode_step()
                 if decoder.eos is not None and int(decoder.stop.item()):
                     break
         elif remaining > 0:
-            def on_row(raw: bytes) -> None:
-                nonlocal next_row
-                plan.streamer.put(torch.frombuffer(bytearray(raw), dtype=torch.long))
-                next_row += 1
-
             row_bytes = batch * 8
             result = run_loop(decoder.exec_handle, torch.cuda.current_stream().cuda_stream, remaining, CHECK_EVERY,
                               decoder.stop.data_ptr() if decoder.eos is not None else 0,
                               decoder.rows.data_ptr() + (start - 1) * row_bytes, row_bytes,
                               PROGRESS_MS if plan.streamer is not None else 0,
-                              on_row if plan.streamer is not None else None)
+                              (lambda raw: streamed.put(torch.frombuffer(bytearray(raw), dtype=torch.long)))
+                              if plan.streamer is not None else None)
             if result.status:
                 raise RuntimeError(f"chidori: the server-side decode loop failed with status {result.status}")
         rows = decoder.rows.cpu()
     n = _generated_length(rows, plan, plan.max_new)
     if plan.streamer is not None:
-        _rows_to_streamer(plan.streamer, rows[min(next_row, n):n])
+        for row in rows[min(streamed.rows, n):n]:
+            streamed.put(row)
         plan.streamer.end()
     return torch.cat([plan.input_ids, rows[:n].t().to(plan.input_ids.device)], dim=-1)
 
