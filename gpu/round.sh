@@ -46,6 +46,7 @@ LOGS=${LOGS:-/tmp/chidori-round}
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 SUMMARY_DIR=${OUT:-$LOGS}
+rm -f "$SUMMARY_DIR/rows.txt"
 DIST=$ROOT/target/dist
 SHARED=$DIST/shared
 [[ -d $SHARED ]] || SHARED=$ROOT/../shared
@@ -58,7 +59,14 @@ NVCC=${NVCC:-/usr/local/cuda-13.0/bin/nvcc}
 B=${BUILD_DIR:-/tmp/chidori-build}
 mkdir -p "$B"
 rows=()
-row() { rows+=("$1|$2"); echo "[round] $1: $2"; }
+# Each row also goes to $OUT/rows.txt at once, and the logs are packed again after every
+# row: a round cut short by the device's time limit still returns what it measured.
+row() {
+  rows+=("$1|$2")
+  echo "[round] $1: $2"
+  printf '%-26s %s\n' "$1" "$2" >> "$SUMMARY_DIR/rows.txt"
+  tar czf "$SUMMARY_DIR/round-logs.tgz" -C "$LOGS" --exclude='*.bin' . 2>/dev/null
+}
 stages=("$@")
 [[ ${#stages[@]} -gt 0 ]] || stages=(core kernels)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }

@@ -79,7 +79,10 @@ def run_shard(run: Run, ops: list[str], dtypes: str, op_timeout: float, deadline
         with open(log_path, "a") as log:
             log.write(f"\n== {' '.join(cmd[:len(run.prefix) + 2])} ({len(pending)} ops, first {pending[0]})\n")
             log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            # Sample inputs iterate over sets (meshgrid's {'xy', 'ij'}): a fixed hash seed
+            # gives every run the same samples in the same order.
+            env = dict(os.environ, PYTHONHASHSEED="0")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             started = time.monotonic()
             timed_out = None
             while proc.poll() is None:
