@@ -401,13 +401,10 @@ mod tests {
     #[test]
     fn error_names_come_from_the_callers_version() {
         // SAFETY: error_name returns pointers to NUL-terminated static strings.
-        let name = unsafe { CStr::from_ptr(super::error_name("13.0", "cudart", 2)) };
-        assert_eq!(name.to_str().unwrap(), "cudaErrorMemoryAllocation");
-        let name = unsafe { CStr::from_ptr(super::error_name("12.6", "cudnn", 3000)) };
-        assert_eq!(name.to_str().unwrap(), "CUDNN_STATUS_NOT_SUPPORTED");
-        let name = unsafe { CStr::from_ptr(super::error_name("12.1", "cudnn", 9)) };
-        assert_eq!(name.to_str().unwrap(), "CUDNN_STATUS_NOT_SUPPORTED");
-        let unknown = unsafe { CStr::from_ptr(super::error_name("13.0", "cudart", 123_456)) };
-        assert_eq!(unknown.to_str().unwrap(), "unrecognized error code");
+        let name = |version, library, value| unsafe { CStr::from_ptr(super::error_name(version, library, value)) };
+        assert_eq!(name("13.0", "cudart", 2).to_str().unwrap(), "cudaErrorMemoryAllocation");
+        assert_eq!(name("12.6", "cudnn", 3000).to_str().unwrap(), "CUDNN_STATUS_NOT_SUPPORTED");
+        assert_eq!(name("12.1", "cudnn", 9).to_str().unwrap(), "CUDNN_STATUS_NOT_SUPPORTED");
+        assert_eq!(name("13.0", "cudart", 123_456).to_str().unwrap(), "unrecognized error code");
     }
 }

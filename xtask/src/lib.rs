@@ -31,4 +31,5 @@ pub fn project_root() -> PathBuf {
 }
 pub mod model;
 pub mod spec;
+pub mod tidy;
 pub mod wheel;

@@ -95,6 +95,9 @@ enum Command {
         #[arg(long)]
         chidori: Option<std::path::PathBuf>,
     },
+    /// Check the conventions: reasons for hand-written and NOT_SUPPORTED spec entries,
+    /// module docs, `// SAFETY:` comments, workspace dependencies.
+    Tidy,
     /// Print what the model makes of every function (development aid).
     Stats,
 }
@@ -138,6 +141,7 @@ fn main() -> Result<()> {
             };
             if check_install { xtask::wheel::check_install(&root, &wheel) } else { Ok(()) }
         }
+        Command::Tidy => xtask::tidy::run(&root),
         Command::Coverage => {
             let model = xtask::codegen::build_model(&root)?;
             print!("{}", xtask::coverage::report(&root, &model)?);

@@ -226,11 +226,11 @@ pub unsafe fn copy(
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count as usize) };
             0
         }
-        // SAFETY (three arms): the forms describe exactly these buffers.
         (true, false) => {
             // The GPU reads the source when the stream reaches the copy: after every host
             // callback enqueued before it, which may write the source.
             conn.wait_callbacks(tail.first().copied().unwrap_or(0));
+            // SAFETY: the source is the caller's host buffer of `count` bytes.
             unsafe { runtime::call_pipelined(conn, forms.h2d, &chunks(1)) }
         }
         (false, true) => {
@@ -243,9 +243,11 @@ pub unsafe fn copy(
                 }
                 0
             } else {
+                // SAFETY: the destination is the caller's host buffer of `count` bytes.
                 unsafe { runtime::call_pipelined(conn, forms.d2h, &chunks(2)) }
             }
         }
+        // SAFETY: both sides are device addresses, passed through.
         (true, true) => unsafe { runtime::call_on(conn, forms.d2d, &args(dst, src, count, 3)) },
     }
 }

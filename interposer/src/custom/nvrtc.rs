@@ -319,6 +319,7 @@ mod tests {
     fn program(src: &str) -> u64 {
         let src = CString::new(src).unwrap();
         let mut prog = 0u64;
+        // SAFETY: `prog` and `src` are live locals; the other pointers may be null.
         let s = unsafe {
             nvrtcCreateProgram(
                 &mut prog as *mut u64 as *mut c_void,
@@ -338,45 +339,43 @@ mod tests {
         let prog = program("__global__ void k() {}");
         let p = prog as *mut c_void;
         let expr = CString::new("k").unwrap();
-        assert_eq!(unsafe { nvrtcAddNameExpression(p, expr.as_ptr() as *mut c_void) }, SUCCESS);
-        let mut n = 99usize;
-        assert_eq!(unsafe { nvrtcGetProgramLogSize(p, &mut n as *mut usize as *mut c_void) }, SUCCESS);
-        assert_eq!(n, 1, "before a compile the log is the empty string");
-        assert_eq!(unsafe { nvrtcGetPTXSize(p, &mut n as *mut usize as *mut c_void) }, INVALID_PROGRAM);
-        let mut lowered: *const c_char = std::ptr::null();
-        let lp = &mut lowered as *mut *const c_char as *mut c_void;
-        assert_eq!(
-            unsafe { nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp) },
-            NO_LOWERED_NAMES_BEFORE_COMPILATION
-        );
-        // What a compile brings back.
-        let result = CompileResult {
-            status: 0,
-            log: b"\0".to_vec(),
-            ptx: b"// ptx\0".to_vec(),
-            cubin: b"\x7fELF".to_vec(),
-            lowered: vec![("k".into(), "_Z1kv".into())],
-        };
-        let lowered_c = vec![("k".to_owned(), CString::new("_Z1kv").unwrap())];
-        programs().as_mut().unwrap().get_mut(&prog).unwrap().compiled = Some((result, lowered_c));
-        assert_eq!(unsafe { nvrtcGetPTXSize(p, &mut n as *mut usize as *mut c_void) }, SUCCESS);
-        assert_eq!(n, 7);
-        let mut ptx = vec![0u8; n];
-        assert_eq!(unsafe { nvrtcGetPTX(p, ptx.as_mut_ptr() as *mut c_void) }, SUCCESS);
-        assert_eq!(ptx, b"// ptx\0");
-        assert_eq!(unsafe { nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp) }, SUCCESS);
-        assert_eq!(unsafe { CStr::from_ptr(lowered) }.to_str().unwrap(), "_Z1kv");
-        let other = CString::new("nope").unwrap();
-        assert_eq!(unsafe { nvrtcGetLoweredName(p, other.as_ptr() as *mut c_void, lp) }, NAME_EXPRESSION_NOT_VALID);
-        assert_eq!(
-            unsafe { nvrtcAddNameExpression(p, expr.as_ptr() as *mut c_void) },
-            NO_NAME_EXPRESSIONS_AFTER_COMPILATION
-        );
-        let mut handle = prog;
-        assert_eq!(unsafe { nvrtcDestroyProgram(&mut handle as *mut u64 as *mut c_void) }, SUCCESS);
-        assert_eq!(handle, 0, "destroy clears the caller's handle");
-        assert_eq!(unsafe { nvrtcGetProgramLogSize(p, &mut n as *mut usize as *mut c_void) }, INVALID_PROGRAM);
-        let mut bogus = 0x1234u64;
-        assert_eq!(unsafe { nvrtcDestroyProgram(&mut bogus as *mut u64 as *mut c_void) }, INVALID_PROGRAM);
+        // SAFETY: every pointer handed to the functions below is a live local of the type
+        // the function writes (or a NUL-terminated string); `p` is this test's program.
+        unsafe {
+            assert_eq!(nvrtcAddNameExpression(p, expr.as_ptr() as *mut c_void), SUCCESS);
+            let mut n = 99usize;
+            assert_eq!(nvrtcGetProgramLogSize(p, &mut n as *mut usize as *mut c_void), SUCCESS);
+            assert_eq!(n, 1, "before a compile the log is the empty string");
+            assert_eq!(nvrtcGetPTXSize(p, &mut n as *mut usize as *mut c_void), INVALID_PROGRAM);
+            let mut lowered: *const c_char = std::ptr::null();
+            let lp = &mut lowered as *mut *const c_char as *mut c_void;
+            assert_eq!(nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp), NO_LOWERED_NAMES_BEFORE_COMPILATION);
+            // What a compile brings back.
+            let result = CompileResult {
+                status: 0,
+                log: b"\0".to_vec(),
+                ptx: b"// ptx\0".to_vec(),
+                cubin: b"\x7fELF".to_vec(),
+                lowered: vec![("k".into(), "_Z1kv".into())],
+            };
+            let lowered_c = vec![("k".to_owned(), CString::new("_Z1kv").unwrap())];
+            programs().as_mut().unwrap().get_mut(&prog).unwrap().compiled = Some((result, lowered_c));
+            assert_eq!(nvrtcGetPTXSize(p, &mut n as *mut usize as *mut c_void), SUCCESS);
+            assert_eq!(n, 7);
+            let mut ptx = vec![0u8; n];
+            assert_eq!(nvrtcGetPTX(p, ptx.as_mut_ptr() as *mut c_void), SUCCESS);
+            assert_eq!(ptx, b"// ptx\0");
+            assert_eq!(nvrtcGetLoweredName(p, expr.as_ptr() as *mut c_void, lp), SUCCESS);
+            assert_eq!(CStr::from_ptr(lowered).to_str().unwrap(), "_Z1kv");
+            let other = CString::new("nope").unwrap();
+            assert_eq!(nvrtcGetLoweredName(p, other.as_ptr() as *mut c_void, lp), NAME_EXPRESSION_NOT_VALID);
+            assert_eq!(nvrtcAddNameExpression(p, expr.as_ptr() as *mut c_void), NO_NAME_EXPRESSIONS_AFTER_COMPILATION);
+            let mut handle = prog;
+            assert_eq!(nvrtcDestroyProgram(&mut handle as *mut u64 as *mut c_void), SUCCESS);
+            assert_eq!(handle, 0, "destroy clears the caller's handle");
+            assert_eq!(nvrtcGetProgramLogSize(p, &mut n as *mut usize as *mut c_void), INVALID_PROGRAM);
+            let mut bogus = 0x1234u64;
+            assert_eq!(nvrtcDestroyProgram(&mut bogus as *mut u64 as *mut c_void), INVALID_PROGRAM);
+        }
     }
 }
