@@ -36,10 +36,9 @@ pub struct Loaded {
     pub kernels: HashMap<String, Function>,
 }
 
-/// Driver status values used here.
-pub const NOT_FOUND: u32 = 500;
-pub const INVALID_IMAGE: u32 = 200;
-pub const NO_DEVICE: u32 = 100;
+pub const NOT_FOUND: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_FOUND;
+pub const INVALID_IMAGE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_IMAGE;
+pub const NO_DEVICE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE;
 
 /// Parameter layouts of functions from cuModuleGetFunction, fetched once each.
 /// A kernel's parameters: (offset, size) each, in order.

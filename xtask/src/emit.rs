@@ -65,6 +65,7 @@ pub fn emit(model: &Model, only_version: Option<&str>) -> Result<Vec<Output>> {
         out.push(("generated/cuda/src/libraries.rs".into(), ctx.libraries()?));
         out.push(("generated/cuda/src/structs/mod.rs".into(), ctx.structs_mod()?));
         out.push(("generated/cuda/src/status/mod.rs".into(), ctx.status_mod()?));
+        out.push(("generated/cuda/src/consts.rs".into(), ctx.consts()?));
         for lib in &model.libraries {
             if lib.functions.is_empty() {
                 continue;
@@ -219,6 +220,7 @@ impl<'a> Emitter<'a> {
             quote! {
                 #![allow(non_upper_case_globals, non_snake_case, non_camel_case_types)]
                 pub mod calls;
+                pub mod consts;
                 pub mod handles;
                 pub mod libraries;
                 pub mod procs;
@@ -632,6 +634,68 @@ impl<'a> Emitter<'a> {
             quote! {
                 use super::{FieldMap, StructMap};
                 pub static STRUCTS: &[StructMap] = &[#(#maps),*];
+            },
+        )
+    }
+
+    /// Every enum of the headers as typed constants (`consts::cudaError::cudaErrorInvalidValue`),
+    /// at the newest CUDA version that declares it; an enum whose values changed between
+    /// versions also gets the older values under the version they held in
+    /// (`consts::v12_1::cudnnStatus_t::CUDNN_STATUS_NOT_SUPPORTED`).
+    fn consts(&self) -> Result<String> {
+        // Enum name → (version, enum), newest version last.
+        let mut all: BTreeMap<String, Vec<(&str, &crate::ir::Enum)>> = BTreeMap::new();
+        for v in &self.model.versions {
+            for (name, e) in &self.env(v).enums {
+                all.entry(name.clone()).or_default().push((v.as_str(), e));
+            }
+        }
+        let module = |e: &crate::ir::Enum| {
+            let name = ident(&e.name);
+            let repr = ident(match e.repr.as_str() {
+                "u32" | "i32" | "u64" | "i64" | "u16" | "i16" | "u8" | "i8" => e.repr.as_str(),
+                _ => "i64",
+            });
+            let mut seen = BTreeSet::new();
+            let consts = e.variants.iter().filter(|v| seen.insert(v.name.clone())).map(|v| {
+                let n = ident(&v.name);
+                // The header's value as the enum's own integer type (bindgen's choice).
+                let value = match e.repr.as_str() {
+                    "u32" => Literal::u32_unsuffixed(v.value as u32),
+                    "i32" => Literal::i32_unsuffixed(v.value as i32),
+                    "u64" => Literal::u64_unsuffixed(v.value as u64),
+                    "u16" => Literal::u16_unsuffixed(v.value as u16),
+                    "i16" => Literal::i16_unsuffixed(v.value as i16),
+                    "u8" => Literal::u8_unsuffixed(v.value as u8),
+                    "i8" => Literal::i8_unsuffixed(v.value as i8),
+                    _ => Literal::i64_unsuffixed(v.value),
+                };
+                quote!(pub const #n: #repr = #value;)
+            });
+            quote!(pub mod #name { #(#consts)* })
+        };
+        let newest = all.values().filter_map(|versions| versions.last().map(|(_, e)| module(e)));
+        let mut older: BTreeMap<&str, Vec<TokenStream>> = BTreeMap::new();
+        for versions in all.values() {
+            let Some((_, last)) = versions.last() else { continue };
+            for (v, e) in versions.iter().rev().skip(1) {
+                let differs =
+                    e.variants.iter().any(|x| last.variants.iter().any(|y| y.name == x.name && y.value != x.value));
+                if differs {
+                    older.entry(v).or_default().push(module(e));
+                }
+            }
+        }
+        let older = older.into_iter().map(|(v, mods)| {
+            let m = ident(&version_mod(v));
+            quote!(pub mod #m { #(#mods)* })
+        });
+        rust_file(
+            PREAMBLE_ALL,
+            "The enums of the CUDA headers as typed constants: status codes, attributes, kinds.\n//! Hand-written code names CUDA values through these, never as bare numbers.",
+            quote! {
+                #(#newest)*
+                #(#older)*
             },
         )
     }

@@ -28,10 +28,13 @@ pub fn any_active() -> bool {
     !capturing().is_empty()
 }
 
-/// cudaStreamCaptureStatusActive / CU_STREAM_CAPTURE_STATUS_ACTIVE.
-const ACTIVE: u32 = 1;
-/// cudaErrorStreamCaptureUnsupported (the driver's code is the same number).
-pub const CAPTURE_UNSUPPORTED: u32 = 900;
+const ACTIVE: u32 = chidori_cuda::consts::cudaStreamCaptureStatus::cudaStreamCaptureStatusActive;
+const NONE: u32 = chidori_cuda::consts::cudaStreamCaptureStatus::cudaStreamCaptureStatusNone;
+const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
+const NOT_SUPPORTED: u32 = chidori_cuda::consts::cudaError::cudaErrorNotSupported;
+const NO_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
+pub const CAPTURE_UNSUPPORTED: u32 = chidori_cuda::consts::cudaError::cudaErrorStreamCaptureUnsupported;
 
 fn per_thread(stream: u64, ptsz: bool) -> u64 {
     if ptsz && stream == 0 { 2 } else { stream }
@@ -69,12 +72,12 @@ fn end(name: &'static str, desc: &'static CallDesc, args: &[u64], ptsz: bool, ru
 fn is_capturing(name: &'static str, desc: &'static CallDesc, stream: u64, out: *mut c_void, runtime: bool) -> u32 {
     guarded(name, runtime, || {
         if out.is_null() {
-            return Err(1);
+            return Err(INVALID_VALUE);
         }
         if !any_active() {
             // SAFETY: the caller's capture-status enum, checked non-null.
-            unsafe { std::ptr::write_unaligned(out as *mut u32, 0) };
-            return Ok(0);
+            unsafe { std::ptr::write_unaligned(out as *mut u32, NONE) };
+            return Ok(SUCCESS);
         }
         call(desc, &[stream, out as u64], no_device(runtime))
     })
@@ -87,12 +90,12 @@ pub fn stream_capturing(stream: u64, ptsz: bool) -> bool {
     }
     let desc = if ptsz { &cudart::cudaStreamIsCapturing_ptsz__call } else { &cudart::cudaStreamIsCapturing__call };
     let mut status = 0u32;
-    matches!(call(desc, &[stream, &mut status as *mut u32 as u64], 100), Ok(0)) && status == ACTIVE
+    matches!(call(desc, &[stream, &mut status as *mut u32 as u64], NO_DEVICE), Ok(SUCCESS)) && status == ACTIVE
 }
 
-/// cudaErrorNoDevice and CUDA_ERROR_NO_DEVICE are both 100: no server, no device.
-fn no_device(_runtime: bool) -> u32 {
-    100
+/// cudaErrorNoDevice or CUDA_ERROR_NO_DEVICE: no server, no device.
+fn no_device(runtime: bool) -> u32 {
+    if runtime { NO_DEVICE } else { chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE }
 }
 
 fn guarded(name: &'static str, runtime: bool, body: impl FnOnce() -> Result<u32, u32>) -> u32 {
@@ -192,12 +195,12 @@ fn capture_info(
 ) -> u32 {
     guarded("cudaStreamGetCaptureInfo", true, || {
         if status.is_null() {
-            return Err(1);
+            return Err(INVALID_VALUE);
         }
         if !any_active() {
             // SAFETY: the caller's out-pointers, each checked non-null.
             unsafe {
-                std::ptr::write_unaligned(status as *mut u32, 0);
+                std::ptr::write_unaligned(status as *mut u32, NONE);
                 if !deps.is_null() {
                     std::ptr::write_unaligned(deps as *mut usize, 0);
                 }
@@ -208,7 +211,7 @@ fn capture_info(
                     std::ptr::write_unaligned(count as *mut usize, 0);
                 }
             }
-            return Ok(0);
+            return Ok(SUCCESS);
         }
         if !deps.is_null() || !edges.is_null() {
             crate::log::once("capture-info-deps", || {
@@ -217,7 +220,7 @@ fn capture_info(
                      supported by Chidori (status, id, graph and count are)"
                 )
             });
-            return Err(801);
+            return Err(NOT_SUPPORTED);
         }
         let args: Vec<u64> = if full {
             vec![stream, status as u64, id as u64, graph as u64, 0, 0, count as u64]

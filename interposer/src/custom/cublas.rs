@@ -8,10 +8,8 @@ use std::sync::Mutex;
 
 use chidori_cuda::calls::cublas as calls;
 
-/// CUBLAS_STATUS_INVALID_VALUE.
-const INVALID_VALUE: u32 = 7;
-/// CUBLAS_POINTER_MODE_DEVICE.
-const POINTER_MODE_DEVICE: u32 = 1;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
+const POINTER_MODE_DEVICE: u32 = chidori_cuda::consts::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE;
 
 /// Math mode per handle, as last set (a new handle has CUBLAS_DEFAULT_MATH, 0).
 static MATH_MODE: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
@@ -67,17 +65,19 @@ pub unsafe fn cublasSetPointerMode_v2(handle: *mut c_void, mode: u32) -> u32 {
 /// Bytes of one element of a `cudaDataType` (library_types.h), None for values it does not
 /// name.
 fn data_type_size(data_type: u32) -> Option<usize> {
+    use chidori_cuda::consts::cudaDataType_t as t;
     Some(match data_type {
-        // CUDA_R_8I, CUDA_R_8U, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8F_UE8M0.
-        3 | 8 | 28 | 29 | 30 => 1,
-        // CUDA_R_16F, CUDA_C_8I, CUDA_C_8U, CUDA_R_16BF, CUDA_R_16I, CUDA_R_16U.
-        2 | 7 | 9 | 14 | 20 | 22 => 2,
-        // CUDA_R_32F, CUDA_C_16F, CUDA_R_32I, CUDA_R_32U, CUDA_C_16BF, CUDA_C_16I, CUDA_C_16U.
-        0 | 6 | 10 | 12 | 15 | 21 | 23 => 4,
-        // CUDA_R_64F, CUDA_C_32F, CUDA_C_32I, CUDA_C_32U, CUDA_R_64I, CUDA_R_64U.
-        1 | 4 | 11 | 13 | 24 | 26 => 8,
-        // CUDA_C_64F, CUDA_C_64I, CUDA_C_64U.
-        5 | 25 | 27 => 16,
+        t::CUDA_R_8I | t::CUDA_R_8U | t::CUDA_R_8F_E4M3 | t::CUDA_R_8F_E5M2 | t::CUDA_R_8F_UE8M0 => 1,
+        t::CUDA_R_16F | t::CUDA_C_8I | t::CUDA_C_8U | t::CUDA_R_16BF | t::CUDA_R_16I | t::CUDA_R_16U => 2,
+        t::CUDA_R_32F
+        | t::CUDA_C_16F
+        | t::CUDA_R_32I
+        | t::CUDA_R_32U
+        | t::CUDA_C_16BF
+        | t::CUDA_C_16I
+        | t::CUDA_C_16U => 4,
+        t::CUDA_R_64F | t::CUDA_C_32F | t::CUDA_C_32I | t::CUDA_C_32U | t::CUDA_R_64I | t::CUDA_R_64U => 8,
+        t::CUDA_C_64F | t::CUDA_C_64I | t::CUDA_C_64U => 16,
         _ => return None,
     })
 }
@@ -137,8 +137,7 @@ pub unsafe fn cublasDotEx(
 // GPU array: 2D copies (a vector is a matrix of one-element rows), made with the client's
 // cudaMemcpy2D{,Async}, which read or write only the elements the arguments name.
 
-/// CUBLAS_STATUS_MAPPING_ERROR: the copy between host and GPU failed.
-const MAPPING_ERROR: u32 = 11;
+const MAPPING_ERROR: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_MAPPING_ERROR;
 /// cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost.
 const H2D: u32 = 1;
 const D2H: u32 = 2;

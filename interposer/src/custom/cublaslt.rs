@@ -16,11 +16,9 @@ use std::sync::Mutex;
 use chidori_cuda::calls::cublaslt as calls;
 use chidori_protocol::desc::{CallDesc, Wire};
 
-/// CUBLAS_STATUS_SUCCESS, CUBLAS_STATUS_INVALID_VALUE.
-const SUCCESS: u32 = 0;
-const INVALID_VALUE: u32 = 7;
-/// CUBLASLT_MATMUL_DESC_POINTER_MODE (the same value in every supported version).
-const DESC_POINTER_MODE: u32 = 2;
+const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
+const DESC_POINTER_MODE: u32 = chidori_cuda::consts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_POINTER_MODE;
 /// Matmul descriptor attributes that hold device addresses (bias, epilogue auxiliary,
 /// scale and amax pointers). A heuristic depends on their alignment, not their value.
 const DESC_POINTERS: &[u32] = &[8, 11, 17, 18, 19, 20, 21, 23, 24, 36];

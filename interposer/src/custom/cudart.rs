@@ -20,17 +20,16 @@ use crate::state::{self, Memory};
 /// Streams made ahead of the program (custom/streams.rs).
 pub use crate::custom::streams::cudaStreamCreateWithPriority;
 
-/// Runtime status values (identical in every supported version).
-const SUCCESS: u32 = 0;
-const INVALID_VALUE: u32 = 1;
-const MEMORY_ALLOCATION: u32 = 2;
-const INVALID_MEMCPY_DIRECTION: u32 = 21;
-const MISSING_CONFIGURATION: u32 = 52;
-const INVALID_DEVICE_FUNCTION: u32 = 98;
-const NO_DEVICE: u32 = 100;
-const INVALID_DEVICE: u32 = 101;
-const HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
-const HOST_MEMORY_NOT_REGISTERED: u32 = 713;
+const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
+const MEMORY_ALLOCATION: u32 = chidori_cuda::consts::cudaError::cudaErrorMemoryAllocation;
+const INVALID_MEMCPY_DIRECTION: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidMemcpyDirection;
+const MISSING_CONFIGURATION: u32 = chidori_cuda::consts::cudaError::cudaErrorMissingConfiguration;
+const INVALID_DEVICE_FUNCTION: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidDeviceFunction;
+const NO_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
+const INVALID_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidDevice;
+const HOST_MEMORY_ALREADY_REGISTERED: u32 = chidori_cuda::consts::cudaError::cudaErrorHostMemoryAlreadyRegistered;
+const HOST_MEMORY_NOT_REGISTERED: u32 = chidori_cuda::consts::cudaError::cudaErrorHostMemoryNotRegistered;
 
 /// The connection, or the runtime's "no device" (the reason was logged once).
 fn connection() -> Result<Arc<Conn>, u32> {

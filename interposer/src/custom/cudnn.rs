@@ -27,9 +27,9 @@ use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_REC
 /// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
 const BAD_PARAM_V8: u32 = 3;
 const BAD_PARAM_V9: u32 = 2000;
-/// CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS and CUDNN_TYPE_VOID_PTR (same in cuDNN 8 and 9).
-const VARIANT_PACK_DATA_POINTERS: u32 = 1001;
-const TYPE_VOID_PTR: u32 = 6;
+const VARIANT_PACK_DATA_POINTERS: u32 =
+    chidori_cuda::consts::cudnnBackendAttributeName_t::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS;
+const TYPE_VOID_PTR: u32 = chidori_cuda::consts::cudnnBackendAttributeType_t::CUDNN_TYPE_VOID_PTR;
 
 /// Read up to [`HOST_VALUE_MAX`] bytes at `addr` without faulting: never past the end of
 /// its page (a naturally aligned scalar never crosses one), and only if the page is
@@ -295,8 +295,7 @@ pub unsafe fn cudnnBackendDestroyDescriptor__cu126(descriptor: *mut c_void) -> u
     destroy_descriptor(&V9, descriptor)
 }
 
-/// CUDNN_TYPE_BACKEND_DESCRIPTOR (the same in cuDNN 8 and 9).
-const TYPE_BACKEND_DESCRIPTOR: u32 = 15;
+const TYPE_BACKEND_DESCRIPTOR: u32 = chidori_cuda::consts::cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR;
 
 /// What one Get answered: the status, `*elementCount`, and the array as the server sent it
 /// (`requested` elements of the attribute type's size).

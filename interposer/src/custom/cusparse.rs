@@ -6,10 +6,8 @@ use std::ffi::c_void;
 
 use chidori_cuda::calls::cusparse as calls;
 
-/// CUSPARSE_STATUS_INVALID_VALUE.
-const INVALID_VALUE: u32 = 3;
-/// CUSPARSE_POINTER_MODE_DEVICE.
-const POINTER_MODE_DEVICE: u32 = 1;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cusparseStatus_t::CUSPARSE_STATUS_INVALID_VALUE;
+const POINTER_MODE_DEVICE: u32 = chidori_cuda::consts::cusparsePointerMode_t::CUSPARSE_POINTER_MODE_DEVICE;
 
 pub unsafe fn cusparseCreate(handle: *mut c_void) -> u32 {
     crate::scalars::create_handle("cusparseCreate", &calls::cusparseCreate__call, handle, INVALID_VALUE)

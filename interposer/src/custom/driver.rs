@@ -6,8 +6,7 @@
 
 use std::ffi::{CStr, c_char, c_void};
 
-/// CUDA_ERROR_INVALID_VALUE.
-const INVALID_VALUE: u32 = 1;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
 
 /// Newest CUDA version whose status table describes the driver's codes (they only grow).
 const TABLE_VERSION: &str = "13.1";
@@ -53,12 +52,13 @@ use crate::conn::{self, Conn};
 use crate::custom::memory;
 use crate::state::{self, Memory};
 
-const SUCCESS: u32 = 0;
-const OUT_OF_MEMORY: u32 = 2;
-const NO_DEVICE: u32 = 100;
-const INVALID_DEVICE: u32 = 101;
-const HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
-const HOST_MEMORY_NOT_REGISTERED: u32 = 713;
+const SUCCESS: u32 = chidori_cuda::consts::cudaError_enum::CUDA_SUCCESS;
+const OUT_OF_MEMORY: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY;
+const NO_DEVICE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NO_DEVICE;
+const INVALID_DEVICE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_DEVICE;
+const HOST_MEMORY_ALREADY_REGISTERED: u32 =
+    chidori_cuda::consts::cudaError_enum::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+const HOST_MEMORY_NOT_REGISTERED: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 
 fn connection() -> Result<Arc<Conn>, u32> {
     conn::get().map_err(|_| NO_DEVICE)
@@ -476,8 +476,7 @@ fn module_load(module: *mut c_void, image: *mut c_void) -> u32 {
     })
 }
 
-/// CUDA_ERROR_FILE_NOT_FOUND.
-const FILE_NOT_FOUND: u32 = 301;
+const FILE_NOT_FOUND: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_FILE_NOT_FOUND;
 
 /// A cubin, fat binary or PTX file on the client (torch's static Triton launcher loads
 /// compiled kernels this way).

@@ -105,11 +105,9 @@ mod tests {
 
 // ---- The exported functions ----
 
-/// CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND (the runtime's
-/// cudaErrorSymbolNotFound has the same value).
-const SUCCESS: u32 = 0;
-const INVALID_VALUE: u32 = 1;
-const NOT_FOUND: u32 = 500;
+const SUCCESS: u32 = chidori_cuda::consts::cudaError_enum::CUDA_SUCCESS;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_INVALID_VALUE;
+const NOT_FOUND: u32 = chidori_cuda::consts::cudaError_enum::CUDA_ERROR_NOT_FOUND;
 /// CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM / cudaEnablePerThreadDefaultStream.
 const PER_THREAD: u64 = 2;
 /// CU_GET_PROC_ADDRESS_LEGACY_STREAM / cudaEnableLegacyStream.

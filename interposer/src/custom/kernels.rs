@@ -20,11 +20,13 @@ use crate::modules::{self, LaunchShape};
 use crate::registry;
 use crate::state;
 
-const SUCCESS: u32 = 0;
-const INVALID_VALUE: u32 = 1;
-const INVALID_DEVICE_FUNCTION: u32 = 98;
-const INVALID_SYMBOL: u32 = 13;
-const NO_DEVICE: u32 = 100;
+const SUCCESS: u32 = chidori_cuda::consts::cudaError::cudaSuccess;
+const INVALID_VALUE: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidValue;
+const INVALID_DEVICE_FUNCTION: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidDeviceFunction;
+const INVALID_SYMBOL: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidSymbol;
+const NO_DEVICE: u32 = chidori_cuda::consts::cudaError::cudaErrorNoDevice;
+const INVALID_MEMCPY_DIRECTION: u32 = chidori_cuda::consts::cudaError::cudaErrorInvalidMemcpyDirection;
+use chidori_cuda::consts::cudaMemcpyKind as memcpy_kind;
 
 fn connection() -> Result<Arc<Conn>, u32> {
     conn::get().map_err(|_| NO_DEVICE)
@@ -40,12 +42,12 @@ fn runtime(name: &'static str, body: impl FnOnce() -> Result<u32, u32>) -> u32 {
 
 /// Map a driver status of module loading to the runtime's.
 fn runtime_status(driver: u32) -> u32 {
+    use chidori_cuda::consts::{cudaError as rt, cudaError_enum as cu};
     match driver {
-        NO_DEVICE => NO_DEVICE,
-        // CUDA_ERROR_NOT_SUPPORTED (the emulated backend), cudaErrorNotSupported.
-        801 => 801,
-        // CUDA_ERROR_NO_BINARY_FOR_GPU → cudaErrorNoKernelImageForDevice.
-        209 => 209,
+        cu::CUDA_ERROR_NO_DEVICE => NO_DEVICE,
+        // The emulated backend runs no kernels.
+        cu::CUDA_ERROR_NOT_SUPPORTED => rt::cudaErrorNotSupported,
+        cu::CUDA_ERROR_NO_BINARY_FOR_GPU => rt::cudaErrorNoKernelImageForDevice,
         _ => INVALID_DEVICE_FUNCTION,
     }
 }
@@ -215,8 +217,7 @@ const FUNC_ATTRIBUTES: &[(&str, u32)] = &[
 
 /// Dynamic shared memory a launch may use without an opt-in (48 KiB on every GPU since Volta).
 const DEFAULT_SHARED_LIMIT: usize = 48 << 10;
-/// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
-const MAX_DYNAMIC_SHARED: u32 = 8;
+const MAX_DYNAMIC_SHARED: u32 = chidori_cuda::consts::cudaFuncAttribute::cudaFuncAttributeMaxDynamicSharedMemorySize;
 
 /// Function attributes already fetched: function handle → (CUfunction_attribute → value).
 /// They change only through cu/cudaFuncSetAttribute, which record the value they set.
@@ -413,10 +414,10 @@ fn to_symbol(
             return Err(INVALID_VALUE);
         }
         let src_dev = match kind {
-            1 => false,
-            3 => true,
-            4 => state::is_device(src as u64),
-            _ => return Err(21),
+            memcpy_kind::cudaMemcpyHostToDevice => false,
+            memcpy_kind::cudaMemcpyDeviceToDevice => true,
+            memcpy_kind::cudaMemcpyDefault => state::is_device(src as u64),
+            _ => return Err(INVALID_MEMCPY_DIRECTION),
         };
         let (forms, tail) = match stream {
             Some(s) => (&MEMCPY_ASYNC, vec![s as u64]),
@@ -453,10 +454,10 @@ fn from_symbol(
             return Err(INVALID_VALUE);
         }
         let dst_dev = match kind {
-            2 => false,
-            3 => true,
-            4 => state::is_device(dst as u64),
-            _ => return Err(21),
+            memcpy_kind::cudaMemcpyDeviceToHost => false,
+            memcpy_kind::cudaMemcpyDeviceToDevice => true,
+            memcpy_kind::cudaMemcpyDefault => state::is_device(dst as u64),
+            _ => return Err(INVALID_MEMCPY_DIRECTION),
         };
         let (forms, tail) = match stream {
             Some(s) => (&MEMCPY_ASYNC, vec![s as u64]),
@@ -600,7 +601,7 @@ fn copy_2d(forms: &CopyForms, c: Copy2d, kind: u32, tail: &[u64]) -> u32 {
         if c.width > c.dpitch || c.width > c.spitch {
             return Err(INVALID_VALUE);
         }
-        let direction = memory::direction(kind, c.dst, c.src).ok_or(21u32)?;
+        let direction = memory::direction(kind, c.dst, c.src).ok_or(INVALID_MEMCPY_DIRECTION)?;
         let conn = connection()?;
         let n = c.width * c.height;
         let with = |dst: u64, dpitch: usize, src: u64, spitch: usize, kind: u64| -> Vec<u64> {
@@ -742,7 +743,7 @@ pub unsafe fn cudaGraphGetNodes(graph: *mut c_void, nodes: *mut c_void, numNodes
             crate::log::once("cudaGraphGetNodes-array", || {
                 tracing::warn!("cudaGraphGetNodes with a node array is not supported by Chidori; only counts")
             });
-            return Err(801);
+            return Err(chidori_cuda::consts::cudaError::cudaErrorNotSupported);
         }
         let conn = connection()?;
         // SAFETY: numNodes is the caller's size_t.

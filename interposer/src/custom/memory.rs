@@ -169,19 +169,20 @@ pub struct CopyForms {
     pub d2d: &'static CallDesc,
 }
 
-/// Where a copy goes, given a cudaMemcpyKind (4 = Default: decided by the interval map).
+/// Where a copy goes, given a cudaMemcpyKind (Default: decided by the interval map).
 ///
 /// The program's pinned memory is host memory whatever the kind says (a GPU maps it at its
 /// host address, so natively a "device" pointer into it is valid), except where the server
 /// mirrors it (the GPU was handed a pointer into it): then the copy runs on the server, in
 /// stream order with the GPU's other accesses to the mirror.
 pub fn direction(kind: u32, dst: u64, src: u64) -> Option<(bool, bool)> {
+    use chidori_cuda::consts::cudaMemcpyKind as k;
     let (dst_claim, src_claim) = match kind {
-        0 => (false, false),
-        1 => (true, false),
-        2 => (false, true),
-        3 => (true, true),
-        4 => (state::is_device(dst), state::is_device(src)),
+        k::cudaMemcpyHostToHost => (false, false),
+        k::cudaMemcpyHostToDevice => (true, false),
+        k::cudaMemcpyDeviceToHost => (false, true),
+        k::cudaMemcpyDeviceToDevice => (true, true),
+        k::cudaMemcpyDefault => (state::is_device(dst), state::is_device(src)),
         _ => return None,
     };
     let server_side = |claim: bool, p: u64| crate::mirror::is_mirrored(p) || (claim && !state::is_pinned(p));

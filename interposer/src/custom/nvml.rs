@@ -5,10 +5,9 @@
 
 use std::ffi::c_void;
 
-/// NVML_SUCCESS, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_DRIVER_NOT_LOADED.
-const SUCCESS: u32 = 0;
-const INVALID_ARGUMENT: u32 = 2;
-const DRIVER_NOT_LOADED: u32 = 9;
+const SUCCESS: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_SUCCESS;
+const INVALID_ARGUMENT: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_INVALID_ARGUMENT;
+const DRIVER_NOT_LOADED: u32 = chidori_cuda::consts::nvmlReturn_enum::NVML_ERROR_DRIVER_NOT_LOADED;
 
 fn init(name: &'static str) -> u32 {
     crate::guard::ffi(name, DRIVER_NOT_LOADED, || {

@@ -13,13 +13,15 @@ use std::time::Instant;
 use chidori_cuda::calls::nvrtc as calls;
 use chidori_protocol::messages::{CompileRequest, CompileResult, Service, ServiceReply};
 
-const SUCCESS: u32 = 0;
-const INVALID_INPUT: u32 = 3;
-const INVALID_PROGRAM: u32 = 4;
-const NO_NAME_EXPRESSIONS_AFTER_COMPILATION: u32 = 8;
-const NO_LOWERED_NAMES_BEFORE_COMPILATION: u32 = 9;
-const NAME_EXPRESSION_NOT_VALID: u32 = 10;
-const INTERNAL_ERROR: u32 = 11;
+const SUCCESS: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_SUCCESS;
+const INVALID_INPUT: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_INVALID_INPUT;
+const INVALID_PROGRAM: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_INVALID_PROGRAM;
+const NO_NAME_EXPRESSIONS_AFTER_COMPILATION: u32 =
+    chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_NO_NAME_EXPRESSIONS_AFTER_COMPILATION;
+const NO_LOWERED_NAMES_BEFORE_COMPILATION: u32 =
+    chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_NO_LOWERED_NAMES_BEFORE_COMPILATION;
+const NAME_EXPRESSION_NOT_VALID: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_NAME_EXPRESSION_NOT_VALID;
+const INTERNAL_ERROR: u32 = chidori_cuda::consts::nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR;
 
 struct Program {
     request: CompileRequest,
