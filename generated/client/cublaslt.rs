@@ -240,7 +240,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu11
     returnAlgoCount: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu118(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulAlgoGetHeuristic",
+            version: "11.8",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::matmul_algo_get_heuristic(
+            &CTX,
             lightHandle,
             operationDesc,
             Adesc,
@@ -269,7 +285,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu12
     returnAlgoCount: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu121(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulAlgoGetHeuristic",
+            version: "12.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu121__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::matmul_algo_get_heuristic(
+            &CTX,
             lightHandle,
             operationDesc,
             Adesc,
@@ -298,7 +330,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulAlgoGetHeuristic__cu12
     returnAlgoCount: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu126(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulAlgoGetHeuristic",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulAlgoGetHeuristic__cu126__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::matmul_algo_get_heuristic(
+            &CTX,
             lightHandle,
             operationDesc,
             Adesc,
@@ -320,7 +368,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu118(
     scaleType: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulDescCreate__cu118(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulDescCreate",
+            version: "12.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulDescCreate__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::matmul_desc_create(
+            &CTX,
             matmulDesc,
             computeType,
             scaleType,
@@ -335,7 +399,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu126(
     scaleType: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulDescCreate__cu126(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulDescCreate",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulDescCreate__cu126__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::matmul_desc_create(
+            &CTX,
             matmulDesc,
             computeType,
             scaleType,
@@ -347,14 +427,48 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescCreate__cu126(
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu118(
     matmulDesc: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cublaslt::cublasLtMatmulDescDestroy__cu118(matmulDesc) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulDescDestroy",
+            version: "12.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulDescDestroy__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_destroy(&CTX, matmulDesc)
+    }
 }
 ///`cublasLtMatmulDescDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescDestroy__cu126(
     matmulDesc: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cublaslt::cublasLtMatmulDescDestroy__cu126(matmulDesc) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulDescDestroy",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulDescDestroy__cu126__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_destroy(&CTX, matmulDesc)
+    }
 }
 ///`cublasLtMatmulDescInit_internal` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
@@ -405,7 +519,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu11
     sizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulDescSetAttribute__cu118(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulDescSetAttribute",
+            version: "12.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulDescSetAttribute__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_set_attribute(
+            &CTX,
             matmulDesc,
             attr,
             buf,
@@ -422,7 +552,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu12
     sizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulDescSetAttribute__cu126(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulDescSetAttribute",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulDescSetAttribute__cu126__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_set_attribute(
+            &CTX,
             matmulDesc,
             attr,
             buf,
@@ -435,28 +581,96 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulDescSetAttribute__cu12
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu118(
     pref: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cublaslt::cublasLtMatmulPreferenceCreate__cu118(pref) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceCreate",
+            version: "11.8",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceCreate__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::preference_create(&CTX, pref)
+    }
 }
 ///`cublasLtMatmulPreferenceCreate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceCreate__cu121(
     pref: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cublaslt::cublasLtMatmulPreferenceCreate__cu121(pref) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceCreate",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceCreate__cu121__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::preference_create(&CTX, pref)
+    }
 }
 ///`cublasLtMatmulPreferenceDestroy` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu118(
     pref: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cublaslt::cublasLtMatmulPreferenceDestroy__cu118(pref) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceDestroy",
+            version: "11.8",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceDestroy__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_destroy(&CTX, pref)
+    }
 }
 ///`cublasLtMatmulPreferenceDestroy` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceDestroy__cu121(
     pref: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cublaslt::cublasLtMatmulPreferenceDestroy__cu121(pref) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceDestroy",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceDestroy__cu121__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_destroy(&CTX, pref)
+    }
 }
 ///`cublasLtMatmulPreferenceInit_internal` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
@@ -493,7 +707,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute
     sizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu118(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceSetAttribute",
+            version: "11.8",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_set_attribute(
+            &CTX,
             pref,
             attr,
             buf,
@@ -510,7 +740,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatmulPreferenceSetAttribute
     sizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu121(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatmulPreferenceSetAttribute",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatmulPreferenceSetAttribute__cu121__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_set_attribute(
+            &CTX,
             pref,
             attr,
             buf,
@@ -528,7 +774,21 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
     ld: i64,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatrixLayoutCreate(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixLayoutCreate",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[&chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutCreate__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::matrix_layout_create(
+            &CTX,
             matLayout,
             r#type,
             rows,
@@ -542,7 +802,22 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutCreate(
 pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutDestroy(
     matLayout: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cublaslt::cublasLtMatrixLayoutDestroy(matLayout) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixLayoutDestroy",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[&chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutDestroy__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_destroy(&CTX, matLayout)
+    }
 }
 ///`cublasLtMatrixLayoutInit_internal` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -577,7 +852,23 @@ pub unsafe extern "C" fn __chidori_cublaslt_cublasLtMatrixLayoutSetAttribute(
     sizeInBytes: usize,
 ) -> u32 {
     unsafe {
-        crate::custom::cublaslt::cublasLtMatrixLayoutSetAttribute(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cublasLtMatrixLayoutSetAttribute",
+            version: "13.1",
+            library: "cublaslt",
+            forms: &[
+                &chidori_cuda::calls::cublaslt::cublasLtMatrixLayoutSetAttribute__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 15i64,
+                unavailable: 1i64,
+                invalid_handle: 1i64,
+                invalid_value: 7i64,
+            },
+        };
+        crate::custom::cublaslt::descriptor_set_attribute(
+            &CTX,
             matLayout,
             attr,
             buf,

@@ -1004,7 +1004,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu118(
     attr: *mut c_void,
     func: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaFuncGetAttributes__cu118(attr, func) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncGetAttributes",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_attributes(&CTX, attr, func)
+    }
 }
 ///`cudaFuncGetAttributes` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -1012,7 +1027,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu121(
     attr: *mut c_void,
     func: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaFuncGetAttributes__cu121(attr, func) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncGetAttributes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_attributes(&CTX, attr, func)
+    }
 }
 ///`cudaFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -1057,7 +1087,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties__cu118(
     prop: *mut c_void,
     device: i32,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaGetDeviceProperties__cu118(prop, device) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDeviceProperties",
+            version: "11.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::get_device_properties(&CTX, prop, device)
+    }
 }
 ///`cudaGetDeviceProperties` for CUDA 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
@@ -1065,7 +1110,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties__cu130(
     prop: *mut c_void,
     device: i32,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaGetDeviceProperties__cu130(prop, device) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDeviceProperties",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::get_device_properties(&CTX, prop, device)
+    }
 }
 ///`cudaGetDeviceProperties_v2` for CUDA 12.1, 12.6, 12.8 (local).
 #[unsafe(no_mangle)]
@@ -1073,7 +1133,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetDeviceProperties_v2(
     prop: *mut c_void,
     device: i32,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaGetDeviceProperties_v2(prop, device) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetDeviceProperties_v2",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::get_device_properties(&CTX, prop, device)
+    }
 }
 ///`cudaGetDriverEntryPoint` for CUDA 11.8 (local).
 #[unsafe(no_mangle)]
@@ -3121,7 +3196,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu118(
     attributes: *mut c_void,
     ptr: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaPointerGetAttributes__cu118(attributes, ptr) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaPointerGetAttributes",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::get_pointer_attributes(&CTX, attributes, ptr)
+    }
 }
 ///`cudaPointerGetAttributes` for CUDA 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
@@ -3129,7 +3219,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu130(
     attributes: *mut c_void,
     ptr: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaPointerGetAttributes__cu130(attributes, ptr) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaPointerGetAttributes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::get_pointer_attributes(&CTX, attributes, ptr)
+    }
 }
 ///`cudaRuntimeGetVersion` for CUDA 11.8 (local).
 #[unsafe(no_mangle)]

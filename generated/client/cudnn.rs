@@ -163,10 +163,23 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu118(
     descriptor: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnBackendCreateDescriptor__cu118(
-            descriptorType,
-            descriptor,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendCreateDescriptor",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu118__call,
+                &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu118__named,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::backend_create_descriptor(&CTX, descriptorType, descriptor)
     }
 }
 ///`cudnnBackendCreateDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
@@ -176,10 +189,23 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu126(
     descriptor: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnBackendCreateDescriptor__cu126(
-            descriptorType,
-            descriptor,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendCreateDescriptor",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu126__call,
+                &chidori_cuda::calls::cudnn::cudnnBackendCreateDescriptor__cu126__named,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::backend_create_descriptor(&CTX, descriptorType, descriptor)
     }
 }
 ///`cudnnBackendDestroyDescriptor` for CUDA 11.8, 12.1 (custom).
@@ -187,14 +213,48 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendCreateDescriptor__cu126(
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu118(
     descriptor: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnBackendDestroyDescriptor__cu118(descriptor) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendDestroyDescriptor",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendDestroyDescriptor__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::backend_destroy_descriptor(&CTX, descriptor)
+    }
 }
 ///`cudnnBackendDestroyDescriptor` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendDestroyDescriptor__cu126(
     descriptor: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnBackendDestroyDescriptor__cu126(descriptor) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendDestroyDescriptor",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendDestroyDescriptor__cu126__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::backend_destroy_descriptor(&CTX, descriptor)
+    }
 }
 ///`cudnnBackendExecute` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
@@ -237,14 +297,50 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendExecute__cu126(
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu118(
     descriptor: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnBackendFinalize__cu118(descriptor) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendFinalize",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu118__async,
+                &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::backend_finalize(&CTX, descriptor)
+    }
 }
 ///`cudnnBackendFinalize` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendFinalize__cu126(
     descriptor: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnBackendFinalize__cu126(descriptor) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendFinalize",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu126__async,
+                &chidori_cuda::calls::cudnn::cudnnBackendFinalize__cu126__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::backend_finalize(&CTX, descriptor)
+    }
 }
 ///`cudnnBackendGetAttribute` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
@@ -257,7 +353,25 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu118(
     arrayOfElements: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnBackendGetAttribute__cu118(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendGetAttribute",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu118__call,
+                &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu118__descriptors,
+                &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu118__refill,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::backend_get_attribute(
+            &CTX,
             descriptor,
             attributeName,
             attributeType,
@@ -278,7 +392,25 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendGetAttribute__cu126(
     arrayOfElements: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnBackendGetAttribute__cu126(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendGetAttribute",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu126__call,
+                &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu126__descriptors,
+                &chidori_cuda::calls::cudnn::cudnnBackendGetAttribute__cu126__refill,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::backend_get_attribute(
+            &CTX,
             descriptor,
             attributeName,
             attributeType,
@@ -342,7 +474,25 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu118(
     arrayOfElements: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnBackendSetAttribute__cu118(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendSetAttribute",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118__call,
+                &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118__descriptors,
+                &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu118__hostvalues,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::backend_set_attribute(
+            &CTX,
             descriptor,
             attributeName,
             attributeType,
@@ -361,7 +511,25 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnBackendSetAttribute__cu126(
     arrayOfElements: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnBackendSetAttribute__cu126(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnBackendSetAttribute",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126__call,
+                &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126__descriptors,
+                &chidori_cuda::calls::cudnn::cudnnBackendSetAttribute__cu126__hostvalues,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::backend_set_attribute(
+            &CTX,
             descriptor,
             attributeName,
             attributeType,
@@ -1907,14 +2075,44 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnDeriveNormTensorDescriptor__cu126(
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu118(
     handle: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnDestroy__cu118(handle) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnDestroy",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnDestroy__cu118__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::destroy(&CTX, handle)
+    }
 }
 ///`cudnnDestroy` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnDestroy__cu126(
     handle: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnDestroy__cu126(handle) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnDestroy",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnDestroy__cu126__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::destroy(&CTX, handle)
+    }
 }
 ///`cudnnDestroyActivationDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]
@@ -3872,12 +4070,42 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetConvolutionReorderType__cu126(
 ///`cudnnGetCudartVersion` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu118() -> usize {
-    unsafe { crate::custom::cudnn::cudnnGetCudartVersion__cu118() }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetCudartVersion",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu118__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::get_cudart_version(&CTX)
+    }
 }
 ///`cudnnGetCudartVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetCudartVersion__cu126() -> usize {
-    unsafe { crate::custom::cudnn::cudnnGetCudartVersion__cu126() }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetCudartVersion",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnGetCudartVersion__cu126__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::get_cudart_version(&CTX)
+    }
 }
 ///`cudnnGetDropoutDescriptor` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
@@ -4900,7 +5128,21 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu118(
     bAddr: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnGetRNNWeightParams__cu118(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetRNNWeightParams",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnGetRNNWeightParams__cu118__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::get_rnn_weight_params(
+            &CTX,
             handle,
             rnnDesc,
             pseudoLayer,
@@ -4929,7 +5171,21 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetRNNWeightParams__cu126(
     bAddr: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnGetRNNWeightParams__cu126(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetRNNWeightParams",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnGetRNNWeightParams__cu126__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::get_rnn_weight_params(
+            &CTX,
             handle,
             rnnDesc,
             pseudoLayer,
@@ -5121,7 +5377,22 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetStream__cu118(
     handle: *mut c_void,
     streamId: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnGetStream__cu118(handle, streamId) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetStream",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnGetStream__cu118__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::get_stream(&CTX, handle, streamId)
+    }
 }
 ///`cudnnGetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -5129,7 +5400,22 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetStream__cu126(
     handle: *mut c_void,
     streamId: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnGetStream__cu126(handle, streamId) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetStream",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnGetStream__cu126__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::get_stream(&CTX, handle, streamId)
+    }
 }
 ///`cudnnGetTensor4dDescriptor` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
@@ -5206,7 +5492,23 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu118(
     strideA: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnGetTensorNdDescriptor__cu118(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetTensorNdDescriptor",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnGetTensorNdDescriptor__cu118__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::get_tensor_nd_descriptor(
+            &CTX,
             tensorDesc,
             nbDimsRequested,
             dataType,
@@ -5227,7 +5529,23 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorNdDescriptor__cu126(
     strideA: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::custom::cudnn::cudnnGetTensorNdDescriptor__cu126(
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetTensorNdDescriptor",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[
+                &chidori_cuda::calls::cudnn::cudnnGetTensorNdDescriptor__cu126__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::get_tensor_nd_descriptor(
+            &CTX,
             tensorDesc,
             nbDimsRequested,
             dataType,
@@ -5318,12 +5636,42 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnGetTensorTransformDescriptor__cu12
 ///`cudnnGetVersion` for CUDA 11.8, 12.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu118() -> usize {
-    unsafe { crate::custom::cudnn::cudnnGetVersion__cu118() }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetVersion",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnGetVersion__cu118__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::get_version(&CTX)
+    }
 }
 ///`cudnnGetVersion` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudnn_cudnnGetVersion__cu126() -> usize {
-    unsafe { crate::custom::cudnn::cudnnGetVersion__cu126() }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnGetVersion",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnGetVersion__cu126__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::get_version(&CTX)
+    }
 }
 ///`cudnnGraphVersionCheck` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -7524,7 +7872,22 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu118(
     handle: *mut c_void,
     streamId: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnSetStream__cu118(handle, streamId) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnSetStream",
+            version: "12.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnSetStream__cu118__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 9i64,
+                unavailable: 1i64,
+                invalid_handle: 3i64,
+                invalid_value: 3i64,
+            },
+        };
+        crate::custom::cudnn::set_stream(&CTX, handle, streamId)
+    }
 }
 ///`cudnnSetStream` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -7532,7 +7895,22 @@ pub unsafe extern "C" fn __chidori_cudnn_cudnnSetStream__cu126(
     handle: *mut c_void,
     streamId: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudnn::cudnnSetStream__cu126(handle, streamId) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudnnSetStream",
+            version: "13.1",
+            library: "cudnn",
+            forms: &[&chidori_cuda::calls::cudnn::cudnnSetStream__cu126__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 3000i64,
+                unavailable: 1001i64,
+                invalid_handle: 2000i64,
+                invalid_value: 2000i64,
+            },
+        };
+        crate::custom::cudnn::set_stream(&CTX, handle, streamId)
+    }
 }
 ///`cudnnSetTensor4dDescriptor` for CUDA 11.8, 12.1 (async).
 #[unsafe(no_mangle)]

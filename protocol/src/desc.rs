@@ -116,6 +116,40 @@ pub struct Codes {
     pub unavailable: i64,
     /// Answered by the worker for a handle the session never created.
     pub invalid_handle: i64,
+    /// A bad argument: what hand-written code answers for one.
+    pub invalid_value: i64,
+}
+
+/// What a hand-written implementation (`impl = "module::function"` in a spec) learns about
+/// the export that called it: one function serves every CUDA version's variant.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    /// The exported function's name.
+    pub name: &'static str,
+    /// The newest CUDA version whose callers use this variant.
+    pub version: &'static str,
+    pub library: &'static str,
+    /// The variant's wire forms (`call`, `h2d`, ...), as the spec declares them.
+    pub forms: &'static [&'static CallDesc],
+    /// The library's status codes at that version.
+    pub codes: Codes,
+}
+
+impl Ctx {
+    /// The wire form named `form`. Panics if the spec declares none by that name: a
+    /// mismatch between a spec and its implementation, caught by the first test that calls it.
+    pub fn form(&self, form: &str) -> &'static CallDesc {
+        self.forms
+            .iter()
+            .find(|d| d.form == Some(form))
+            .copied()
+            .unwrap_or_else(|| panic!("{} has no wire form {form:?} (specs and custom code disagree)", self.name))
+    }
+
+    /// A status code as the export returns it.
+    pub fn status(&self, code: i64) -> u32 {
+        code as u32
+    }
 }
 
 /// One ABI variant of a function.

@@ -407,7 +407,13 @@ impl<'a> Emitter<'a> {
             let name = lit_str(&e.function);
             let library = lit_str(&e.library);
             let versions = v.versions.iter().map(|x| lit_str(x));
-            let (s, n, u, h) = (v.codes.success, v.codes.not_supported, v.codes.unavailable, v.codes.invalid_handle);
+            let (s, n, u, h, iv) = (
+                v.codes.success,
+                v.codes.not_supported,
+                v.codes.unavailable,
+                v.codes.invalid_handle,
+                v.codes.invalid_value,
+            );
             let id_ident = ident(&e.ident);
             let call = e.call;
             let wire = wire_id as u32;
@@ -430,7 +436,7 @@ impl<'a> Emitter<'a> {
                     class: #class,
                     params: &[#(#wires),*],
                     ret: #ret,
-                    codes: Codes { success: #s, not_supported: #n, unavailable: #u, invalid_handle: #h },
+                    codes: Codes { success: #s, not_supported: #n, unavailable: #u, invalid_handle: #h, invalid_value: #iv },
                     only_waits: #only_waits,
                 };
             });
@@ -843,9 +849,34 @@ impl<'a> Emitter<'a> {
                         let lname = lit_str(libname);
                         quote!(crate::runtime::#func(#version, #lname, #arg as i64) as *mut c_void)
                     }
-                    Disposition::Custom { .. } => {
+                    Disposition::Custom { implementation: None, .. } => {
                         let func = ident(&variant_ident(&f.name, &v.tag));
                         quote!(crate::custom::#lib_ident::#func(#(#names),*))
+                    }
+                    Disposition::Custom { implementation: Some(path), .. } => {
+                        let path: Vec<_> = path.split("::").map(ident).collect();
+                        let name = lit_str(&f.name);
+                        let version = lit_str(v.versions.last().expect("versions"));
+                        let lname = lit_str(libname);
+                        let forms = v.wire_forms.iter().map(|(form, _)| {
+                            let d = ident(&format!("{}__{form}", variant_ident(&f.name, &v.tag)));
+                            quote!(&chidori_cuda::calls::#lib_ident::#d)
+                        });
+                        let c = &v.codes;
+                        let (s, n, u, h, iv) =
+                            (c.success, c.not_supported, c.unavailable, c.invalid_handle, c.invalid_value);
+                        quote! {
+                            static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+                                name: #name,
+                                version: #version,
+                                library: #lname,
+                                forms: &[#(#forms),*],
+                                codes: chidori_cuda::desc::Codes {
+                                    success: #s, not_supported: #n, unavailable: #u, invalid_handle: #h, invalid_value: #iv,
+                                },
+                            };
+                            crate::custom::#(#path)::*(&CTX, #(#names),*)
+                        }
                     }
                     Disposition::Unsupported { .. } => unreachable!(),
                 };
@@ -856,7 +887,7 @@ impl<'a> Emitter<'a> {
                     match &v.disposition {
                         Disposition::Forward { class, .. } => class.as_str(),
                         Disposition::GeneratedLocal { .. } => "local, generated",
-                        Disposition::Custom { class } => class.as_str(),
+                        Disposition::Custom { class, .. } => class.as_str(),
                         Disposition::Unsupported { .. } => "unsupported",
                     }
                 );

@@ -40,6 +40,8 @@ pub struct Library {
     pub unavailable: String,
     /// What the worker answers for a handle the session never created.
     pub invalid_handle: String,
+    /// A bad argument: what hand-written code answers for one.
+    pub invalid_value: String,
     /// Whether a non-const pointer to a scalar may be inferred to be a host output. False for
     /// libraries (cuBLAS, cuSPARSE, …) whose scalar pointers are usually device arrays.
     #[serde(default = "yes")]

@@ -305,8 +305,9 @@ pub enum Disposition {
     Forward { class: Class, params: Vec<Wire>, ret: RetWire },
     /// Answered locally by generated code (`error_name`, `error_string`).
     GeneratedLocal { implementation: String },
-    /// Hand-written in the interposer (class local or custom).
-    Custom { class: Class },
+    /// Hand-written in the interposer (class local or custom); `implementation` names the
+    /// function (`module::function` under `crate::custom`) that receives the call's context.
+    Custom { class: Class, implementation: Option<String> },
     /// Not forwarded; answers the library's NOT_SUPPORTED status.
     Unsupported { reason: String },
 }
@@ -323,6 +324,7 @@ pub struct Codes {
     pub not_supported: i64,
     pub unavailable: i64,
     pub invalid_handle: i64,
+    pub invalid_value: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -595,6 +597,7 @@ fn codes(env: &TypeEnv, lib: &Library) -> Result<Codes> {
         not_supported: get(&lib.not_supported)?,
         unavailable: get(&lib.unavailable)?,
         invalid_handle: get(&lib.invalid_handle)?,
+        invalid_value: get(&lib.invalid_value)?,
     })
 }
 
@@ -612,7 +615,10 @@ fn variant_key(env: &TypeEnv, lib: &Library, f: &Function, v: &str, all: &AllIr)
         key.push_str("...");
     }
     let c = codes(env, lib)?;
-    key.push_str(&format!("#{}/{}/{}/{}", c.success, c.not_supported, c.unavailable, c.invalid_handle));
+    key.push_str(&format!(
+        "#{}/{}/{}/{}/{}",
+        c.success, c.not_supported, c.unavailable, c.invalid_handle, c.invalid_value
+    ));
     Ok(key)
 }
 
@@ -715,7 +721,7 @@ fn build_variant(
     let codes = codes(env, lib)?;
     let disposition = if let Some(h) = hidden {
         match h.class {
-            Class::Custom | Class::Local => Disposition::Custom { class: h.class },
+            Class::Custom | Class::Local => Disposition::Custom { class: h.class, implementation: None },
             other => bail!("hidden functions must be custom or local, not {}", other.as_str()),
         }
     } else {
@@ -774,14 +780,24 @@ fn dispose(lib: &Library, fspec: &FnSpec, env: &TypeEnv, decl: &Function, ret_is
     if let Some(reason) = &fspec.unsupported {
         return Ok(Disposition::Unsupported { reason: reason.clone() });
     }
+    if let Some(class @ (Class::Custom | Class::Local)) = fspec.class {
+        // `impl = "module::function"`: the hand-written function that takes the context.
+        let implementation = fspec.implementation.clone().filter(|i| i.contains("::"));
+        if let Some(i) = &fspec.implementation
+            && implementation.is_none()
+            && !matches!(i.as_str(), "error_name" | "error_string")
+        {
+            bail!("{}: impl must name `module::function` under crate::custom, not {i:?}", decl.name);
+        }
+        if implementation.is_some() || fspec.implementation.is_none() {
+            return Ok(Disposition::Custom { class, implementation });
+        }
+    }
     if let Some(implementation) = &fspec.implementation {
         if !matches!(implementation.as_str(), "error_name" | "error_string") {
             bail!("unknown generated implementation {implementation:?}");
         }
         return Ok(Disposition::GeneratedLocal { implementation: implementation.clone() });
-    }
-    if let Some(class @ (Class::Custom | Class::Local)) = fspec.class {
-        return Ok(Disposition::Custom { class });
     }
     classify_call(lib, env, decl, ret_is_status, fspec.class, &fspec.params, false, &fspec.sizes)
 }

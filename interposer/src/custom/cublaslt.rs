@@ -13,8 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use chidori_cuda::calls::cublaslt as calls;
-use chidori_protocol::desc::{CallDesc, Wire};
+use chidori_protocol::desc::{CallDesc, Ctx, Wire};
 
 const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
@@ -207,121 +206,71 @@ fn heuristic(
     })
 }
 
-// ---- The exports, one per header variant. ----
+// ---- The exports: one implementation each, for every header version's variant. ----
 
-pub unsafe fn cublasLtMatmulDescCreate__cu118(matmulDesc: *mut c_void, computeType: u32, scaleType: u32) -> u32 {
+pub unsafe fn matmul_desc_create(ctx: &Ctx, matmulDesc: *mut c_void, computeType: u32, scaleType: u32) -> u32 {
     let args = [matmulDesc as u64, u64::from(computeType), u64::from(scaleType)];
-    create("cublasLtMatmulDescCreate", &calls::cublasLtMatmulDescCreate__cu118__call, DescKind::Matmul, &args)
+    create(ctx.name, ctx.form("call"), DescKind::Matmul, &args)
 }
 
-pub unsafe fn cublasLtMatmulDescCreate__cu126(matmulDesc: *mut c_void, computeType: u32, scaleType: u32) -> u32 {
-    let args = [matmulDesc as u64, u64::from(computeType), u64::from(scaleType)];
-    create("cublasLtMatmulDescCreate", &calls::cublasLtMatmulDescCreate__cu126__call, DescKind::Matmul, &args)
-}
-
-pub unsafe fn cublasLtMatrixLayoutCreate(matLayout: *mut c_void, r#type: u32, rows: u64, cols: u64, ld: i64) -> u32 {
+pub unsafe fn matrix_layout_create(
+    ctx: &Ctx,
+    matLayout: *mut c_void,
+    r#type: u32,
+    rows: u64,
+    cols: u64,
+    ld: i64,
+) -> u32 {
     let args = [matLayout as u64, u64::from(r#type), rows, cols, ld as u64];
-    create("cublasLtMatrixLayoutCreate", &calls::cublasLtMatrixLayoutCreate__call, DescKind::Layout, &args)
+    create(ctx.name, ctx.form("call"), DescKind::Layout, &args)
 }
 
-pub unsafe fn cublasLtMatmulPreferenceCreate__cu118(pref: *mut c_void) -> u32 {
-    let desc = &calls::cublasLtMatmulPreferenceCreate__cu118__call;
-    create("cublasLtMatmulPreferenceCreate", desc, DescKind::Preference, &[pref as u64])
+pub unsafe fn preference_create(ctx: &Ctx, pref: *mut c_void) -> u32 {
+    create(ctx.name, ctx.form("call"), DescKind::Preference, &[pref as u64])
 }
 
-pub unsafe fn cublasLtMatmulPreferenceCreate__cu121(pref: *mut c_void) -> u32 {
-    let desc = &calls::cublasLtMatmulPreferenceCreate__cu121__call;
-    create("cublasLtMatmulPreferenceCreate", desc, DescKind::Preference, &[pref as u64])
+/// cublasLtMatmulDescSetAttribute, cublasLtMatrixLayoutSetAttribute,
+/// cublasLtMatmulPreferenceSetAttribute.
+pub unsafe fn descriptor_set_attribute(
+    ctx: &Ctx,
+    descriptor: *mut c_void,
+    attr: u32,
+    buf: *mut c_void,
+    sizeInBytes: usize,
+) -> u32 {
+    set_attribute(ctx.name, ctx.form("call"), descriptor as u64, attr, buf as u64, sizeInBytes)
 }
 
-macro_rules! set_attribute_variant {
-    ($name:ident, $desc:ident, $function:literal) => {
-        pub unsafe fn $name(descriptor: *mut c_void, attr: u32, buf: *mut c_void, sizeInBytes: usize) -> u32 {
-            set_attribute($function, &calls::$desc, descriptor as u64, attr, buf as u64, sizeInBytes)
-        }
-    };
+/// cublasLtMatmulDescDestroy, cublasLtMatrixLayoutDestroy, cublasLtMatmulPreferenceDestroy.
+pub unsafe fn descriptor_destroy(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
+    destroy(ctx.name, ctx.form("call"), descriptor as u64)
 }
 
-set_attribute_variant!(
-    cublasLtMatmulDescSetAttribute__cu118,
-    cublasLtMatmulDescSetAttribute__cu118__call,
-    "cublasLtMatmulDescSetAttribute"
-);
-set_attribute_variant!(
-    cublasLtMatmulDescSetAttribute__cu126,
-    cublasLtMatmulDescSetAttribute__cu126__call,
-    "cublasLtMatmulDescSetAttribute"
-);
-set_attribute_variant!(
-    cublasLtMatrixLayoutSetAttribute,
-    cublasLtMatrixLayoutSetAttribute__call,
-    "cublasLtMatrixLayoutSetAttribute"
-);
-set_attribute_variant!(
-    cublasLtMatmulPreferenceSetAttribute__cu118,
-    cublasLtMatmulPreferenceSetAttribute__cu118__call,
-    "cublasLtMatmulPreferenceSetAttribute"
-);
-set_attribute_variant!(
-    cublasLtMatmulPreferenceSetAttribute__cu121,
-    cublasLtMatmulPreferenceSetAttribute__cu121__call,
-    "cublasLtMatmulPreferenceSetAttribute"
-);
-
-macro_rules! destroy_variant {
-    ($name:ident, $desc:ident, $function:literal) => {
-        pub unsafe fn $name(descriptor: *mut c_void) -> u32 {
-            destroy($function, &calls::$desc, descriptor as u64)
-        }
-    };
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_algo_get_heuristic(
+    ctx: &Ctx,
+    lightHandle: *mut c_void,
+    operationDesc: *mut c_void,
+    Adesc: *mut c_void,
+    Bdesc: *mut c_void,
+    Cdesc: *mut c_void,
+    Ddesc: *mut c_void,
+    preference: *mut c_void,
+    requestedAlgoCount: i32,
+    heuristicResultsArray: *mut c_void,
+    returnAlgoCount: *mut c_void,
+) -> u32 {
+    heuristic(
+        ctx.form("call"),
+        lightHandle as u64,
+        operationDesc as u64,
+        [Adesc as u64, Bdesc as u64, Cdesc as u64, Ddesc as u64],
+        preference as u64,
+        requestedAlgoCount,
+        heuristicResultsArray,
+        returnAlgoCount,
+    )
 }
-
-destroy_variant!(cublasLtMatmulDescDestroy__cu118, cublasLtMatmulDescDestroy__cu118__call, "cublasLtMatmulDescDestroy");
-destroy_variant!(cublasLtMatmulDescDestroy__cu126, cublasLtMatmulDescDestroy__cu126__call, "cublasLtMatmulDescDestroy");
-destroy_variant!(cublasLtMatrixLayoutDestroy, cublasLtMatrixLayoutDestroy__call, "cublasLtMatrixLayoutDestroy");
-destroy_variant!(
-    cublasLtMatmulPreferenceDestroy__cu118,
-    cublasLtMatmulPreferenceDestroy__cu118__call,
-    "cublasLtMatmulPreferenceDestroy"
-);
-destroy_variant!(
-    cublasLtMatmulPreferenceDestroy__cu121,
-    cublasLtMatmulPreferenceDestroy__cu121__call,
-    "cublasLtMatmulPreferenceDestroy"
-);
-
-macro_rules! heuristic_variant {
-    ($name:ident, $desc:ident) => {
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe fn $name(
-            lightHandle: *mut c_void,
-            operationDesc: *mut c_void,
-            Adesc: *mut c_void,
-            Bdesc: *mut c_void,
-            Cdesc: *mut c_void,
-            Ddesc: *mut c_void,
-            preference: *mut c_void,
-            requestedAlgoCount: i32,
-            heuristicResultsArray: *mut c_void,
-            returnAlgoCount: *mut c_void,
-        ) -> u32 {
-            heuristic(
-                &calls::$desc,
-                lightHandle as u64,
-                operationDesc as u64,
-                [Adesc as u64, Bdesc as u64, Cdesc as u64, Ddesc as u64],
-                preference as u64,
-                requestedAlgoCount,
-                heuristicResultsArray,
-                returnAlgoCount,
-            )
-        }
-    };
-}
-
-heuristic_variant!(cublasLtMatmulAlgoGetHeuristic__cu118, cublasLtMatmulAlgoGetHeuristic__cu118__call);
-heuristic_variant!(cublasLtMatmulAlgoGetHeuristic__cu121, cublasLtMatmulAlgoGetHeuristic__cu121__call);
-heuristic_variant!(cublasLtMatmulAlgoGetHeuristic__cu126, cublasLtMatmulAlgoGetHeuristic__cu126__call);
 
 #[cfg(test)]
 mod tests {

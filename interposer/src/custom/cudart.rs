@@ -9,6 +9,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use chidori_cuda::calls::cudart as calls;
+use chidori_cuda::desc::Ctx;
 use chidori_cuda::types::dim3;
 use chidori_protocol::messages::PropValue;
 
@@ -299,17 +300,10 @@ fn device_props(version: &'static str, prop: *mut c_void, device: i32) -> u32 {
     })
 }
 
-pub unsafe fn cudaGetDeviceProperties__cu118(prop: *mut c_void, device: i32) -> u32 {
-    device_props("11.8", prop, device)
-}
-
-/// libcudart.so.12's `cudaGetDeviceProperties_v2` (12.x headers map the plain name to it).
-pub unsafe fn cudaGetDeviceProperties_v2(prop: *mut c_void, device: i32) -> u32 {
-    device_props("12.8", prop, device)
-}
-
-pub unsafe fn cudaGetDeviceProperties__cu130(prop: *mut c_void, device: i32) -> u32 {
-    device_props("13.0", prop, device)
+/// cudaGetDeviceProperties and libcudart.so.12's cudaGetDeviceProperties_v2 (12.x headers
+/// map the plain name to it): the record in the layout of the caller's CUDA version.
+pub unsafe fn get_device_properties(ctx: &Ctx, prop: *mut c_void, device: i32) -> u32 {
+    device_props(ctx.version, prop, device)
 }
 
 pub unsafe fn cudaDeviceGetAttribute(value: *mut c_void, attr: u32, device: i32) -> u32 {
@@ -546,12 +540,9 @@ fn pointer_attributes(version: &str, attributes: *mut c_void, ptr: *mut c_void) 
     })
 }
 
-pub unsafe fn cudaPointerGetAttributes__cu118(attributes: *mut c_void, ptr: *mut c_void) -> u32 {
-    pointer_attributes("11.8", attributes, ptr)
-}
-
-pub unsafe fn cudaPointerGetAttributes__cu130(attributes: *mut c_void, ptr: *mut c_void) -> u32 {
-    pointer_attributes("13.0", attributes, ptr)
+/// In the layout of the caller's CUDA version (24 bytes before 13.0, 88 from it).
+pub unsafe fn get_pointer_attributes(ctx: &Ctx, attributes: *mut c_void, ptr: *mut c_void) -> u32 {
+    pointer_attributes(ctx.version, attributes, ptr)
 }
 
 // ---- Copies ----

@@ -21,7 +21,7 @@ use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
 use chidori_cuda::calls::cudnn as calls;
-use chidori_protocol::desc::CallDesc;
+use chidori_protocol::desc::{CallDesc, Ctx};
 use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
 
 /// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
@@ -79,6 +79,8 @@ pub struct Forms {
     finalize: &'static CallDesc,
     finalize_async: &'static CallDesc,
     destroy: &'static CallDesc,
+    get_tensor_nd: &'static CallDesc,
+    rnn_weight_params: &'static CallDesc,
     /// The descriptor types the client names: those of the version's headers (a server
     /// library without one fails the create; the failure comes back at the next waiting call).
     named: std::ops::RangeInclusive<u32>,
@@ -98,6 +100,8 @@ static V8: Forms = Forms {
     finalize: &calls::cudnnBackendFinalize__cu118__call,
     finalize_async: &calls::cudnnBackendFinalize__cu118__async,
     destroy: &calls::cudnnBackendDestroyDescriptor__cu118__call,
+    get_tensor_nd: &calls::cudnnGetTensorNdDescriptor__cu118__call,
+    rnn_weight_params: &calls::cudnnGetRNNWeightParams__cu118__call,
     named: 0..=33,
     bad_param: BAD_PARAM_V8,
 };
@@ -116,9 +120,17 @@ static V9: Forms = Forms {
     finalize: &calls::cudnnBackendFinalize__cu126__call,
     finalize_async: &calls::cudnnBackendFinalize__cu126__async,
     destroy: &calls::cudnnBackendDestroyDescriptor__cu126__call,
+    get_tensor_nd: &calls::cudnnGetTensorNdDescriptor__cu126__call,
+    rnn_weight_params: &calls::cudnnGetRNNWeightParams__cu126__call,
     named: 0..=41,
     bad_param: BAD_PARAM_V9,
 };
+
+/// The forms of the caller's cuDNN major version, told apart by its status codes (cuDNN 9
+/// renumbered them).
+fn forms(ctx: &Ctx) -> &'static Forms {
+    if ctx.codes.invalid_value == i64::from(BAD_PARAM_V8) { &V8 } else { &V9 }
+}
 
 fn set_attribute(
     f: &'static Forms,
@@ -167,24 +179,15 @@ fn set_attribute(
     })
 }
 
-pub unsafe fn cudnnBackendSetAttribute__cu118(
+pub unsafe fn backend_set_attribute(
+    ctx: &Ctx,
     d: *mut c_void,
     name: u32,
     ty: u32,
     n: i64,
     elements: *mut c_void,
 ) -> u32 {
-    set_attribute(&V8, d, name, ty, n, elements)
-}
-
-pub unsafe fn cudnnBackendSetAttribute__cu126(
-    d: *mut c_void,
-    name: u32,
-    ty: u32,
-    n: i64,
-    elements: *mut c_void,
-) -> u32 {
-    set_attribute(&V9, d, name, ty, n, elements)
+    set_attribute(forms(ctx), d, name, ty, n, elements)
 }
 
 /// Whether a finalize of a descriptor of type `ty` waits for its status: ENGINE, ENGINECFG,
@@ -229,12 +232,8 @@ fn create_descriptor(f: &'static Forms, ty: u32, out: *mut c_void) -> u32 {
     })
 }
 
-pub unsafe fn cudnnBackendCreateDescriptor__cu118(ty: u32, descriptor: *mut c_void) -> u32 {
-    create_descriptor(&V8, ty, descriptor)
-}
-
-pub unsafe fn cudnnBackendCreateDescriptor__cu126(ty: u32, descriptor: *mut c_void) -> u32 {
-    create_descriptor(&V9, ty, descriptor)
+pub unsafe fn backend_create_descriptor(ctx: &Ctx, ty: u32, descriptor: *mut c_void) -> u32 {
+    create_descriptor(forms(ctx), ty, descriptor)
 }
 
 /// A finalize whose status steers the caller waits; what the program asked last time of a
@@ -266,12 +265,8 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
     })
 }
 
-pub unsafe fn cudnnBackendFinalize__cu118(descriptor: *mut c_void) -> u32 {
-    finalize(&V8, descriptor)
-}
-
-pub unsafe fn cudnnBackendFinalize__cu126(descriptor: *mut c_void) -> u32 {
-    finalize(&V9, descriptor)
+pub unsafe fn backend_finalize(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
+    finalize(forms(ctx), descriptor)
 }
 
 fn destroy_descriptor(f: &'static Forms, descriptor: *mut c_void) -> u32 {
@@ -287,12 +282,8 @@ fn destroy_descriptor(f: &'static Forms, descriptor: *mut c_void) -> u32 {
     })
 }
 
-pub unsafe fn cudnnBackendDestroyDescriptor__cu118(descriptor: *mut c_void) -> u32 {
-    destroy_descriptor(&V8, descriptor)
-}
-
-pub unsafe fn cudnnBackendDestroyDescriptor__cu126(descriptor: *mut c_void) -> u32 {
-    destroy_descriptor(&V9, descriptor)
+pub unsafe fn backend_destroy_descriptor(ctx: &Ctx, descriptor: *mut c_void) -> u32 {
+    destroy_descriptor(forms(ctx), descriptor)
 }
 
 const TYPE_BACKEND_DESCRIPTOR: u32 = chidori_cuda::consts::cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR;
@@ -949,7 +940,8 @@ fn array_len(desc: &CallDesc, head: &[u64; 4]) -> Option<usize> {
     }
 }
 
-pub unsafe fn cudnnBackendGetAttribute__cu118(
+pub unsafe fn backend_get_attribute(
+    ctx: &Ctx,
     d: *mut c_void,
     name: u32,
     ty: u32,
@@ -957,18 +949,7 @@ pub unsafe fn cudnnBackendGetAttribute__cu118(
     count: *mut c_void,
     elements: *mut c_void,
 ) -> u32 {
-    get_attribute(&V8, d, (name, ty, requested), count, elements)
-}
-
-pub unsafe fn cudnnBackendGetAttribute__cu126(
-    d: *mut c_void,
-    name: u32,
-    ty: u32,
-    requested: i64,
-    count: *mut c_void,
-    elements: *mut c_void,
-) -> u32 {
-    get_attribute(&V9, d, (name, ty, requested), count, elements)
+    get_attribute(forms(ctx), d, (name, ty, requested), count, elements)
 }
 
 /// The library's versions, asked once per process.
@@ -991,20 +972,12 @@ fn once(cell: &OnceLock<usize>, desc: &'static CallDesc) -> usize {
     })
 }
 
-pub unsafe fn cudnnGetVersion__cu118() -> usize {
-    once(&VERSION, &calls::cudnnGetVersion__cu118__call)
+pub unsafe fn get_version(ctx: &Ctx) -> usize {
+    once(&VERSION, ctx.form("call"))
 }
 
-pub unsafe fn cudnnGetVersion__cu126() -> usize {
-    once(&VERSION, &calls::cudnnGetVersion__cu126__call)
-}
-
-pub unsafe fn cudnnGetCudartVersion__cu118() -> usize {
-    once(&CUDART_VERSION, &calls::cudnnGetCudartVersion__cu118__call)
-}
-
-pub unsafe fn cudnnGetCudartVersion__cu126() -> usize {
-    once(&CUDART_VERSION, &calls::cudnnGetCudartVersion__cu126__call)
+pub unsafe fn get_cudart_version(ctx: &Ctx) -> usize {
+    once(&CUDART_VERSION, ctx.form("call"))
 }
 
 /// The stream last set on each handle (a new handle's is asked for once).
@@ -1014,7 +987,8 @@ fn streams() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u64>>> {
     STREAMS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn set_stream(desc: &'static CallDesc, handle: *mut c_void, stream: *mut c_void, bad_param: u32) -> u32 {
+pub unsafe fn set_stream(ctx: &Ctx, handle: *mut c_void, stream: *mut c_void) -> u32 {
+    let (desc, bad_param) = (ctx.form("call"), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnSetStream", bad_param, || {
         // SAFETY: values.
         let s = unsafe { crate::runtime::call(desc, &[handle as u64, stream as u64]) } as u32;
@@ -1025,7 +999,8 @@ fn set_stream(desc: &'static CallDesc, handle: *mut c_void, stream: *mut c_void,
     })
 }
 
-fn get_stream(desc: &'static CallDesc, handle: *mut c_void, out: *mut c_void, bad_param: u32) -> u32 {
+pub unsafe fn get_stream(ctx: &Ctx, handle: *mut c_void, out: *mut c_void) -> u32 {
+    let (desc, bad_param) = (ctx.form("call"), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnGetStream", bad_param, || {
         if out.is_null() {
             return bad_param;
@@ -1047,7 +1022,8 @@ fn get_stream(desc: &'static CallDesc, handle: *mut c_void, out: *mut c_void, ba
     })
 }
 
-fn destroy(desc: &'static CallDesc, handle: *mut c_void, bad_param: u32) -> u32 {
+pub unsafe fn destroy(ctx: &Ctx, handle: *mut c_void) -> u32 {
+    let (desc, bad_param) = (ctx.form("call"), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnDestroy", bad_param, || {
         if let Some(m) = streams().as_mut() {
             m.remove(&(handle as u64));
@@ -1055,30 +1031,6 @@ fn destroy(desc: &'static CallDesc, handle: *mut c_void, bad_param: u32) -> u32 
         // SAFETY: a value.
         unsafe { crate::runtime::call(desc, &[handle as u64]) as u32 }
     })
-}
-
-pub unsafe fn cudnnSetStream__cu118(handle: *mut c_void, streamId: *mut c_void) -> u32 {
-    set_stream(&calls::cudnnSetStream__cu118__call, handle, streamId, BAD_PARAM_V8)
-}
-
-pub unsafe fn cudnnSetStream__cu126(handle: *mut c_void, streamId: *mut c_void) -> u32 {
-    set_stream(&calls::cudnnSetStream__cu126__call, handle, streamId, BAD_PARAM_V9)
-}
-
-pub unsafe fn cudnnGetStream__cu118(handle: *mut c_void, streamId: *mut c_void) -> u32 {
-    get_stream(&calls::cudnnGetStream__cu118__call, handle, streamId, BAD_PARAM_V8)
-}
-
-pub unsafe fn cudnnGetStream__cu126(handle: *mut c_void, streamId: *mut c_void) -> u32 {
-    get_stream(&calls::cudnnGetStream__cu126__call, handle, streamId, BAD_PARAM_V9)
-}
-
-pub unsafe fn cudnnDestroy__cu118(handle: *mut c_void) -> u32 {
-    destroy(&calls::cudnnDestroy__cu118__call, handle, BAD_PARAM_V8)
-}
-
-pub unsafe fn cudnnDestroy__cu126(handle: *mut c_void) -> u32 {
-    destroy(&calls::cudnnDestroy__cu126__call, handle, BAD_PARAM_V9)
 }
 
 /// The last `cudnnGetRNNWeightParams` answered by the server: its arguments (the output
@@ -1119,7 +1071,7 @@ const DIM_MAX: usize = 8;
 ///
 /// `args`: handle, rnnDesc, pseudoLayer, weightSpaceSize, weightSpace, linLayerID, mDesc,
 /// mAddr, bDesc, bAddr (the last two of each triple: the caller's `void **` or null).
-unsafe fn get_rnn_weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u64; 10]) -> u32 {
+unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u64; 10]) -> u32 {
     let unavailable = crate::runtime::unavailable(desc) as u32;
     crate::guard::ffi("cudnnGetRNNWeightParams", unavailable, || {
         let Ok(conn) = crate::conn::get() else { return unavailable };
@@ -1236,7 +1188,8 @@ unsafe fn get_tensor_nd(desc: &'static CallDesc, args: [u64; 6]) -> u32 {
     })
 }
 
-pub unsafe fn cudnnGetTensorNdDescriptor__cu118(
+pub unsafe fn get_tensor_nd_descriptor(
+    ctx: &Ctx,
     tensorDesc: *mut c_void,
     nbDimsRequested: i32,
     dataType: *mut c_void,
@@ -1247,25 +1200,12 @@ pub unsafe fn cudnnGetTensorNdDescriptor__cu118(
     let args =
         [tensorDesc as u64, nbDimsRequested as u32 as u64, dataType as u64, nbDims as u64, dimA as u64, strideA as u64];
     // SAFETY: the caller's arguments, passed on.
-    unsafe { get_tensor_nd(&calls::cudnnGetTensorNdDescriptor__cu118__call, args) }
-}
-
-pub unsafe fn cudnnGetTensorNdDescriptor__cu126(
-    tensorDesc: *mut c_void,
-    nbDimsRequested: i32,
-    dataType: *mut c_void,
-    nbDims: *mut c_void,
-    dimA: *mut c_void,
-    strideA: *mut c_void,
-) -> u32 {
-    let args =
-        [tensorDesc as u64, nbDimsRequested as u32 as u64, dataType as u64, nbDims as u64, dimA as u64, strideA as u64];
-    // SAFETY: the caller's arguments, passed on.
-    unsafe { get_tensor_nd(&calls::cudnnGetTensorNdDescriptor__cu126__call, args) }
+    unsafe { get_tensor_nd(forms(ctx).get_tensor_nd, args) }
 }
 
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn cudnnGetRNNWeightParams__cu118(
+pub unsafe fn get_rnn_weight_params(
+    ctx: &Ctx,
     handle: *mut c_void,
     rnnDesc: *mut c_void,
     pseudoLayer: i32,
@@ -1280,38 +1220,7 @@ pub unsafe fn cudnnGetRNNWeightParams__cu118(
     let args = [handle as u64, rnnDesc as u64, pseudoLayer as u32 as u64, weightSpaceSize as u64, weightSpace as u64];
     let rest = [linLayerID as u32 as u64, mDesc as u64, mAddr as u64, bDesc as u64, bAddr as u64];
     // SAFETY: the caller's arguments, passed on.
-    unsafe {
-        get_rnn_weight_params(
-            &calls::cudnnGetRNNWeightParams__cu118__call,
-            &calls::cudnnGetTensorNdDescriptor__cu118__call,
-            concat(args, rest),
-        )
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cudnnGetRNNWeightParams__cu126(
-    handle: *mut c_void,
-    rnnDesc: *mut c_void,
-    pseudoLayer: i32,
-    weightSpaceSize: usize,
-    weightSpace: *mut c_void,
-    linLayerID: i32,
-    mDesc: *mut c_void,
-    mAddr: *mut c_void,
-    bDesc: *mut c_void,
-    bAddr: *mut c_void,
-) -> u32 {
-    let args = [handle as u64, rnnDesc as u64, pseudoLayer as u32 as u64, weightSpaceSize as u64, weightSpace as u64];
-    let rest = [linLayerID as u32 as u64, mDesc as u64, mAddr as u64, bDesc as u64, bAddr as u64];
-    // SAFETY: the caller's arguments, passed on.
-    unsafe {
-        get_rnn_weight_params(
-            &calls::cudnnGetRNNWeightParams__cu126__call,
-            &calls::cudnnGetTensorNdDescriptor__cu126__call,
-            concat(args, rest),
-        )
-    }
+    unsafe { weight_params(forms(ctx).rnn_weight_params, forms(ctx).get_tensor_nd, concat(args, rest)) }
 }
 
 fn concat(a: [u64; 5], b: [u64; 5]) -> [u64; 10] {

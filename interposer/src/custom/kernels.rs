@@ -11,6 +11,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use chidori_cuda::calls::{cudart as calls, driver as dcalls};
+use chidori_cuda::desc::Ctx;
 use chidori_cuda::types::dim3;
 use chidori_protocol::messages::{Api, PropValue};
 
@@ -270,12 +271,9 @@ fn func_attributes(version: &str, attr: *mut c_void, func: *mut c_void) -> u32 {
     })
 }
 
-pub unsafe fn cudaFuncGetAttributes__cu118(attr: *mut c_void, func: *mut c_void) -> u32 {
-    func_attributes("11.8", attr, func)
-}
-
-pub unsafe fn cudaFuncGetAttributes__cu121(attr: *mut c_void, func: *mut c_void) -> u32 {
-    func_attributes("13.0", attr, func)
+/// In the layout of the caller's CUDA version.
+pub unsafe fn func_get_attributes(ctx: &Ctx, attr: *mut c_void, func: *mut c_void) -> u32 {
+    func_attributes(ctx.version, attr, func)
 }
 
 pub unsafe fn cudaFuncSetAttribute(func: *mut c_void, attr: u32, value: i32) -> u32 {
