@@ -971,7 +971,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync(
     devPtr: *mut c_void,
     hStream: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaFreeAsync(devPtr, hStream) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFreeAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaFreeAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::free_async(&CTX, devPtr, hStream)
+    }
 }
 ///`cudaFreeAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -979,7 +994,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFreeAsync_ptsz(
     devPtr: *mut c_void,
     hStream: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaFreeAsync_ptsz(devPtr, hStream) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFreeAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaFreeAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::free_async(&CTX, devPtr, hStream)
+    }
 }
 ///`cudaFreeHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
@@ -2178,7 +2208,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc(
     r#fn: *mut c_void,
     userData: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchHostFunc(stream, r#fn, userData) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchHostFunc",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaLaunchHostFunc__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::launch_host_func(&CTX, stream, r#fn, userData)
+    }
 }
 ///`cudaLaunchHostFunc_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -2187,7 +2232,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLaunchHostFunc_ptsz(
     r#fn: *mut c_void,
     userData: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaLaunchHostFunc_ptsz(stream, r#fn, userData) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaLaunchHostFunc_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaLaunchHostFunc_ptsz__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::launch_host_func(&CTX, stream, r#fn, userData)
+    }
 }
 ///`cudaLaunchKernel` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -2460,7 +2520,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync(
     size: usize,
     hStream: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaMallocAsync(devPtr, size, hStream) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMallocAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMallocAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::malloc_async(&CTX, devPtr, size, hStream)
+    }
 }
 ///`cudaMallocAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -2469,7 +2544,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync_ptsz(
     size: usize,
     hStream: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaMallocAsync_ptsz(devPtr, size, hStream) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMallocAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMallocAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::malloc_async(&CTX, devPtr, size, hStream)
+    }
 }
 ///`cudaMallocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
@@ -2577,7 +2667,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy(
     count: usize,
     kind: u32,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaMemcpy(dst, src, count, kind) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy__d2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy__d2h,
+                &chidori_cuda::calls::cudart::cudaMemcpy__h2d,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::memcpy_sync(&CTX, dst, src, count, kind)
+    }
 }
 ///`cudaMemcpy2D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -2800,7 +2909,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaMemcpyAsync(dst, src, count, kind, stream) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyAsync__d2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyAsync__d2h,
+                &chidori_cuda::calls::cudart::cudaMemcpyAsync__h2d,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::memcpy_async(&CTX, dst, src, count, kind, stream)
+    }
 }
 ///`cudaMemcpyAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -2811,7 +2939,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync_ptsz(
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaMemcpyAsync_ptsz(dst, src, count, kind, stream) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyAsync_ptsz__d2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyAsync_ptsz__d2h,
+                &chidori_cuda::calls::cudart::cudaMemcpyAsync_ptsz__h2d,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::memcpy_async(&CTX, dst, src, count, kind, stream)
+    }
 }
 ///`cudaMemcpyFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -2987,7 +3134,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy_ptds(
     count: usize,
     kind: u32,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaMemcpy_ptds(dst, src, count, kind) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy_ptds__d2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy_ptds__d2h,
+                &chidori_cuda::calls::cudart::cudaMemcpy_ptds__h2d,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::memcpy_sync(&CTX, dst, src, count, kind)
+    }
 }
 ///`cudaMemset` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -3296,7 +3462,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback(
     flags: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaStreamAddCallback(stream, callback, userData, flags)
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamAddCallback",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamAddCallback__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::stream_callback(&CTX, stream, callback, userData, flags)
     }
 }
 ///`cudaStreamAddCallback_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3308,12 +3487,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback_ptsz(
     flags: u32,
 ) -> u32 {
     unsafe {
-        crate::custom::cudart::cudaStreamAddCallback_ptsz(
-            stream,
-            callback,
-            userData,
-            flags,
-        )
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamAddCallback_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamAddCallback_ptsz__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::stream_callback(&CTX, stream, callback, userData, flags)
     }
 }
 ///`cudaStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3322,7 +3509,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
     stream: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaStreamBeginCapture(stream, mode) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamBeginCapture",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamBeginCapture__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture(&CTX, stream, mode)
+    }
 }
 ///`cudaStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -3330,7 +3532,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture_ptsz(
     stream: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaStreamBeginCapture_ptsz(stream, mode) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamBeginCapture_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamBeginCapture_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture(&CTX, stream, mode)
+    }
 }
 ///`cudaStreamCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -3408,7 +3625,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture(
     stream: *mut c_void,
     pGraph: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaStreamEndCapture(stream, pGraph) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamEndCapture",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamEndCapture__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::end_capture(&CTX, stream, pGraph)
+    }
 }
 ///`cudaStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -3416,7 +3648,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture_ptsz(
     stream: *mut c_void,
     pGraph: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaStreamEndCapture_ptsz(stream, pGraph) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamEndCapture_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamEndCapture_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::end_capture(&CTX, stream, pGraph)
+    }
 }
 ///`cudaStreamGetCaptureInfo` for CUDA 11.8 (custom).
 #[unsafe(no_mangle)]
@@ -3604,7 +3851,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing(
     stream: *mut c_void,
     pCaptureStatus: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaStreamIsCapturing(stream, pCaptureStatus) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamIsCapturing",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamIsCapturing__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::stream_is_capturing(&CTX, stream, pCaptureStatus)
+    }
 }
 ///`cudaStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -3612,7 +3874,22 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamIsCapturing_ptsz(
     stream: *mut c_void,
     pCaptureStatus: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaStreamIsCapturing_ptsz(stream, pCaptureStatus) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamIsCapturing_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamIsCapturing_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::stream_is_capturing(&CTX, stream, pCaptureStatus)
+    }
 }
 ///`cudaStreamQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

@@ -4499,14 +4499,44 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync_ptsz(
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
     hStream: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuStreamBeginCapture(hStream) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamBeginCapture",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCapture__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_without_mode(&CTX, hStream)
+    }
 }
 ///`cuStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_ptsz(
     hStream: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuStreamBeginCapture_ptsz(hStream) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamBeginCapture_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCapture_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_without_mode(&CTX, hStream)
+    }
 }
 ///`cuStreamBeginCapture_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -4514,7 +4544,22 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2(
     hStream: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuStreamBeginCapture_v2(hStream, mode) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamBeginCapture_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCapture_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture(&CTX, hStream, mode)
+    }
 }
 ///`cuStreamBeginCapture_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -4522,7 +4567,22 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture_v2_ptsz(
     hStream: *mut c_void,
     mode: u32,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuStreamBeginCapture_v2_ptsz(hStream, mode) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamBeginCapture_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCapture_v2_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture(&CTX, hStream, mode)
+    }
 }
 ///`cuStreamCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -4605,7 +4665,22 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture(
     hStream: *mut c_void,
     phGraph: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuStreamEndCapture(hStream, phGraph) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamEndCapture",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamEndCapture__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::end_capture(&CTX, hStream, phGraph)
+    }
 }
 ///`cuStreamEndCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -4613,7 +4688,22 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture_ptsz(
     hStream: *mut c_void,
     phGraph: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuStreamEndCapture_ptsz(hStream, phGraph) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamEndCapture_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamEndCapture_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::end_capture(&CTX, hStream, phGraph)
+    }
 }
 ///`cuStreamGetCaptureInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -4836,7 +4926,22 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing(
     hStream: *mut c_void,
     captureStatus: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuStreamIsCapturing(hStream, captureStatus) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamIsCapturing",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamIsCapturing__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::stream_is_capturing(&CTX, hStream, captureStatus)
+    }
 }
 ///`cuStreamIsCapturing_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -4844,7 +4949,22 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamIsCapturing_ptsz(
     hStream: *mut c_void,
     captureStatus: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::driver::cuStreamIsCapturing_ptsz(hStream, captureStatus) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamIsCapturing_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamIsCapturing_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::stream_is_capturing(&CTX, hStream, captureStatus)
+    }
 }
 ///`cuStreamQuery` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]

@@ -146,6 +146,11 @@ impl Ctx {
             .unwrap_or_else(|| panic!("{} has no wire form {form:?} (specs and custom code disagree)", self.name))
     }
 
+    /// Whether the export is a per-thread-default-stream entry point (`_ptsz`, `_ptds`).
+    pub fn per_thread(&self) -> bool {
+        self.name.ends_with("_ptsz") || self.name.ends_with("_ptds")
+    }
+
     /// A status code as the export returns it.
     pub fn status(&self, code: i64) -> u32 {
         code as u32

@@ -11,8 +11,8 @@
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use chidori_cuda::calls::{cudart, driver};
-use chidori_protocol::desc::CallDesc;
+use chidori_cuda::calls::cudart;
+use chidori_protocol::desc::{CallDesc, Ctx};
 
 use crate::conn;
 
@@ -109,73 +109,31 @@ fn guarded(name: &'static str, runtime: bool, body: impl FnOnce() -> Result<u32,
     })
 }
 
-pub unsafe fn cudaStreamBeginCapture(stream: *mut c_void, mode: u32) -> u32 {
-    begin(
-        "cudaStreamBeginCapture",
-        &cudart::cudaStreamBeginCapture__call,
-        &[stream as u64, u64::from(mode)],
-        false,
-        true,
-    )
+/// The export's name without its per-thread suffix: what logs and traces call it.
+fn base_name(ctx: &Ctx) -> &'static str {
+    ctx.name.trim_end_matches("_ptsz").trim_end_matches("_ptds")
 }
 
-pub unsafe fn cudaStreamBeginCapture_ptsz(stream: *mut c_void, mode: u32) -> u32 {
+/// cudaStreamBeginCapture, cuStreamBeginCapture_v2 and their `_ptsz` forms.
+pub unsafe fn begin_capture(ctx: &Ctx, stream: *mut c_void, mode: u32) -> u32 {
     let args = [stream as u64, u64::from(mode)];
-    begin("cudaStreamBeginCapture", &cudart::cudaStreamBeginCapture_ptsz__call, &args, true, true)
+    begin(base_name(ctx), ctx.form("call"), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
-pub unsafe fn cudaStreamEndCapture(stream: *mut c_void, pGraph: *mut c_void) -> u32 {
-    end("cudaStreamEndCapture", &cudart::cudaStreamEndCapture__call, &[stream as u64, pGraph as u64], false, true)
+/// cuStreamBeginCapture (no mode: global) and its `_ptsz` form.
+pub unsafe fn begin_capture_without_mode(ctx: &Ctx, stream: *mut c_void) -> u32 {
+    begin(base_name(ctx), ctx.form("call"), &[stream as u64], ctx.per_thread(), ctx.library == "cudart")
 }
 
-pub unsafe fn cudaStreamEndCapture_ptsz(stream: *mut c_void, pGraph: *mut c_void) -> u32 {
-    let args = [stream as u64, pGraph as u64];
-    end("cudaStreamEndCapture", &cudart::cudaStreamEndCapture_ptsz__call, &args, true, true)
+/// cudaStreamEndCapture, cuStreamEndCapture and their `_ptsz` forms.
+pub unsafe fn end_capture(ctx: &Ctx, stream: *mut c_void, graph: *mut c_void) -> u32 {
+    let args = [stream as u64, graph as u64];
+    end(base_name(ctx), ctx.form("call"), &args, ctx.per_thread(), ctx.library == "cudart")
 }
 
-pub unsafe fn cudaStreamIsCapturing(stream: *mut c_void, pCaptureStatus: *mut c_void) -> u32 {
-    is_capturing("cudaStreamIsCapturing", &cudart::cudaStreamIsCapturing__call, stream as u64, pCaptureStatus, true)
-}
-
-pub unsafe fn cudaStreamIsCapturing_ptsz(stream: *mut c_void, pCaptureStatus: *mut c_void) -> u32 {
-    let desc = &cudart::cudaStreamIsCapturing_ptsz__call;
-    is_capturing("cudaStreamIsCapturing", desc, stream as u64, pCaptureStatus, true)
-}
-
-pub unsafe fn cuStreamBeginCapture(hStream: *mut c_void) -> u32 {
-    begin("cuStreamBeginCapture", &driver::cuStreamBeginCapture__call, &[hStream as u64], false, false)
-}
-
-pub unsafe fn cuStreamBeginCapture_ptsz(hStream: *mut c_void) -> u32 {
-    begin("cuStreamBeginCapture", &driver::cuStreamBeginCapture_ptsz__call, &[hStream as u64], true, false)
-}
-
-pub unsafe fn cuStreamBeginCapture_v2(hStream: *mut c_void, mode: u32) -> u32 {
-    let args = [hStream as u64, u64::from(mode)];
-    begin("cuStreamBeginCapture", &driver::cuStreamBeginCapture_v2__call, &args, false, false)
-}
-
-pub unsafe fn cuStreamBeginCapture_v2_ptsz(hStream: *mut c_void, mode: u32) -> u32 {
-    let args = [hStream as u64, u64::from(mode)];
-    begin("cuStreamBeginCapture", &driver::cuStreamBeginCapture_v2_ptsz__call, &args, true, false)
-}
-
-pub unsafe fn cuStreamEndCapture(hStream: *mut c_void, phGraph: *mut c_void) -> u32 {
-    end("cuStreamEndCapture", &driver::cuStreamEndCapture__call, &[hStream as u64, phGraph as u64], false, false)
-}
-
-pub unsafe fn cuStreamEndCapture_ptsz(hStream: *mut c_void, phGraph: *mut c_void) -> u32 {
-    let args = [hStream as u64, phGraph as u64];
-    end("cuStreamEndCapture", &driver::cuStreamEndCapture_ptsz__call, &args, true, false)
-}
-
-pub unsafe fn cuStreamIsCapturing(hStream: *mut c_void, captureStatus: *mut c_void) -> u32 {
-    is_capturing("cuStreamIsCapturing", &driver::cuStreamIsCapturing__call, hStream as u64, captureStatus, false)
-}
-
-pub unsafe fn cuStreamIsCapturing_ptsz(hStream: *mut c_void, captureStatus: *mut c_void) -> u32 {
-    let desc = &driver::cuStreamIsCapturing_ptsz__call;
-    is_capturing("cuStreamIsCapturing", desc, hStream as u64, captureStatus, false)
+/// cudaStreamIsCapturing, cuStreamIsCapturing and their `_ptsz` forms.
+pub unsafe fn stream_is_capturing(ctx: &Ctx, stream: *mut c_void, status: *mut c_void) -> u32 {
+    is_capturing(base_name(ctx), ctx.form("call"), stream as u64, status, ctx.library == "cudart")
 }
 
 /// cudaStreamGetCaptureInfo: nothing captures → status None without a round trip; else

@@ -375,27 +375,16 @@ pub unsafe fn cudaMalloc(devPtr: *mut c_void, size: usize) -> u32 {
     })
 }
 
-fn malloc_async(
-    desc: &'static chidori_protocol::desc::CallDesc,
-    dev_ptr: *mut c_void,
-    size: usize,
-    stream: *mut c_void,
-) -> u32 {
+/// cudaMallocAsync and cudaMallocAsync_ptsz.
+pub unsafe fn malloc_async(ctx: &Ctx, dev_ptr: *mut c_void, size: usize, stream: *mut c_void) -> u32 {
     runtime("cudaMallocAsync", || {
         let conn = connection()?;
         // SAFETY: as cudaMalloc.
-        let s = unsafe { crate::runtime::call_on(&conn, desc, &[dev_ptr as u64, size as u64, stream as u64]) } as u32;
+        let args = [dev_ptr as u64, size as u64, stream as u64];
+        let s = unsafe { crate::runtime::call_on(&conn, ctx.form("call"), &args) } as u32;
         record_alloc(s, dev_ptr, size as u64);
         Ok(s)
     })
-}
-
-pub unsafe fn cudaMallocAsync(devPtr: *mut c_void, size: usize, hStream: *mut c_void) -> u32 {
-    malloc_async(&calls::cudaMallocAsync__call, devPtr, size, hStream)
-}
-
-pub unsafe fn cudaMallocAsync_ptsz(devPtr: *mut c_void, size: usize, hStream: *mut c_void) -> u32 {
-    malloc_async(&calls::cudaMallocAsync_ptsz__call, devPtr, size, hStream)
 }
 
 pub unsafe fn cudaMallocPitch(devPtr: *mut c_void, pitch: *mut c_void, width: usize, height: usize) -> u32 {
@@ -435,12 +424,9 @@ pub unsafe fn cudaFree(devPtr: *mut c_void) -> u32 {
     free(&calls::cudaFree__call, &[devPtr as u64])
 }
 
-pub unsafe fn cudaFreeAsync(devPtr: *mut c_void, hStream: *mut c_void) -> u32 {
-    free(&calls::cudaFreeAsync__call, &[devPtr as u64, hStream as u64])
-}
-
-pub unsafe fn cudaFreeAsync_ptsz(devPtr: *mut c_void, hStream: *mut c_void) -> u32 {
-    free(&calls::cudaFreeAsync_ptsz__call, &[devPtr as u64, hStream as u64])
+/// cudaFreeAsync and cudaFreeAsync_ptsz.
+pub unsafe fn free_async(ctx: &Ctx, devPtr: *mut c_void, hStream: *mut c_void) -> u32 {
+    free(ctx.form("call"), &[devPtr as u64, hStream as u64])
 }
 
 // ---- Pinned host memory: client memory, recorded as pinned ----
@@ -547,23 +533,10 @@ pub unsafe fn get_pointer_attributes(ctx: &Ctx, attributes: *mut c_void, ptr: *m
 
 // ---- Copies ----
 
-static MEMCPY: CopyForms =
-    CopyForms { h2d: &calls::cudaMemcpy__h2d, d2h: &calls::cudaMemcpy__d2h, d2d: &calls::cudaMemcpy__d2d };
-static MEMCPY_PTDS: CopyForms = CopyForms {
-    h2d: &calls::cudaMemcpy_ptds__h2d,
-    d2h: &calls::cudaMemcpy_ptds__d2h,
-    d2d: &calls::cudaMemcpy_ptds__d2d,
-};
-static MEMCPY_ASYNC: CopyForms = CopyForms {
-    h2d: &calls::cudaMemcpyAsync__h2d,
-    d2h: &calls::cudaMemcpyAsync__d2h,
-    d2d: &calls::cudaMemcpyAsync__d2d,
-};
-static MEMCPY_ASYNC_PTSZ: CopyForms = CopyForms {
-    h2d: &calls::cudaMemcpyAsync_ptsz__h2d,
-    d2h: &calls::cudaMemcpyAsync_ptsz__d2h,
-    d2d: &calls::cudaMemcpyAsync_ptsz__d2d,
-};
+/// The three forms of a copy export, from its context.
+fn copy_forms(ctx: &Ctx) -> CopyForms {
+    CopyForms { h2d: ctx.form("h2d"), d2h: ctx.form("d2h"), d2d: ctx.form("d2d") }
+}
 
 fn memcpy(forms: &CopyForms, dst: u64, src: u64, count: u64, kind: u32, tail: &[u64], asynchronous: bool) -> u32 {
     runtime("cudaMemcpy", || {
@@ -587,26 +560,22 @@ fn memcpy(forms: &CopyForms, dst: u64, src: u64, count: u64, kind: u32, tail: &[
     })
 }
 
-pub unsafe fn cudaMemcpy(dst: *mut c_void, src: *mut c_void, count: usize, kind: u32) -> u32 {
-    memcpy(&MEMCPY, dst as u64, src as u64, count as u64, kind, &[], false)
+/// cudaMemcpy and cudaMemcpy_ptds.
+pub unsafe fn memcpy_sync(ctx: &Ctx, dst: *mut c_void, src: *mut c_void, count: usize, kind: u32) -> u32 {
+    memcpy(&copy_forms(ctx), dst as u64, src as u64, count as u64, kind, &[], false)
 }
 
-pub unsafe fn cudaMemcpy_ptds(dst: *mut c_void, src: *mut c_void, count: usize, kind: u32) -> u32 {
-    memcpy(&MEMCPY_PTDS, dst as u64, src as u64, count as u64, kind, &[], false)
-}
-
-pub unsafe fn cudaMemcpyAsync(dst: *mut c_void, src: *mut c_void, count: usize, kind: u32, stream: *mut c_void) -> u32 {
-    memcpy(&MEMCPY_ASYNC, dst as u64, src as u64, count as u64, kind, &[stream as u64], true)
-}
-
-pub unsafe fn cudaMemcpyAsync_ptsz(
+/// cudaMemcpyAsync and cudaMemcpyAsync_ptsz (whose NULL stream is the thread's own).
+pub unsafe fn memcpy_async(
+    ctx: &Ctx,
     dst: *mut c_void,
     src: *mut c_void,
     count: usize,
     kind: u32,
     stream: *mut c_void,
 ) -> u32 {
-    memcpy(&MEMCPY_ASYNC_PTSZ, dst as u64, src as u64, count as u64, kind, &[per_thread(stream) as u64], true)
+    let stream = if ctx.per_thread() { per_thread(stream) } else { stream };
+    memcpy(&copy_forms(ctx), dst as u64, src as u64, count as u64, kind, &[stream as u64], true)
 }
 
 // ---- Host callbacks: run on the client, in stream order ----
@@ -631,12 +600,9 @@ fn host_function(desc: &'static chidori_protocol::desc::CallDesc, mut args: Vec<
 type HostFn = unsafe extern "C" fn(*mut c_void);
 type StreamCallback = unsafe extern "C" fn(*mut c_void, u32, *mut c_void);
 
-fn launch_host_func(
-    desc: &'static chidori_protocol::desc::CallDesc,
-    stream: *mut c_void,
-    f: *mut c_void,
-    user: *mut c_void,
-) -> u32 {
+/// cudaLaunchHostFunc and cudaLaunchHostFunc_ptsz.
+pub unsafe fn launch_host_func(ctx: &Ctx, stream: *mut c_void, f: *mut c_void, user: *mut c_void) -> u32 {
+    let desc = ctx.form("host");
     if f.is_null() {
         return INVALID_VALUE;
     }
@@ -651,21 +617,9 @@ fn launch_host_func(
     )
 }
 
-pub unsafe fn cudaLaunchHostFunc(stream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
-    launch_host_func(&calls::cudaLaunchHostFunc__host, stream, r#fn, userData)
-}
-
-pub unsafe fn cudaLaunchHostFunc_ptsz(stream: *mut c_void, r#fn: *mut c_void, userData: *mut c_void) -> u32 {
-    launch_host_func(&calls::cudaLaunchHostFunc_ptsz__host, stream, r#fn, userData)
-}
-
-fn stream_callback(
-    desc: &'static chidori_protocol::desc::CallDesc,
-    stream: *mut c_void,
-    cb: *mut c_void,
-    user: *mut c_void,
-    flags: u32,
-) -> u32 {
+/// cudaStreamAddCallback and cudaStreamAddCallback_ptsz.
+pub unsafe fn stream_callback(ctx: &Ctx, stream: *mut c_void, cb: *mut c_void, user: *mut c_void, flags: u32) -> u32 {
+    let desc = ctx.form("host");
     if cb.is_null() {
         return INVALID_VALUE;
     }
@@ -680,24 +634,6 @@ fn stream_callback(
             }
         }),
     )
-}
-
-pub unsafe fn cudaStreamAddCallback(
-    stream: *mut c_void,
-    callback: *mut c_void,
-    userData: *mut c_void,
-    flags: u32,
-) -> u32 {
-    stream_callback(&calls::cudaStreamAddCallback__host, stream, callback, userData, flags)
-}
-
-pub unsafe fn cudaStreamAddCallback_ptsz(
-    stream: *mut c_void,
-    callback: *mut c_void,
-    userData: *mut c_void,
-    flags: u32,
-) -> u32 {
-    stream_callback(&calls::cudaStreamAddCallback_ptsz__host, stream, callback, userData, flags)
 }
 
 pub use super::kernels::*;
