@@ -5,6 +5,7 @@
 //! which come from `generated/client` (included below, since they call into this crate).
 //! Invariant: nothing in this library loads or calls a real NVIDIA library.
 
+pub mod ahead;
 pub mod conn;
 pub mod custom;
 pub mod fatbin;

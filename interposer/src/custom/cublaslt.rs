@@ -15,6 +15,8 @@ use std::sync::Mutex;
 
 use chidori_protocol::desc::{CallDesc, Ctx, Wire};
 
+use crate::ahead::Answers;
+
 const SUCCESS: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_SUCCESS;
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
 const DESC_POINTER_MODE: u32 = chidori_cuda::consts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_POINTER_MODE;
@@ -42,7 +44,7 @@ static RECORDS: Mutex<Option<HashMap<u64, Record>>> = Mutex::new(None);
 
 /// Heuristic answers by problem: (status, algorithms returned, result bytes).
 type Answer = (u32, i32, Vec<u8>);
-static HEURISTICS: Mutex<Option<HashMap<Vec<u8>, Answer>>> = Mutex::new(None);
+static HEURISTICS: Answers<Vec<u8>, Answer> = Answers::new(HEURISTIC_CACHE_LIMIT);
 
 fn records() -> std::sync::MutexGuard<'static, Option<HashMap<u64, Record>>> {
     RECORDS.lock().unwrap_or_else(|p| p.into_inner())
@@ -163,17 +165,14 @@ fn heuristic(
         let Some(elem) = result_size(desc) else { return INVALID_VALUE };
         let descs = [operation, layouts[0], layouts[1], layouts[2], layouts[3], preference];
         let key = problem_key(&descs, requested);
-        if let Some(key) = &key {
-            let cache = HEURISTICS.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((status, n, bytes)) = cache.as_ref().and_then(|c| c.get(key)) {
-                crate::trace::local("cublasLtMatmulAlgoGetHeuristic");
-                // SAFETY: the caller's arrays: `requested` results and one int.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), results as *mut u8, bytes.len());
-                    std::ptr::write_unaligned(returned as *mut i32, *n);
-                }
-                return *status;
+        if let Some((status, n, bytes)) = key.as_ref().and_then(|k| HEURISTICS.get(k)) {
+            crate::trace::local("cublasLtMatmulAlgoGetHeuristic");
+            // SAFETY: the caller's arrays: `requested` results and one int.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), results as *mut u8, bytes.len());
+                std::ptr::write_unaligned(returned as *mut i32, n);
             }
+            return status;
         }
         let args = [
             handle,
@@ -196,11 +195,7 @@ fn heuristic(
             let n = unsafe { std::ptr::read_unaligned(returned as *const i32) };
             let len = elem * (requested as usize);
             let bytes = unsafe { std::slice::from_raw_parts(results as *const u8, len) }.to_vec();
-            let mut cache = HEURISTICS.lock().unwrap_or_else(|p| p.into_inner());
-            let cache = cache.get_or_insert_with(HashMap::new);
-            if cache.len() < HEURISTIC_CACHE_LIMIT {
-                cache.insert(key, (s, n, bytes));
-            }
+            HEURISTICS.learn(key, (s, n, bytes));
         }
         s
     })

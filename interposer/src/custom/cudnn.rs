@@ -16,13 +16,16 @@
 //! call: the graph's finalize at the latest, which fails natively too when a part of it did.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
 use chidori_cuda::calls::cudnn as calls;
 use chidori_protocol::desc::{CallDesc, Ctx};
 use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_RECORD};
+
+use crate::ahead::Answers;
+use crate::ahead::cudnn::{Answer, FillQuery, PLAN_MAX, Plan, Query, Replay, Twin, UNWRITTEN, filled_by, slot};
 
 /// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
 const BAD_PARAM_V8: u32 = 3;
@@ -256,7 +259,7 @@ fn finalize(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         let mut budget = PLAN_MAX;
         let plan = replay(|r| r.plan(ty, None, 0, &mut budget));
         let mut ahead = Vec::new();
-        plan.materialize(f, &conn, d, &mut ahead);
+        materialize(&plan, f, &conn, d, &mut ahead);
         let status = batch(f, &conn, f.finalize, &[d], ahead, "cudnnBackendFinalize", |s| s == 0);
         if status == 0 {
             replay(|r| _ = r.known.entry(d).or_default());
@@ -288,240 +291,6 @@ pub unsafe fn backend_destroy_descriptor(ctx: &Ctx, descriptor: *mut c_void) -> 
 
 const TYPE_BACKEND_DESCRIPTOR: u32 = chidori_cuda::consts::cudnnBackendAttributeType_t::CUDNN_TYPE_BACKEND_DESCRIPTOR;
 
-/// What one Get answered: the status, `*elementCount`, and the array as the server sent it
-/// (`requested` elements of the attribute type's size).
-#[derive(Clone)]
-struct Answer {
-    status: u32,
-    count: i64,
-    bytes: Vec<u8>,
-}
-
-/// A Get's question: (attribute, attribute type, requested elements, whether an array
-/// travels). Without an array it asks the count (torch's frontend asks an engine's notes
-/// that way before it reads them).
-type Query = (u32, u32, i64, bool);
-
-/// A Get of descriptors: (attribute, requested descriptors, their descriptor type).
-type FillQuery = (u32, i64, u32);
-
-/// `*elementCount` before a fill: the library leaves it for some attributes (an engine
-/// configuration's engine), and a successful fill then filled every requested descriptor.
-const UNWRITTEN: i64 = i64::MIN;
-
-/// How many of `requested` descriptors a fill that answered `status` and `count` filled.
-fn filled_by(status: u32, count: i64, requested: usize) -> usize {
-    match (status, count) {
-        (0, UNWRITTEN) => requested,
-        (0, n) => usize::try_from(n).unwrap_or(0).min(requested),
-        _ => 0,
-    }
-}
-
-/// A fill the client made ahead of the program, into descriptors of its own ("shadows")
-/// made like the program makes its own: the same call on the same, unchanged source. When
-/// the program asks it, its answer is this one's, the program's descriptors are filled by
-/// the same call sent without waiting, and what was asked of each shadow becomes known of
-/// the program's descriptor in its place.
-///
-/// The call may ask for fewer descriptors than the program will (one more than the library
-/// filled last time: the frontend asks an engine configuration for 44 knob choices and gets
-/// one): a count below what it asked for is then all there is, and the program's call fills
-/// the same. A count that reaches it says nothing of the rest, and the program's call goes
-/// to the server.
-struct Twin {
-    /// The program's call: (attribute, requested, descriptor type).
-    query: FillQuery,
-    status: u32,
-    count: i64,
-    shadows: Vec<u64>,
-}
-
-impl Twin {
-    /// Whether this fill answers the program's: it succeeded, and it asked for as many
-    /// descriptors or was filled short of what it asked for.
-    fn answers(&self, query: FillQuery) -> bool {
-        self.query == query
-            && self.status == 0
-            && (self.shadows.len() as i64 == query.1
-                || (self.count != UNWRITTEN && (0..self.shadows.len() as i64).contains(&self.count)))
-    }
-}
-
-/// What is known of a descriptor that does not change until a Set, Finalize, fill or its
-/// destroy: answers to questions, and fills made ahead.
-#[derive(Default)]
-struct Known {
-    /// Where a fill put it in the caller's array (the frontend reads the knobs of the
-    /// configuration it builds a plan from, not of every one the heuristics offer).
-    slot: Option<u8>,
-    answers: Vec<(Query, Answer)>,
-    twins: Vec<Twin>,
-    /// Fills the program made from this descriptor, and how often (the frontend fills an
-    /// engine from a configuration once to read its notes and again to build the plan).
-    made: Vec<(FillQuery, u32)>,
-}
-
-impl Known {
-    /// Count one more fill of `query` by the program; which one it is (1, 2, ...).
-    fn made(&mut self, query: FillQuery) -> u32 {
-        match self.made.iter_mut().find(|(q, _)| *q == query) {
-            Some((_, n)) => {
-                *n += 1;
-                *n
-            }
-            None => {
-                self.made.push((query, 1));
-                1
-            }
-        }
-    }
-}
-
-/// Most questions and fills learned per descriptor type, and most calls made ahead of one
-/// waiting call.
-const LEARNED_MAX: usize = 8;
-const PLAN_MAX: usize = 1024;
-/// The largest array a learned question may ask for, and the most descriptors a learned
-/// fill may make.
-const REQUESTED_MAX: i64 = 64;
-/// How deep fills made ahead nest (heuristics -> configurations -> engines, knobs), and
-/// most fills of one kind made ahead from one descriptor.
-const DEPTH_MAX: usize = 3;
-const REPEAT_MAX: u32 = 4;
-/// Most shadows alive at once: the frontend keeps the descriptors of every graph it built
-/// (torch caches them), and a fill made ahead that the program never asked for would keep
-/// its shadows alive as long; past this, those of the oldest sources are destroyed.
-const SHADOWS_MAX: usize = 4096;
-
-/// Where a fill learned for a descriptor type applies: descriptors of that type filled into
-/// this slot of the caller's array (None: made by the program, or past slot 255).
-type Slot = Option<u8>;
-
-/// The program's questions about descriptors whose answers cannot change (filled by a Get,
-/// or finalized with a wait), learned per descriptor type and asked of the next descriptors
-/// of that type in the round trip that fills or finalizes them. torch's frontend, building a
-/// cuDNN graph, finalizes the heuristics, asks for their count and configurations, then of
-/// each configuration its engine, the engine's notes and index, its knobs: all of it rides
-/// with the heuristics' finalize, and the program's own calls are answered here. Only the
-/// same question about the same, unchanged descriptor is answered from here: a Get has no
-/// side effects, and a descriptor changes only by a fill, a Set, a Finalize or its destroy,
-/// each of which drops what is known (and the shadows made for it).
-#[derive(Default)]
-struct Replay {
-    learned: HashMap<u32, Vec<Query>>,
-    learned_fills: HashMap<(u32, Slot), Vec<LearnedFill>>,
-    known: HashMap<u64, Known>,
-    /// Descriptors the program created and has not used yet: a fill into them is the same
-    /// call as a fill into shadows just created.
-    fresh: HashSet<u64>,
-    /// Shadows alive, and the sources fills were made ahead for, oldest first.
-    shadows_live: usize,
-    sources: std::collections::VecDeque<u64>,
-}
-
-/// A fill learned per source descriptor type and slot: (fill, descriptors it filled last
-/// time, most times one source was filled so).
-type LearnedFill = (FillQuery, i64, u32);
-
-/// The calls to make ahead for a descriptor of one type: its learned questions, and its
-/// learned fills (each with the descriptors to ask for) with the plan of each descriptor
-/// they are expected to fill.
-#[derive(Default)]
-struct Plan {
-    queries: Vec<Query>,
-    fills: Vec<(FillQuery, usize, Vec<Plan>)>,
-}
-
-fn slot(i: usize) -> Slot {
-    u8::try_from(i).ok()
-}
-
-impl Replay {
-    fn plan(&self, ty: u32, at: Slot, depth: usize, budget: &mut usize) -> Plan {
-        let mut plan = Plan::default();
-        for &q in self.learned.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
-            if *budget == 0 {
-                return plan;
-            }
-            *budget -= 1;
-            plan.queries.push(q);
-        }
-        if depth >= DEPTH_MAX {
-            return plan;
-        }
-        for &(fq, last, times) in self.learned_fills.get(&(ty, at)).map(Vec::as_slice).unwrap_or(&[]) {
-            let last = last.clamp(0, fq.1);
-            // One more than last time where that saves most of the shadows (a shorter count
-            // shows there is no more); else as many as the program asks for, so that a
-            // fill that did not skip any would answer it whatever the count says.
-            let shadows = if (last + 1) * 2 <= fq.1 { last + 1 } else { fq.1 } as usize;
-            for _ in 0..times.clamp(1, REPEAT_MAX) {
-                let cost = shadows + 1;
-                if *budget < cost {
-                    return plan;
-                }
-                *budget -= cost;
-                let nested = (0..last as usize).map(|i| self.plan(fq.2, slot(i), depth + 1, budget)).collect();
-                plan.fills.push((fq, shadows, nested));
-            }
-        }
-        plan
-    }
-
-    /// Drop what is known of `d`; the shadows made for it, to destroy, go to `out`.
-    fn drop_known(&mut self, d: u64, out: &mut Vec<u64>) {
-        if let Some(k) = self.known.remove(&d) {
-            self.drop_twins(k.twins, out);
-        }
-    }
-
-    fn drop_twins(&mut self, twins: Vec<Twin>, out: &mut Vec<u64>) {
-        for twin in twins {
-            self.shadows_live = self.shadows_live.saturating_sub(twin.shadows.len());
-            for s in twin.shadows {
-                self.drop_known(s, out);
-                out.push(s);
-            }
-        }
-    }
-
-    /// Fills were made ahead for `source`: past [`SHADOWS_MAX`] live shadows, drop those
-    /// made for the oldest sources (to destroy: `out`).
-    fn made_ahead_for(&mut self, source: u64, shadows: usize, out: &mut Vec<u64>) {
-        self.shadows_live += shadows;
-        self.sources.push_back(source);
-        while self.shadows_live > SHADOWS_MAX {
-            let Some(old) = self.sources.pop_front() else { break };
-            if let Some(k) = self.known.get_mut(&old) {
-                let twins = std::mem::take(&mut k.twins);
-                self.drop_twins(twins, out);
-            }
-        }
-        if self.sources.len() > 4 * SHADOWS_MAX {
-            let known = &self.known;
-            self.sources.retain(|s| known.get(s).is_some_and(|k| !k.twins.is_empty()));
-        }
-    }
-
-    fn learn(&mut self, ty: u32, query: Query) {
-        let learned = self.learned.entry(ty).or_default();
-        if !learned.contains(&query) && learned.len() < LEARNED_MAX && query.2 <= REQUESTED_MAX {
-            learned.push(query);
-        }
-    }
-
-    fn learn_fill(&mut self, ty: (u32, Slot), query: FillQuery, count: i64, nth: u32) {
-        let learned = self.learned_fills.entry(ty).or_default();
-        if let Some((_, last, times)) = learned.iter_mut().find(|(q, _, _)| *q == query) {
-            *last = count;
-            *times = (*times).max(nth);
-        } else if learned.len() < LEARNED_MAX && query.1 <= REQUESTED_MAX {
-            learned.push((query, count, nth));
-        }
-    }
-}
-
 /// A call made ahead: a question, or a fill into shadows (created before the batch).
 enum Ahead {
     Query(Asked),
@@ -551,35 +320,33 @@ impl Ahead {
     }
 }
 
-impl Plan {
-    /// The calls of this plan for `descriptor`, in order; shadows are created on the way
-    /// (named, without waiting).
-    fn materialize(&self, f: &'static Forms, conn: &crate::conn::Conn, descriptor: u64, out: &mut Vec<Ahead>) {
-        for &q in &self.queries {
-            out.extend(Asked::new(f.get, descriptor, q).map(Ahead::Query));
+/// The calls of `plan` for `descriptor`, in order; shadows are created on the way (named,
+/// without waiting).
+fn materialize(plan: &Plan, f: &'static Forms, conn: &crate::conn::Conn, descriptor: u64, out: &mut Vec<Ahead>) {
+    for &q in &plan.queries {
+        out.extend(Asked::new(f.get, descriptor, q).map(Ahead::Query));
+    }
+    for &(query, n, ref nested) in &plan.fills {
+        let mut shadows = Vec::with_capacity(n);
+        for _ in 0..n {
+            let mut name = 0u64;
+            // SAFETY: `name` receives the client's name for the new descriptor.
+            let s = unsafe {
+                crate::runtime::call_on(conn, f.create_named, &[u64::from(query.2), &mut name as *mut u64 as u64])
+            };
+            if s != 0 || name == 0 {
+                break;
+            }
+            shadows.push(name);
         }
-        for &(query, n, ref nested) in &self.fills {
-            let mut shadows = Vec::with_capacity(n);
-            for _ in 0..n {
-                let mut name = 0u64;
-                // SAFETY: `name` receives the client's name for the new descriptor.
-                let s = unsafe {
-                    crate::runtime::call_on(conn, f.create_named, &[u64::from(query.2), &mut name as *mut u64 as u64])
-                };
-                if s != 0 || name == 0 {
-                    break;
-                }
-                shadows.push(name);
-            }
-            if shadows.len() != n {
-                // Not all were made: the fill cannot be the program's; unmake the rest.
-                destroy_all(f, conn, &shadows);
-                continue;
-            }
-            out.push(Ahead::Fill { source: descriptor, query, shadows: shadows.clone(), count: Box::new(UNWRITTEN) });
-            for (plan, &s) in nested.iter().zip(&shadows) {
-                plan.materialize(f, conn, s, out);
-            }
+        if shadows.len() != n {
+            // Not all were made: the fill cannot be the program's; unmake the rest.
+            destroy_all(f, conn, &shadows);
+            continue;
+        }
+        out.push(Ahead::Fill { source: descriptor, query, shadows: shadows.clone(), count: Box::new(UNWRITTEN) });
+        for (nested_plan, &s) in nested.iter().zip(&shadows) {
+            materialize(nested_plan, f, conn, s, out);
         }
     }
 }
@@ -894,7 +661,7 @@ fn fill(
     });
     let mut ahead = Vec::new();
     for (t, p) in &plan {
-        p.materialize(f, &conn, *t, &mut ahead);
+        materialize(p, f, &conn, *t, &mut ahead);
     }
     let mut count: i64 = UNWRITTEN;
     let primary = [
@@ -1033,18 +800,9 @@ pub unsafe fn destroy(ctx: &Ctx, handle: *mut c_void) -> u32 {
     })
 }
 
-/// The last `cudnnGetRNNWeightParams` answered by the server: its arguments (the output
-/// pointers as null or not), the addresses it wrote, and how many messages the connection had
-/// sent once it returned.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct WeightParamsCall {
-    args: [u64; 9],
-    m_addr: u64,
-    b_addr: u64,
-    sent: u64,
-}
-
-static LAST_WEIGHT_PARAMS: Mutex<Option<WeightParamsCall>> = Mutex::new(None);
+/// The last `cudnnGetRNNWeightParams` the server answered, by its arguments (the output pointers only as null or
+/// not): the addresses it wrote, trusted while the connection has sent nothing since.
+static LAST_WEIGHT_PARAMS: Answers<[u64; 9], (u64, u64)> = Answers::new(1);
 
 /// A tensor descriptor as `cudnnGetTensorNdDescriptor` reported it (all its dimensions).
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -1055,8 +813,8 @@ struct TensorNd {
 }
 
 /// The dimensions of the descriptors the last forwarded `cudnnGetRNNWeightParams` filled,
-/// asked in its round trip, and how many messages the connection had sent then.
-static FILLED_TENSORS: Mutex<Option<(u64, HashMap<u64, TensorNd>)>> = Mutex::new(None);
+/// asked in its round trip, trusted while the connection has sent nothing since.
+static FILLED_TENSORS: Answers<u64, TensorNd> = Answers::new(2);
 
 /// CUDNN_DIM_MAX: no tensor descriptor has more dimensions.
 const DIM_MAX: usize = 8;
@@ -1081,10 +839,9 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
         key[..7].copy_from_slice(&args[..7]);
         key[7] = args[8];
         key[8] = u64::from(m_addr != 0) | u64::from(b_addr != 0) << 1;
-        let last = *LAST_WEIGHT_PARAMS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(last) = last.filter(|l| l.args == key && l.sent == conn.sent_so_far()) {
+        if let Some((m, b)) = LAST_WEIGHT_PARAMS.get_at(&key, conn.sent_so_far()) {
             crate::trace::local("cudnnGetRNNWeightParams");
-            for (out, value) in [(m_addr, last.m_addr), (b_addr, last.b_addr)] {
+            for (out, value) in [(m_addr, m), (b_addr, b)] {
                 if out != 0 {
                     // SAFETY: the caller's void** output, non-null; the same call wrote it natively.
                     unsafe { std::ptr::write_unaligned(out as *mut u64, value) };
@@ -1125,31 +882,25 @@ unsafe fn weight_params(desc: &'static CallDesc, nd: &'static CallDesc, args: [u
         // Kept only when these calls were the only messages sent meanwhile: nothing else can
         // have changed the descriptors after them.
         let alone = status == 0 && sent == before + calls.len() as u64;
-        let remembered = alone.then(|| {
+        LAST_WEIGHT_PARAMS.clear();
+        FILLED_TENSORS.clear();
+        if alone {
             // SAFETY: written by the reply where non-null.
             let read = |p: u64| if p == 0 { 0 } else { unsafe { std::ptr::read_unaligned(p as *const u64) } };
-            WeightParamsCall { args: key, m_addr: read(m_addr), b_addr: read(b_addr), sent }
-        });
-        *LAST_WEIGHT_PARAMS.lock().unwrap_or_else(|p| p.into_inner()) = remembered;
-        let filled = alone.then(|| {
-            let mut known = HashMap::new();
+            LAST_WEIGHT_PARAMS.learn_at(key, (read(m_addr), read(b_addr)), sent);
             for (i, &t) in targets.iter().enumerate() {
                 let n = counts[i];
                 if statuses[i + 1] == 0 && (0..=DIM_MAX as i32).contains(&n) {
                     let n = n as usize;
-                    known.insert(
-                        t,
-                        TensorNd {
-                            data_type: types[i],
-                            dims: dims[i][..n].to_vec(),
-                            strides: strides[i][..n].to_vec(),
-                        },
-                    );
+                    let nd = TensorNd {
+                        data_type: types[i],
+                        dims: dims[i][..n].to_vec(),
+                        strides: strides[i][..n].to_vec(),
+                    };
+                    FILLED_TENSORS.learn_at(t, nd, sent);
                 }
             }
-            (sent, known)
-        });
-        *FILLED_TENSORS.lock().unwrap_or_else(|p| p.into_inner()) = filled;
+        }
         status
     })
 }
@@ -1164,12 +915,7 @@ unsafe fn get_tensor_nd(desc: &'static CallDesc, args: [u64; 6]) -> u32 {
     crate::guard::ffi("cudnnGetTensorNdDescriptor", unavailable, || {
         let Ok(conn) = crate::conn::get() else { return unavailable };
         let requested = args[1] as u32 as i32;
-        let known = FILLED_TENSORS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .filter(|(sent, _)| *sent == conn.sent_so_far())
-            .and_then(|(_, m)| m.get(&args[0]).cloned());
+        let known = FILLED_TENSORS.get_at(&args[0], conn.sent_so_far());
         let outputs_given = args[2] != 0 && args[3] != 0 && args[4] != 0 && args[5] != 0;
         if let Some(t) = known.filter(|t| outputs_given && requested >= t.dims.len() as i32) {
             crate::trace::local("cudnnGetTensorNdDescriptor");
@@ -1259,57 +1005,6 @@ mod tests {
         assert_eq!(&r[1][16..20], &scale.to_le_bytes());
         assert_eq!(&r[2][..16], &[8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "unreadable: passed as it is");
         assert_eq!(host_value_records(&[0, 8]), None, "no host scalar: the plain form");
-    }
-
-    #[test]
-    fn a_short_fill_answers_the_program_only_when_it_came_back_short() {
-        let twin = |count, shadows: usize| Twin { query: (302, 44, 7), status: 0, count, shadows: vec![1; shadows] };
-        assert!(twin(1, 2).answers((302, 44, 7)), "one of two set: there is no more");
-        assert!(!twin(2, 2).answers((302, 44, 7)), "both set: there may be more");
-        assert!(!twin(UNWRITTEN, 2).answers((302, 44, 7)), "no count: nothing is known of the rest");
-        assert!(twin(UNWRITTEN, 44).answers((302, 44, 7)), "the program's own call");
-        assert!(!twin(1, 2).answers((302, 8, 7)), "another call");
-        assert!(!Twin { status: 2000, ..twin(1, 2) }.answers((302, 44, 7)), "a failure is asked again");
-    }
-
-    #[test]
-    fn fills_are_learned_per_slot_and_ask_one_more_than_last_time() {
-        let mut r = Replay::default();
-        // The configuration in slot 0 had its knobs read (one of 44 set); the one in slot 1
-        // only its engine.
-        r.learn_fill((3, Some(0)), (302, 44, 7), 1, 1);
-        r.learn_fill((3, Some(0)), (300, 1, 2), 1, 2);
-        r.learn_fill((3, Some(1)), (300, 1, 2), 1, 1);
-        let mut budget = PLAN_MAX;
-        let first = r.plan(3, Some(0), 1, &mut budget);
-        let fills: Vec<_> = first.fills.iter().map(|(q, n, nested)| (*q, *n, nested.len())).collect();
-        assert_eq!(fills, [((302, 44, 7), 2, 1), ((300, 1, 2), 1, 1), ((300, 1, 2), 1, 1)]);
-        let second = r.plan(3, Some(1), 1, &mut budget);
-        assert_eq!(second.fills.iter().map(|(q, n, _)| (*q, *n)).collect::<Vec<_>>(), [((300, 1, 2), 1)]);
-        assert!(r.plan(3, Some(2), 1, &mut budget).fills.is_empty(), "nothing learned for slot 2");
-        // The budget counts shadows and calls: 3 + 2 + 2, then 2.
-        assert_eq!(budget, PLAN_MAX - 9);
-    }
-
-    #[test]
-    fn shadows_past_the_most_alive_are_those_of_the_oldest_sources_destroyed() {
-        let mut r = Replay::default();
-        let mut out = Vec::new();
-        let per = SHADOWS_MAX / 4;
-        for source in 1..=5u64 {
-            let shadows = (0..per as u64).map(|i| source << 32 | i).collect();
-            let twin = Twin { query: (300, per as i64, 2), status: 0, count: UNWRITTEN, shadows };
-            r.known.entry(source).or_default().twins.push(twin);
-            r.made_ahead_for(source, per, &mut out);
-        }
-        assert_eq!(out.len(), per, "the first source's shadows go");
-        assert!(out.iter().all(|s| s >> 32 == 1));
-        assert!(r.known[&1].twins.is_empty() && r.known[&5].twins.len() == 1);
-        assert_eq!(r.shadows_live, SHADOWS_MAX);
-        // A twin the program uses, or a source it changes, no longer counts.
-        let mut gone = Vec::new();
-        r.drop_known(2, &mut gone);
-        assert_eq!((gone.len(), r.shadows_live), (per, SHADOWS_MAX - per));
     }
 
     #[test]

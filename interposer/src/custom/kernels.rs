@@ -8,13 +8,14 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use chidori_cuda::calls::{cudart as calls, driver as dcalls};
 use chidori_cuda::desc::Ctx;
 use chidori_cuda::types::dim3;
 use chidori_protocol::messages::{Api, PropValue};
 
+use crate::ahead::Answers;
 use crate::conn::{self, Conn};
 use crate::custom::memory::{self, CopyForms};
 use crate::modules::{self, LaunchShape};
@@ -220,18 +221,14 @@ const FUNC_ATTRIBUTES: &[(&str, u32)] = &[
 const DEFAULT_SHARED_LIMIT: usize = 48 << 10;
 const MAX_DYNAMIC_SHARED: u32 = chidori_cuda::consts::cudaFuncAttribute::cudaFuncAttributeMaxDynamicSharedMemorySize;
 
-/// Function attributes already fetched: function handle → (CUfunction_attribute → value).
+/// Function attributes already fetched: (function handle, CUfunction_attribute) → value.
 /// They change only through cu/cudaFuncSetAttribute, which record the value they set.
-static FUNC_ATTRS: Mutex<Option<HashMap<u64, HashMap<u32, i32>>>> = Mutex::new(None);
+static FUNC_ATTRS: Answers<(u64, u32), i32> = Answers::new(1 << 16);
 
 /// The values of `ids` for `function`, fetched in one round trip for those not cached.
 fn attributes_of(conn: &Conn, function: u64, ids: &[u32]) -> Result<Vec<i32>, u32> {
-    let cached = |ids: &[u32]| -> Option<Vec<i32>> {
-        let attrs = FUNC_ATTRS.lock().unwrap_or_else(|p| p.into_inner());
-        let f = attrs.as_ref()?.get(&function)?;
-        ids.iter().map(|id| f.get(id).copied()).collect()
-    };
-    if let Some(v) = cached(ids) {
+    let cached: Option<Vec<i32>> = ids.iter().map(|id| FUNC_ATTRS.get(&(function, *id))).collect();
+    if let Some(v) = cached {
         return Ok(v);
     }
     let mut values = vec![0i32; ids.len()];
@@ -242,12 +239,9 @@ fn attributes_of(conn: &Conn, function: u64, ids: &[u32]) -> Result<Vec<i32>, u3
     if s != SUCCESS {
         return Err(INVALID_DEVICE_FUNCTION);
     }
-    let mut attrs = FUNC_ATTRS.lock().unwrap_or_else(|p| p.into_inner());
-    attrs
-        .get_or_insert_with(HashMap::new)
-        .entry(function)
-        .or_default()
-        .extend(ids.iter().copied().zip(values.iter().copied()));
+    for (id, v) in ids.iter().zip(&values) {
+        FUNC_ATTRS.learn((function, *id), *v);
+    }
     Ok(values)
 }
 
@@ -294,8 +288,7 @@ fn set_function_attribute(conn: &Conn, function: u64, attr: u32, value: i32) -> 
         crate::runtime::call_on(conn, &dcalls::cuFuncSetAttribute__call, &[function, u64::from(attr), value as u64])
     } as u32;
     if s == SUCCESS {
-        let mut attrs = FUNC_ATTRS.lock().unwrap_or_else(|p| p.into_inner());
-        attrs.get_or_insert_with(HashMap::new).entry(function).or_default().insert(attr, value);
+        FUNC_ATTRS.learn((function, attr), value);
     }
     s
 }
@@ -327,7 +320,7 @@ pub unsafe fn cudaFuncSetCacheConfig(func: *mut c_void, cacheConfig: u32) -> u32
 /// (function, block size, dynamic shared memory, flags) → active blocks per SM.
 type OccupancyKey = (u64, i32, usize, u32);
 
-static OCCUPANCY: Mutex<Option<HashMap<OccupancyKey, i32>>> = Mutex::new(None);
+static OCCUPANCY: Answers<OccupancyKey, i32> = Answers::new(1 << 16);
 
 fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: usize, flags: u32) -> u32 {
     runtime("cudaOccupancyMaxActiveBlocksPerMultiprocessor", || {
@@ -338,7 +331,7 @@ fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: 
         let conn = connection()?;
         let f = function_of(&conn, kernel)?;
         let key = (f.handle, block_size, smem, flags);
-        let cached = OCCUPANCY.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&key).copied());
+        let cached = OCCUPANCY.get(&key);
         let n = match cached {
             Some(n) => n,
             None => {
@@ -351,7 +344,7 @@ fn occupancy(num_blocks: *mut c_void, func: *mut c_void, block_size: i32, smem: 
                 if s != SUCCESS {
                     return Err(INVALID_VALUE);
                 }
-                OCCUPANCY.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(key, n);
+                OCCUPANCY.learn(key, n);
                 n
             }
         };

@@ -8,41 +8,22 @@
 //! calling thread's current context as well, and nothing is created ahead while a capture
 //! is active. Streams made ahead and never asked for stay on the server until the session
 //! ends (at most 7 per kind: torch's 32 per level leave 7); a context reset or destroy
-//! drops them, as it destroys them.
+//! drops them, as it destroys them. The schedule and the pool are `crate::ahead::Pool`.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
 
 use chidori_cuda::calls::cudart;
 
-/// The most streams one round trip creates.
-const BATCH_MAX: usize = 8;
+use crate::ahead::Pool;
 
-#[derive(Default)]
-struct Pools {
-    /// (context, flags, priority) → streams made ahead, not yet given out.
-    ready: HashMap<(u64, u32, i32), Vec<u64>>,
-    /// (device, flags, priority) → creates of the program the server answered: how far
-    /// ahead to make the next ones.
-    misses: HashMap<(i32, u32, i32), u32>,
-}
-
-static POOLS: Mutex<Option<Pools>> = Mutex::new(None);
-
-fn pools() -> std::sync::MutexGuard<'static, Option<Pools>> {
-    POOLS.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// Streams made ahead, by (context, flags, priority), not yet given out; misses are counted
+/// by (device, flags, priority).
+static MADE: Pool<(u64, u32, i32), (i32, u32, i32)> = Pool::new();
 
 /// A context was reset or destroyed: its streams are gone, and so are those made ahead.
 pub fn forget() {
-    *pools() = None;
-}
-
-/// How many streams to create for the program's `misses`-th create of a kind in a row.
-fn batch(misses: u32) -> usize {
-    if misses < 2 { 1 } else { (1usize << (misses - 1).min(8)).min(BATCH_MAX) }
+    MADE.clear();
 }
 
 pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, priority: i32) -> u32 {
@@ -56,24 +37,18 @@ pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, pri
         }
         let device = crate::state::current_device();
         let context = crate::custom::context::cached_current();
-        if let Some(ctx) = context {
-            let made = pools().as_mut().and_then(|p| p.ready.get_mut(&(ctx, flags, priority)).and_then(Vec::pop));
-            if let Some(stream) = made {
-                crate::trace::local("cudaStreamCreateWithPriority");
-                // SAFETY: the caller's cudaStream_t*, checked non-null.
-                unsafe { std::ptr::write_unaligned(pStream as *mut u64, stream) };
-                return 0;
-            }
+        if let Some(ctx) = context
+            && let Some(stream) = MADE.take(&(ctx, flags, priority))
+        {
+            crate::trace::local("cudaStreamCreateWithPriority");
+            // SAFETY: the caller's cudaStream_t*, checked non-null.
+            unsafe { std::ptr::write_unaligned(pStream as *mut u64, stream) };
+            return 0;
         }
-        let misses = {
-            let mut guard = pools();
-            let m = guard.get_or_insert_with(Pools::default).misses.entry((device, flags, priority)).or_insert(0);
-            *m += 1;
-            *m
-        };
+        let wanted = MADE.missed((device, flags, priority));
         // Ahead only where the context is known: the streams go to creates in the same one.
-        let n = match context.or_else(|| (batch(misses) > 1).then(crate::custom::context::current).flatten()) {
-            Some(_) => batch(misses),
+        let n = match context.or_else(|| (wanted > 1).then(crate::custom::context::current).flatten()) {
+            Some(_) => wanted,
             None => 1,
         };
         if n == 1 {
@@ -95,37 +70,9 @@ pub unsafe fn cudaStreamCreateWithPriority(pStream: *mut c_void, flags: u32, pri
         if status == 0
             && let Some(ctx) = crate::custom::context::cached_current()
         {
-            let made: Vec<u64> =
-                statuses[1..].iter().zip(&extra).filter(|(s, h)| **s == 0 && **h != 0).map(|(_, h)| *h).collect();
-            // Given out last-made first: the program's next create gets the oldest.
-            let mut guard = pools();
-            let ready = guard.get_or_insert_with(Pools::default).ready.entry((ctx, flags, priority)).or_default();
-            ready.extend(made.into_iter().rev());
+            let made = statuses[1..].iter().zip(&extra).filter(|(s, h)| **s == 0 && **h != 0).map(|(_, h)| *h);
+            MADE.add((ctx, flags, priority), made);
         }
         status
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn creates_ahead_grow_to_eight() {
-        let sizes: Vec<usize> = (1..=7).map(batch).collect();
-        assert_eq!(sizes, [1, 2, 4, 8, 8, 8, 8]);
-        // torch's 32 streams of one priority: the misses and what each made ahead.
-        let (mut left, mut ready, mut round_trips, mut misses) = (32, 0usize, 0, 0);
-        while left > 0 {
-            if ready > 0 {
-                ready -= 1;
-            } else {
-                misses += 1;
-                round_trips += 1;
-                ready += batch(misses) - 1;
-            }
-            left -= 1;
-        }
-        assert_eq!((round_trips, ready), (7, 7));
-    }
 }

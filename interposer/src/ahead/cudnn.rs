@@ -1,0 +1,298 @@
+//! The cuDNN part of the engine: what torch's cuDNN frontend asks about backend
+//! descriptors after a waiting finalize or a fill, learned per descriptor type (and per slot
+//! of the caller's array), planned ahead of the next descriptor of that type, and the fills
+//! made ahead into the client's own "shadow" descriptors ("twins") that answer the
+//! program's identical fills. Pure data and decisions: `crate::custom::cudnn` sends the
+//! calls a [`Plan`] names and feeds the replies back (see `docs/ahead.md`).
+
+use std::collections::{HashMap, HashSet};
+
+/// What one Get answered: the status, `*elementCount`, and the array as the server sent it
+/// (`requested` elements of the attribute type's size).
+#[derive(Clone)]
+pub struct Answer {
+    pub status: u32,
+    pub count: i64,
+    pub bytes: Vec<u8>,
+}
+
+/// A Get's question: (attribute, attribute type, requested elements, whether an array
+/// travels). Without an array it asks the count (torch's frontend asks an engine's notes
+/// that way before it reads them).
+pub type Query = (u32, u32, i64, bool);
+
+/// A Get of descriptors: (attribute, requested descriptors, their descriptor type).
+pub type FillQuery = (u32, i64, u32);
+
+/// `*elementCount` before a fill: the library leaves it for some attributes (an engine
+/// configuration's engine), and a successful fill then filled every requested descriptor.
+pub const UNWRITTEN: i64 = i64::MIN;
+
+/// How many of `requested` descriptors a fill that answered `status` and `count` filled.
+pub fn filled_by(status: u32, count: i64, requested: usize) -> usize {
+    match (status, count) {
+        (0, UNWRITTEN) => requested,
+        (0, n) => usize::try_from(n).unwrap_or(0).min(requested),
+        _ => 0,
+    }
+}
+
+/// A fill the client made ahead of the program, into descriptors of its own ("shadows")
+/// made like the program makes its own: the same call on the same, unchanged source. When
+/// the program asks it, its answer is this one's, the program's descriptors are filled by
+/// the same call sent without waiting, and what was asked of each shadow becomes known of
+/// the program's descriptor in its place.
+///
+/// The call may ask for fewer descriptors than the program will (one more than the library
+/// filled last time: the frontend asks an engine configuration for 44 knob choices and gets
+/// one): a count below what it asked for is then all there is, and the program's call fills
+/// the same. A count that reaches it says nothing of the rest, and the program's call goes
+/// to the server.
+pub struct Twin {
+    /// The program's call: (attribute, requested, descriptor type).
+    pub query: FillQuery,
+    pub status: u32,
+    pub count: i64,
+    pub shadows: Vec<u64>,
+}
+
+impl Twin {
+    /// Whether this fill answers the program's: it succeeded, and it asked for as many
+    /// descriptors or was filled short of what it asked for.
+    pub fn answers(&self, query: FillQuery) -> bool {
+        self.query == query
+            && self.status == 0
+            && (self.shadows.len() as i64 == query.1
+                || (self.count != UNWRITTEN && (0..self.shadows.len() as i64).contains(&self.count)))
+    }
+}
+
+/// What is known of a descriptor that does not change until a Set, Finalize, fill or its
+/// destroy: answers to questions, and fills made ahead.
+#[derive(Default)]
+pub struct Known {
+    /// Where a fill put it in the caller's array (the frontend reads the knobs of the
+    /// configuration it builds a plan from, not of every one the heuristics offer).
+    pub slot: Option<u8>,
+    pub answers: Vec<(Query, Answer)>,
+    pub twins: Vec<Twin>,
+    /// Fills the program made from this descriptor, and how often (the frontend fills an
+    /// engine from a configuration once to read its notes and again to build the plan).
+    pub made: Vec<(FillQuery, u32)>,
+}
+
+impl Known {
+    /// Count one more fill of `query` by the program; which one it is (1, 2, ...).
+    pub fn made(&mut self, query: FillQuery) -> u32 {
+        match self.made.iter_mut().find(|(q, _)| *q == query) {
+            Some((_, n)) => {
+                *n += 1;
+                *n
+            }
+            None => {
+                self.made.push((query, 1));
+                1
+            }
+        }
+    }
+}
+
+/// Most questions and fills learned per descriptor type, and most calls made ahead of one
+/// waiting call.
+pub const LEARNED_MAX: usize = 8;
+pub const PLAN_MAX: usize = 1024;
+/// The largest array a learned question may ask for, and the most descriptors a learned
+/// fill may make.
+pub const REQUESTED_MAX: i64 = 64;
+/// How deep fills made ahead nest (heuristics -> configurations -> engines, knobs), and
+/// most fills of one kind made ahead from one descriptor.
+pub const DEPTH_MAX: usize = 3;
+pub const REPEAT_MAX: u32 = 4;
+/// Most shadows alive at once: the frontend keeps the descriptors of every graph it built
+/// (torch caches them), and a fill made ahead that the program never asked for would keep
+/// its shadows alive as long; past this, those of the oldest sources are destroyed.
+pub const SHADOWS_MAX: usize = 4096;
+
+/// Where a fill learned for a descriptor type applies: descriptors of that type filled into
+/// this slot of the caller's array (None: made by the program, or past slot 255).
+pub type Slot = Option<u8>;
+
+/// The program's questions about descriptors whose answers cannot change (filled by a Get,
+/// or finalized with a wait), learned per descriptor type and asked of the next descriptors
+/// of that type in the round trip that fills or finalizes them. torch's frontend, building a
+/// cuDNN graph, finalizes the heuristics, asks for their count and configurations, then of
+/// each configuration its engine, the engine's notes and index, its knobs: all of it rides
+/// with the heuristics' finalize, and the program's own calls are answered here. Only the
+/// same question about the same, unchanged descriptor is answered from here: a Get has no
+/// side effects, and a descriptor changes only by a fill, a Set, a Finalize or its destroy,
+/// each of which drops what is known (and the shadows made for it).
+#[derive(Default)]
+pub struct Replay {
+    pub learned: HashMap<u32, Vec<Query>>,
+    pub learned_fills: HashMap<(u32, Slot), Vec<LearnedFill>>,
+    pub known: HashMap<u64, Known>,
+    /// Descriptors the program created and has not used yet: a fill into them is the same
+    /// call as a fill into shadows just created.
+    pub fresh: HashSet<u64>,
+    /// Shadows alive, and the sources fills were made ahead for, oldest first.
+    pub shadows_live: usize,
+    pub sources: std::collections::VecDeque<u64>,
+}
+
+/// A fill learned per source descriptor type and slot: (fill, descriptors it filled last
+/// time, most times one source was filled so).
+pub type LearnedFill = (FillQuery, i64, u32);
+
+/// The calls to make ahead for a descriptor of one type: its learned questions, and its
+/// learned fills (each with the descriptors to ask for) with the plan of each descriptor
+/// they are expected to fill.
+#[derive(Default)]
+pub struct Plan {
+    pub queries: Vec<Query>,
+    pub fills: Vec<(FillQuery, usize, Vec<Plan>)>,
+}
+
+pub fn slot(i: usize) -> Slot {
+    u8::try_from(i).ok()
+}
+
+impl Replay {
+    pub fn plan(&self, ty: u32, at: Slot, depth: usize, budget: &mut usize) -> Plan {
+        let mut plan = Plan::default();
+        for &q in self.learned.get(&ty).map(Vec::as_slice).unwrap_or(&[]) {
+            if *budget == 0 {
+                return plan;
+            }
+            *budget -= 1;
+            plan.queries.push(q);
+        }
+        if depth >= DEPTH_MAX {
+            return plan;
+        }
+        for &(fq, last, times) in self.learned_fills.get(&(ty, at)).map(Vec::as_slice).unwrap_or(&[]) {
+            let last = last.clamp(0, fq.1);
+            // One more than last time where that saves most of the shadows (a shorter count
+            // shows there is no more); else as many as the program asks for, so that a
+            // fill that did not skip any would answer it whatever the count says.
+            let shadows = if (last + 1) * 2 <= fq.1 { last + 1 } else { fq.1 } as usize;
+            for _ in 0..times.clamp(1, REPEAT_MAX) {
+                let cost = shadows + 1;
+                if *budget < cost {
+                    return plan;
+                }
+                *budget -= cost;
+                let nested = (0..last as usize).map(|i| self.plan(fq.2, slot(i), depth + 1, budget)).collect();
+                plan.fills.push((fq, shadows, nested));
+            }
+        }
+        plan
+    }
+
+    /// Drop what is known of `d`; the shadows made for it, to destroy, go to `out`.
+    pub fn drop_known(&mut self, d: u64, out: &mut Vec<u64>) {
+        if let Some(k) = self.known.remove(&d) {
+            self.drop_twins(k.twins, out);
+        }
+    }
+
+    pub fn drop_twins(&mut self, twins: Vec<Twin>, out: &mut Vec<u64>) {
+        for twin in twins {
+            self.shadows_live = self.shadows_live.saturating_sub(twin.shadows.len());
+            for s in twin.shadows {
+                self.drop_known(s, out);
+                out.push(s);
+            }
+        }
+    }
+
+    /// Fills were made ahead for `source`: past [`SHADOWS_MAX`] live shadows, drop those
+    /// made for the oldest sources (to destroy: `out`).
+    pub fn made_ahead_for(&mut self, source: u64, shadows: usize, out: &mut Vec<u64>) {
+        self.shadows_live += shadows;
+        self.sources.push_back(source);
+        while self.shadows_live > SHADOWS_MAX {
+            let Some(old) = self.sources.pop_front() else { break };
+            if let Some(k) = self.known.get_mut(&old) {
+                let twins = std::mem::take(&mut k.twins);
+                self.drop_twins(twins, out);
+            }
+        }
+        if self.sources.len() > 4 * SHADOWS_MAX {
+            let known = &self.known;
+            self.sources.retain(|s| known.get(s).is_some_and(|k| !k.twins.is_empty()));
+        }
+    }
+
+    pub fn learn(&mut self, ty: u32, query: Query) {
+        let learned = self.learned.entry(ty).or_default();
+        if !learned.contains(&query) && learned.len() < LEARNED_MAX && query.2 <= REQUESTED_MAX {
+            learned.push(query);
+        }
+    }
+
+    pub fn learn_fill(&mut self, ty: (u32, Slot), query: FillQuery, count: i64, nth: u32) {
+        let learned = self.learned_fills.entry(ty).or_default();
+        if let Some((_, last, times)) = learned.iter_mut().find(|(q, _, _)| *q == query) {
+            *last = count;
+            *times = (*times).max(nth);
+        } else if learned.len() < LEARNED_MAX && query.1 <= REQUESTED_MAX {
+            learned.push((query, count, nth));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_fill_answers_the_program_only_when_it_came_back_short() {
+        let twin = |count, shadows: usize| Twin { query: (302, 44, 7), status: 0, count, shadows: vec![1; shadows] };
+        assert!(twin(1, 2).answers((302, 44, 7)), "one of two set: there is no more");
+        assert!(!twin(2, 2).answers((302, 44, 7)), "both set: there may be more");
+        assert!(!twin(UNWRITTEN, 2).answers((302, 44, 7)), "no count: nothing is known of the rest");
+        assert!(twin(UNWRITTEN, 44).answers((302, 44, 7)), "the program's own call");
+        assert!(!twin(1, 2).answers((302, 8, 7)), "another call");
+        assert!(!Twin { status: 2000, ..twin(1, 2) }.answers((302, 44, 7)), "a failure is asked again");
+    }
+
+    #[test]
+    fn fills_are_learned_per_slot_and_ask_one_more_than_last_time() {
+        let mut r = Replay::default();
+        // The configuration in slot 0 had its knobs read (one of 44 set); the one in slot 1
+        // only its engine.
+        r.learn_fill((3, Some(0)), (302, 44, 7), 1, 1);
+        r.learn_fill((3, Some(0)), (300, 1, 2), 1, 2);
+        r.learn_fill((3, Some(1)), (300, 1, 2), 1, 1);
+        let mut budget = PLAN_MAX;
+        let first = r.plan(3, Some(0), 1, &mut budget);
+        let fills: Vec<_> = first.fills.iter().map(|(q, n, nested)| (*q, *n, nested.len())).collect();
+        assert_eq!(fills, [((302, 44, 7), 2, 1), ((300, 1, 2), 1, 1), ((300, 1, 2), 1, 1)]);
+        let second = r.plan(3, Some(1), 1, &mut budget);
+        assert_eq!(second.fills.iter().map(|(q, n, _)| (*q, *n)).collect::<Vec<_>>(), [((300, 1, 2), 1)]);
+        assert!(r.plan(3, Some(2), 1, &mut budget).fills.is_empty(), "nothing learned for slot 2");
+        // The budget counts shadows and calls: 3 + 2 + 2, then 2.
+        assert_eq!(budget, PLAN_MAX - 9);
+    }
+
+    #[test]
+    fn shadows_past_the_most_alive_are_those_of_the_oldest_sources_destroyed() {
+        let mut r = Replay::default();
+        let mut out = Vec::new();
+        let per = SHADOWS_MAX / 4;
+        for source in 1..=5u64 {
+            let shadows = (0..per as u64).map(|i| source << 32 | i).collect();
+            let twin = Twin { query: (300, per as i64, 2), status: 0, count: UNWRITTEN, shadows };
+            r.known.entry(source).or_default().twins.push(twin);
+            r.made_ahead_for(source, per, &mut out);
+        }
+        assert_eq!(out.len(), per, "the first source's shadows go");
+        assert!(out.iter().all(|s| s >> 32 == 1));
+        assert!(r.known[&1].twins.is_empty() && r.known[&5].twins.len() == 1);
+        assert_eq!(r.shadows_live, SHADOWS_MAX);
+        // A twin the program uses, or a source it changes, no longer counts.
+        let mut gone = Vec::new();
+        r.drop_known(2, &mut gone);
+        assert_eq!((gone.len(), r.shadows_live), (per, SHADOWS_MAX - per));
+    }
+}
