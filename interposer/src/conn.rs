@@ -511,12 +511,12 @@ impl Conn {
         Some(d.remove(i).1)
     }
 
-    /// Register a callback the server will ask to run, enqueued on `stream`.
-    pub fn register_callback(&self, f: CallbackFn, stream: u64) -> u64 {
+    /// Register a callback the server will ask to run, enqueued on `stream`; `captured`: a
+    /// capture is active, so it runs at replays, not in the stream (nothing waits for it).
+    pub fn register_callback(&self, f: CallbackFn, stream: u64, captured: bool) -> u64 {
         let id = self.next_callback.fetch_add(1, Ordering::Relaxed);
         self.callbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(id, f);
-        // A callback captured into a graph runs at replays, not in the stream: not waited for.
-        if !crate::custom::capture::any_active() {
+        if !captured {
             self.unrun.lock().unwrap_or_else(|p| p.into_inner()).insert(id, stream);
         }
         id

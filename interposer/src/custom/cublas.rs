@@ -19,7 +19,7 @@ fn math_modes() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u32>>> {
 }
 
 pub unsafe fn cublasCreate_v2(handle: *mut c_void) -> u32 {
-    let s = crate::scalars::create_handle("cublasCreate_v2", &calls::cublasCreate_v2__call, handle, INVALID_VALUE);
+    let s = super::handles::create_handle("cublasCreate_v2", &calls::cublasCreate_v2__call, handle, INVALID_VALUE);
     if s == 0 && !handle.is_null() {
         // SAFETY: written by the reply.
         let h = unsafe { std::ptr::read_unaligned(handle as *const u64) };
@@ -59,7 +59,7 @@ pub unsafe fn cublasGetMathMode(handle: *mut c_void, mode: *mut c_void) -> u32 {
 
 pub unsafe fn cublasSetPointerMode_v2(handle: *mut c_void, mode: u32) -> u32 {
     let desc = &calls::cublasSetPointerMode_v2__call;
-    crate::scalars::set_pointer_mode("cublasSetPointerMode_v2", desc, handle, mode, POINTER_MODE_DEVICE, INVALID_VALUE)
+    super::handles::set_pointer_mode("cublasSetPointerMode_v2", desc, handle, mode, POINTER_MODE_DEVICE, INVALID_VALUE)
 }
 
 /// Bytes of one element of a `cudaDataType` (library_types.h), None for values it does not

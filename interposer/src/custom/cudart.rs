@@ -585,7 +585,7 @@ pub unsafe fn memcpy_async(
 fn host_function(desc: &'static chidori_protocol::desc::CallDesc, mut args: Vec<u64>, run: conn::CallbackFn) -> u32 {
     runtime("cudaLaunchHostFunc", || {
         let conn = connection()?;
-        let id = conn.register_callback(run, args[0]);
+        let id = conn.register_callback(run, args[0], any_active());
         args[1] = id;
         args[2] = 0;
         // SAFETY: values only: the stream, the callback id, flags.

@@ -10,10 +10,10 @@ const INVALID_VALUE: u32 = chidori_cuda::consts::cusparseStatus_t::CUSPARSE_STAT
 const POINTER_MODE_DEVICE: u32 = chidori_cuda::consts::cusparsePointerMode_t::CUSPARSE_POINTER_MODE_DEVICE;
 
 pub unsafe fn cusparseCreate(handle: *mut c_void) -> u32 {
-    crate::scalars::create_handle("cusparseCreate", &calls::cusparseCreate__call, handle, INVALID_VALUE)
+    super::handles::create_handle("cusparseCreate", &calls::cusparseCreate__call, handle, INVALID_VALUE)
 }
 
 pub unsafe fn cusparseSetPointerMode(handle: *mut c_void, mode: u32) -> u32 {
     let desc = &calls::cusparseSetPointerMode__call;
-    crate::scalars::set_pointer_mode("cusparseSetPointerMode", desc, handle, mode, POINTER_MODE_DEVICE, INVALID_VALUE)
+    super::handles::set_pointer_mode("cusparseSetPointerMode", desc, handle, mode, POINTER_MODE_DEVICE, INVALID_VALUE)
 }

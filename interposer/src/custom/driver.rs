@@ -438,6 +438,7 @@ fn launch_host_func(
                 unsafe { std::mem::transmute::<usize, HostFn>(f)(user as *mut c_void) }
             }),
             stream as u64,
+            any_active(),
         );
         // SAFETY: values only: the stream, the callback id in place of the function.
         let s = unsafe { crate::runtime::call_on(&conn, desc, &[stream as u64, id, 0]) } as u32;

@@ -11,6 +11,7 @@ pub mod cudnn;
 pub mod cusparse;
 pub mod driver;
 pub mod entry;
+pub mod handles;
 pub mod kernels;
 pub mod memory;
 pub mod nvml;
