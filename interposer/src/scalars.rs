@@ -3,25 +3,19 @@
 //! through. cuBLAS keeps the mode per handle (`cublasSetPointerMode_v2`), cuBLASLt per
 //! matmul descriptor (`CUBLASLT_MATMUL_DESC_POINTER_MODE`); both default to host.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
-
-/// Handles (cublasHandle_t, cublasLtMatmulDesc_t) in device pointer mode.
-static DEVICE_MODE: Mutex<Option<HashSet<u64>>> = Mutex::new(None);
+use crate::state::CLIENT;
 
 /// Whether scalars of calls on `handle` are device addresses.
 pub fn device_mode(handle: u64) -> bool {
-    DEVICE_MODE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|s| s.contains(&handle))
+    CLIENT.device_modes.contains(&handle)
 }
 
 /// Record the mode of `handle` (a new handle starts in host mode: call with false).
 pub fn set_device_mode(handle: u64, device: bool) {
-    let mut set = DEVICE_MODE.lock().unwrap_or_else(|p| p.into_inner());
-    let set = set.get_or_insert_with(HashSet::new);
     if device {
-        set.insert(handle);
+        CLIENT.device_modes.insert(handle, ());
     } else {
-        set.remove(&handle);
+        CLIENT.device_modes.remove(&handle);
     }
 }
 

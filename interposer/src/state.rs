@@ -10,6 +10,7 @@
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, RwLock};
 
 use chidori_cuda::structs::{FieldMap, StructMap};
@@ -17,6 +18,76 @@ use chidori_protocol::desc::CallDesc;
 use chidori_protocol::messages::{PropValue, Welcome};
 
 use crate::conn::Slot;
+
+/// What the program set that the client answers from or acts on later: one owner for the
+/// small tables hand-written functions keep (each table has its own lock). The engines of
+/// `crate::ahead`, the registry of nvcc's registrations and the pinned-memory mirrors keep
+/// their own state.
+pub struct Client {
+    /// Handles whose scalars are device addresses: cuBLAS handles, cuBLASLt matmul
+    /// descriptors, cuSPARSE handles in device pointer mode.
+    pub device_modes: Table<u64, ()>,
+    /// cuBLAS math mode per handle, as last set.
+    pub math_modes: Table<u64, u32>,
+    /// Streams being captured, in the order their captures began.
+    pub capturing: Mutex<Vec<u64>>,
+    /// Primary context flags per device, once known active (dropped by calls that change it).
+    pub primary: Table<i32, u32>,
+    /// cuDNN: the type of each backend descriptor the client named, until destroyed.
+    pub cudnn_types: Table<u64, u32>,
+    /// cuDNN: the stream last set on each handle.
+    pub cudnn_streams: Table<u64, u64>,
+}
+
+pub static CLIENT: Client = Client {
+    device_modes: Table::new(),
+    math_modes: Table::new(),
+    capturing: Mutex::new(Vec::new()),
+    primary: Table::new(),
+    cudnn_types: Table::new(),
+    cudnn_streams: Table::new(),
+};
+
+/// A table of values by key behind one lock.
+pub struct Table<K, V> {
+    map: Mutex<Option<HashMap<K, V>>>,
+}
+
+impl<K: Eq + Hash, V: Clone> Table<K, V> {
+    pub const fn new() -> Self {
+        Table { map: Mutex::new(None) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<HashMap<K, V>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, key: &K) -> Option<V> {
+        self.lock().as_ref()?.get(key).cloned()
+    }
+
+    pub fn contains(&self, key: &K) -> bool {
+        self.lock().as_ref().is_some_and(|m| m.contains_key(key))
+    }
+
+    pub fn insert(&self, key: K, value: V) {
+        self.lock().get_or_insert_with(HashMap::new).insert(key, value);
+    }
+
+    pub fn remove(&self, key: &K) -> Option<V> {
+        self.lock().as_mut()?.remove(key)
+    }
+
+    pub fn clear(&self) {
+        *self.lock() = None;
+    }
+}
+
+impl<K: Eq + Hash, V: Clone> Default for Table<K, V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// A device as the handshake described it, indexed for lookups.
 pub struct DeviceView {

@@ -9,7 +9,6 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
-use std::sync::Mutex;
 
 use chidori_cuda::calls::cudart;
 use chidori_protocol::desc::{CallDesc, Ctx};
@@ -17,10 +16,8 @@ use chidori_protocol::desc::{CallDesc, Ctx};
 use crate::conn;
 
 /// Streams whose capture this process began and has not ended (0 legacy, 2 per-thread).
-static CAPTURING: Mutex<Vec<u64>> = Mutex::new(Vec::new());
-
 fn capturing() -> std::sync::MutexGuard<'static, Vec<u64>> {
-    CAPTURING.lock().unwrap_or_else(|p| p.into_inner())
+    crate::state::CLIENT.capturing.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether any capture may be active in this process.

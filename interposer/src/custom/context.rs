@@ -4,16 +4,13 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use chidori_cuda::calls::{cudart, driver};
 use chidori_protocol::desc::CallDesc;
 
-/// Device ordinal → flags of its active primary context.
-static ACTIVE: Mutex<Option<HashMap<i32, u32>>> = Mutex::new(None);
+use crate::state::CLIENT;
 
 /// Bumped by every call that may change which context a thread has current.
 static GENERATION: AtomicU64 = AtomicU64::new(1);
@@ -24,7 +21,7 @@ thread_local! {
 }
 
 fn forget() {
-    *ACTIVE.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    CLIENT.primary.clear();
     GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -48,7 +45,7 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
         if flags.is_null() || active.is_null() {
             return 1;
         }
-        let cached = ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(&dev).copied());
+        let cached = CLIENT.primary.get(&dev);
         if let Some(f) = cached {
             // SAFETY: the caller's unsigned int and int, checked non-null.
             unsafe {
@@ -64,7 +61,7 @@ pub unsafe fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut c_void, active: *
         let (f, a) =
             unsafe { (std::ptr::read_unaligned(flags as *const u32), std::ptr::read_unaligned(active as *const i32)) };
         if s == 0 && a == 1 {
-            ACTIVE.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(HashMap::new).insert(dev, f);
+            CLIENT.primary.insert(dev, f);
         }
         s
     })

@@ -2,28 +2,22 @@
 //! decides whether scalars travel as values or pass as device addresses (`crate::scalars`).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::Mutex;
 
 use chidori_cuda::calls::cublas as calls;
 
 const INVALID_VALUE: u32 = chidori_cuda::consts::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE;
 const POINTER_MODE_DEVICE: u32 = chidori_cuda::consts::cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE;
 
-/// Math mode per handle, as last set (a new handle has CUBLAS_DEFAULT_MATH, 0).
-static MATH_MODE: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
-
-fn math_modes() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u32>>> {
-    MATH_MODE.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::state::CLIENT;
 
 pub unsafe fn cublasCreate_v2(handle: *mut c_void) -> u32 {
     let s = super::handles::create_handle("cublasCreate_v2", &calls::cublasCreate_v2__call, handle, INVALID_VALUE);
     if s == 0 && !handle.is_null() {
         // SAFETY: written by the reply.
         let h = unsafe { std::ptr::read_unaligned(handle as *const u64) };
-        math_modes().get_or_insert_with(HashMap::new).insert(h, 0);
+        // A new handle has CUBLAS_DEFAULT_MATH.
+        CLIENT.math_modes.insert(h, 0);
     }
     s
 }
@@ -35,7 +29,7 @@ pub unsafe fn cublasSetMathMode(handle: *mut c_void, mode: u32) -> u32 {
             unsafe { crate::runtime::call(&calls::cublasSetMathMode__call, &[handle as u64, u64::from(mode)]) } as u32;
         // Sent without waiting: a mode the library refuses surfaces at the next synchronizing
         // call; until then reads answer what was set, as they would after a success.
-        math_modes().get_or_insert_with(HashMap::new).insert(handle as u64, mode);
+        CLIENT.math_modes.insert(handle as u64, mode);
         s
     })
 }
@@ -46,7 +40,7 @@ pub unsafe fn cublasGetMathMode(handle: *mut c_void, mode: *mut c_void) -> u32 {
         if mode.is_null() {
             return INVALID_VALUE;
         }
-        let known = math_modes().as_ref().and_then(|m| m.get(&(handle as u64)).copied());
+        let known = CLIENT.math_modes.get(&(handle as u64));
         if let Some(m) = known {
             // SAFETY: the caller's cublasMath_t, checked non-null.
             unsafe { std::ptr::write_unaligned(mode as *mut u32, m) };

@@ -16,7 +16,6 @@
 //! call: the graph's finalize at the latest, which fails natively too when a part of it did.
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
@@ -26,6 +25,7 @@ use chidori_protocol::messages::{HOST_VALUE_FLAG, HOST_VALUE_MAX, HOST_VALUE_REC
 
 use crate::ahead::Answers;
 use crate::ahead::cudnn::{Answer, FillQuery, PLAN_MAX, Plan, Query, Replay, Twin, UNWRITTEN, filled_by, slot};
+use crate::state::CLIENT;
 
 /// CUDNN_STATUS_BAD_PARAM of cuDNN 8 and of cuDNN 9.
 const BAD_PARAM_V8: u32 = 3;
@@ -201,16 +201,9 @@ fn finalize_waits(ty: u32) -> bool {
     matches!(ty, 2..=6 | 8 | 9 | 15 | 34 | 38)
 }
 
-/// The type of each descriptor the client named, until it is destroyed.
-static TYPES: Mutex<Option<HashMap<u64, u32>>> = Mutex::new(None);
-
-fn types() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u32>>> {
-    TYPES.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The type of a descriptor the client named (None: one the library made, or not one).
 fn type_of(descriptor: u64) -> Option<u32> {
-    types().as_ref().and_then(|t| t.get(&descriptor).copied())
+    CLIENT.cudnn_types.get(&descriptor)
 }
 
 fn create_descriptor(f: &'static Forms, ty: u32, out: *mut c_void) -> u32 {
@@ -228,7 +221,7 @@ fn create_descriptor(f: &'static Forms, ty: u32, out: *mut c_void) -> u32 {
         if s == 0 {
             // SAFETY: written by the call above (the caller's descriptor pointer, non-null).
             let name = unsafe { std::ptr::read_unaligned(out as *const u64) };
-            types().get_or_insert_with(HashMap::new).insert(name, ty);
+            CLIENT.cudnn_types.insert(name, ty);
             replay(|r| r.fresh.insert(name));
         }
         s
@@ -277,9 +270,7 @@ fn destroy_descriptor(f: &'static Forms, descriptor: *mut c_void) -> u32 {
         let d = descriptor as u64;
         forget_answers(f, d);
         replay(|r| r.fresh.remove(&d));
-        if let Some(t) = types().as_mut() {
-            t.remove(&d);
-        }
+        CLIENT.cudnn_types.remove(&d);
         // SAFETY: a value.
         unsafe { crate::runtime::call(f.destroy, &[d]) as u32 }
     })
@@ -747,20 +738,13 @@ pub unsafe fn get_cudart_version(ctx: &Ctx) -> usize {
     once(&CUDART_VERSION, ctx.form("call"))
 }
 
-/// The stream last set on each handle (a new handle's is asked for once).
-static STREAMS: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
-
-fn streams() -> std::sync::MutexGuard<'static, Option<HashMap<u64, u64>>> {
-    STREAMS.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 pub unsafe fn set_stream(ctx: &Ctx, handle: *mut c_void, stream: *mut c_void) -> u32 {
     let (desc, bad_param) = (ctx.form("call"), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnSetStream", bad_param, || {
         // SAFETY: values.
         let s = unsafe { crate::runtime::call(desc, &[handle as u64, stream as u64]) } as u32;
         if s == 0 {
-            streams().get_or_insert_with(HashMap::new).insert(handle as u64, stream as u64);
+            CLIENT.cudnn_streams.insert(handle as u64, stream as u64);
         }
         s
     })
@@ -772,7 +756,7 @@ pub unsafe fn get_stream(ctx: &Ctx, handle: *mut c_void, out: *mut c_void) -> u3
         if out.is_null() {
             return bad_param;
         }
-        if let Some(s) = streams().as_ref().and_then(|m| m.get(&(handle as u64)).copied()) {
+        if let Some(s) = CLIENT.cudnn_streams.get(&(handle as u64)) {
             crate::trace::local("cudnnGetStream");
             // SAFETY: the caller's cudaStream_t*, checked non-null.
             unsafe { std::ptr::write_unaligned(out as *mut u64, s) };
@@ -783,7 +767,7 @@ pub unsafe fn get_stream(ctx: &Ctx, handle: *mut c_void, out: *mut c_void) -> u3
         if s == 0 {
             // SAFETY: written by the reply.
             let stream = unsafe { std::ptr::read_unaligned(out as *const u64) };
-            streams().get_or_insert_with(HashMap::new).insert(handle as u64, stream);
+            CLIENT.cudnn_streams.insert(handle as u64, stream);
         }
         s
     })
@@ -792,9 +776,7 @@ pub unsafe fn get_stream(ctx: &Ctx, handle: *mut c_void, out: *mut c_void) -> u3
 pub unsafe fn destroy(ctx: &Ctx, handle: *mut c_void) -> u32 {
     let (desc, bad_param) = (ctx.form("call"), ctx.status(ctx.codes.invalid_value));
     crate::guard::ffi("cudnnDestroy", bad_param, || {
-        if let Some(m) = streams().as_mut() {
-            m.remove(&(handle as u64));
-        }
+        CLIENT.cudnn_streams.remove(&(handle as u64));
         // SAFETY: a value.
         unsafe { crate::runtime::call(desc, &[handle as u64]) as u32 }
     })

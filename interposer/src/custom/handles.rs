@@ -41,4 +41,3 @@ pub fn set_pointer_mode(
         s
     })
 }
-
