@@ -372,6 +372,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_pointer_sized_aligned_parameters_are_looked_at() {
+        // (int at 0, pointer at 8, a 16-byte struct at 16, a pointer at 36 (misaligned), a
+        // pointer at 40): the values at 8 and 40 may be pointers.
+        let params = [(0, 4), (8, 8), (16, 16), (36, 8), (40, 8)];
+        let mut packed = vec![0u8; 48];
+        packed[8..16].copy_from_slice(&0x3f00_0000_1000u64.to_le_bytes());
+        packed[40..48].copy_from_slice(&7u64.to_le_bytes());
+        let found: Vec<u64> = pointer_params(&params, &packed).collect();
+        assert_eq!(found, [0x3f00_0000_1000, 7]);
+        // A layout that runs past the packed bytes yields nothing for that parameter.
+        assert_eq!(pointer_params(&[(48, 8)], &packed).count(), 0);
+    }
+
+    #[test]
     fn the_record_holds_hashes_in_hex_and_skips_what_is_not_one() {
         let hash: [u8; 32] = Sha256::digest(b"module").into();
         let line: String = hash.iter().map(|b| format!("{b:02x}")).collect();
