@@ -6,6 +6,7 @@
 //! lands. Calls of class `async` do not wait: a failure comes back as a deferred status that
 //! the next waiting call of the same library reports, as CUDA reports sticky errors.
 
+use std::borrow::Cow;
 use std::ffi::{CStr, c_char};
 use std::time::Instant;
 
@@ -57,7 +58,7 @@ pub fn thread_id() -> u32 {
 /// A call ready to send: the archive, the input bytes, and where outputs go.
 struct Prepared<'a> {
     call: Call,
-    bulk: Vec<&'a [u8]>,
+    bulk: Vec<Cow<'a, [u8]>>,
     outs: Vec<OutTarget>,
 }
 
@@ -68,7 +69,7 @@ struct Prepared<'a> {
 /// arguments (the contract of the CUDA function being called).
 unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
     let mut lens = vec![0u64; args.len()];
-    let mut bulk: Vec<&'a [u8]> = Vec::new();
+    let mut bulk: Vec<Cow<'a, [u8]>> = Vec::new();
     let mut outs = Vec::new();
     let mut named = Vec::new();
     for (i, wire) in desc.params.iter().enumerate() {
@@ -77,7 +78,7 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
             Wire::Val { .. } | Wire::Device | Wire::Handle { .. } | Wire::Null | Wire::Scratch { .. } => {}
             Wire::ByValRecord { bytes } => {
                 // SAFETY: the generated export passes the address of its by-value copy.
-                bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) });
+                bulk.push(Cow::Borrowed(unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) }));
                 lens[i] = u64::from(bytes);
             }
             Wire::OutHandle { named: true, .. } => {
@@ -108,7 +109,7 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                     // SAFETY: a C string argument, NUL-terminated per the API.
                     let s = unsafe { CStr::from_ptr(a as *const c_char) }.to_bytes_with_nul();
                     lens[i] = s.len() as u64;
-                    bulk.push(s);
+                    bulk.push(Cow::Borrowed(s));
                 }
             }
             Wire::Scalar { dir, bytes, mode } => {
@@ -119,9 +120,8 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                 } else {
                     lens[i] = u64::from(bytes);
                     if dir != Dir::Out {
-                        // SAFETY: the caller's host scalar (host pointer mode); an untyped one
-                        // is read as 16 bytes, the largest scalar type.
-                        bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, bytes as usize) });
+                        // SAFETY: the caller's host scalar (host pointer mode).
+                        bulk.push(unsafe { host_scalar(a, bytes as usize) });
                     }
                     if dir != Dir::In {
                         outs.push(OutTarget { param: i, ptr: a as usize, len: bytes as usize });
@@ -136,7 +136,7 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                 let n = len.eval(args).unwrap_or(0).saturating_mul(8);
                 lens[i] = n;
                 // SAFETY: the caller's array of that many handles, per the API contract.
-                bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) });
+                bulk.push(Cow::Borrowed(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) }));
             }
             Wire::Buf { dir, elem, len, .. } => {
                 if a == 0 {
@@ -151,7 +151,7 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
                 lens[i] = n;
                 if dir != Dir::Out {
                     // SAFETY: the caller's input buffer of n bytes, per the API contract.
-                    bulk.push(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) });
+                    bulk.push(Cow::Borrowed(unsafe { std::slice::from_raw_parts(a as *const u8, n as usize) }));
                 }
                 if dir != Dir::In {
                     outs.push(OutTarget { param: i, ptr: a as usize, len: n as usize });
@@ -164,6 +164,25 @@ unsafe fn prepare<'a>(desc: &CallDesc, args: &[u64]) -> Prepared<'a> {
         args[i] = name;
     }
     Prepared { call: Call { args, lens }, bulk, outs }
+}
+
+/// The bytes of a host scalar at `addr` for a parameter of `bytes` bytes. An untyped scalar
+/// (`const void *alpha`) travels as 16 bytes, the largest scalar type, but may be a 4-byte
+/// float at the end of the last mapped page: the bytes are read only up to the end of the
+/// scalar's page (a naturally aligned scalar never crosses one) and the rest are zeros.
+///
+/// # Safety
+/// `addr` must point at a readable scalar of the caller's type.
+unsafe fn host_scalar<'a>(addr: u64, bytes: usize) -> Cow<'a, [u8]> {
+    let to_page_end = 4096 - (addr % 4096) as usize;
+    if bytes <= to_page_end {
+        // SAFETY: the whole range lies in the scalar's own page, or is the scalar itself.
+        return Cow::Borrowed(unsafe { std::slice::from_raw_parts(addr as *const u8, bytes) });
+    }
+    let mut owned = vec![0u8; bytes];
+    // SAFETY: the bytes up to the end of the scalar's page are in that page.
+    owned[..to_page_end].copy_from_slice(unsafe { std::slice::from_raw_parts(addr as *const u8, to_page_end) });
+    Cow::Owned(owned)
 }
 
 /// The tag in the top 16 bits of every handle name the client makes.
@@ -220,10 +239,10 @@ pub unsafe fn call_on(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u64
     let archive = messages::encode(&prepared.call);
     let header = Header::new(Kind::Call, desc.wire, thread_id(), seq);
     let sent_bytes: usize = prepared.bulk.iter().map(|b| b.len()).sum::<usize>() + archive.len();
+    let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
     // Only a waiting call's time is traced (and read: the clock is not free on a hot path).
     let start = waits.then(Instant::now);
-    let sent =
-        if waits { conn.send(header, &archive, &prepared.bulk) } else { conn.post(header, &archive, &prepared.bulk) };
+    let sent = if waits { conn.send(header, &archive, &bulk) } else { conn.post(header, &archive, &bulk) };
     if sent.is_err() {
         conn.forget(seq);
         return unavailable(desc);
@@ -266,7 +285,8 @@ pub unsafe fn send_deferred(conn: &Conn, desc: &'static CallDesc, args: &[u64]) 
     let seq = conn.next_seq();
     let slot = conn.expect(seq, prepared.outs.clone());
     let archive = messages::encode(&prepared.call);
-    if conn.post(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &prepared.bulk).is_err() {
+    let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
+    if conn.post(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &bulk).is_err() {
         conn.forget(seq);
         return None;
     }
@@ -353,7 +373,8 @@ pub unsafe fn call_all(conn: &Conn, calls: &[(&'static CallDesc, &[u64])], name:
         received += prepared.outs.iter().map(|o| o.len as u64).sum::<u64>();
         let archive = messages::encode(&prepared.call);
         sent += archive.len() as u64 + prepared.bulk.iter().map(|b| b.len() as u64).sum::<u64>();
-        if conn.send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &prepared.bulk).is_err() {
+        let bulk: Vec<&[u8]> = prepared.bulk.iter().map(|b| b.as_ref()).collect();
+        if conn.send(Header::new(Kind::Call, desc.wire, thread_id(), seq), &archive, &bulk).is_err() {
             conn.forget(seq);
             return None;
         }
@@ -397,6 +418,38 @@ pub unsafe fn call_with_riders(
 #[cfg(test)]
 mod tests {
     use std::ffi::CStr;
+
+    #[test]
+    fn an_untyped_scalar_at_the_end_of_memory_is_read_without_faulting() {
+        // SAFETY: two fresh pages; the second is unmapped at once, so reading past the end
+        // of the first would fault.
+        let page = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap((p as *mut u8).add(4096).cast(), 4096);
+            p as *mut u8
+        };
+        let at = page.wrapping_add(4092);
+        // SAFETY: the last four bytes of the mapped page.
+        unsafe { std::ptr::write_unaligned(at as *mut f32, 1.5) };
+        // SAFETY: a readable 4-byte scalar, read as the 16 an untyped one travels as.
+        let bytes = unsafe { super::host_scalar(at as u64, 16) };
+        assert_eq!(&bytes[..4], &1.5f32.to_le_bytes());
+        assert_eq!(&bytes[4..], &[0u8; 12]);
+        // A scalar in the middle of a page is borrowed as it is.
+        let mid = page.wrapping_add(100);
+        // SAFETY: 16 readable bytes in the middle of the page.
+        assert!(matches!(unsafe { super::host_scalar(mid as u64, 16) }, std::borrow::Cow::Borrowed(_)));
+        // SAFETY: the page mapped above.
+        unsafe { libc::munmap(page.cast(), 4096) };
+    }
 
     #[test]
     fn error_names_come_from_the_callers_version() {
