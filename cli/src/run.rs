@@ -15,7 +15,9 @@ pub struct RunArgs {
     /// Log what the interposer does (connection, unsupported functions) to stderr.
     #[arg(short, long)]
     pub verbose: bool,
-    /// At exit, print per-function call counts, round trips, bytes each way and time waiting.
+    /// At exit, print per-function call counts, round trips, bytes each way and time waiting,
+    /// and where the program made the round trips it waited for (its own source lines in
+    /// Python, the calling function in native code).
     #[arg(long)]
     pub trace: bool,
     /// Do not check that the server answers before starting the command.
@@ -58,7 +60,9 @@ pub fn shims(dir: &std::path::Path) -> Result<Vec<PathBuf>> {
 /// of this installation (see [`crate::install`]).
 pub fn lib_dir(explicit: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(dir) = explicit {
-        return Ok(dir);
+        // LD_PRELOAD entries must be absolute: the program may change directory first.
+        return std::fs::canonicalize(&dir)
+            .with_context(|| format!("the library directory {} (--lib-dir, CHIDORI_LIB_DIR)", dir.display()));
     }
     let exe = std::env::current_exe().context("locating the chidori binary")?;
     crate::install::find_lib_dir(&exe)
@@ -114,8 +118,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     if args.trace {
         cmd.env(env::TRACE, "-");
     }
-    if args.optimize {
-        let package = python_package(&dir)?;
+    // The interpreter-start hook: needed by --optimize; with --trace it places waits made
+    // while Python released the interpreter (without it, those show native frames).
+    let package = match python_package(&dir) {
+        Ok(package) => Some(package),
+        Err(e) if args.optimize => return Err(e),
+        Err(_) => None,
+    };
+    if let Some(package) = package.filter(|_| args.optimize || args.trace) {
         let mut path = OsString::from(package.join("_hook"));
         path.push(":");
         path.push(package.parent().context("the chidori package has no parent directory")?);
@@ -123,7 +133,10 @@ pub fn run(args: RunArgs) -> Result<()> {
             path.push(":");
             path.push(existing);
         }
-        cmd.env("PYTHONPATH", path).env(env::OPTIMIZE, "1");
+        cmd.env("PYTHONPATH", path);
+    }
+    if args.optimize {
+        cmd.env(env::OPTIMIZE, "1");
     }
     let err = cmd.exec();
     bail!("could not run {}: {err}", program.to_string_lossy())

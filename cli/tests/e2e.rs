@@ -537,10 +537,7 @@ fn optimize_loads_the_package_and_its_loop_wrapper_replays_on_the_server() {
     let env_hook = dir.join("env-hook");
     std::fs::create_dir_all(&env_hook).unwrap();
     std::fs::write(env_hook.join("sitecustomize.py"), "import os\nos.environ['ENV_HOOK_RAN'] = '1'\n").unwrap();
-    // A release layout: the package beside the shims' directory.
-    let shims = chidori_tests::shim_dir();
-    let package = shims.parent().unwrap().join("python/chidori");
-    copy_tree(&chidori_tests::root().join("python/chidori"), &package);
+    let shims = package_beside_shims();
     let out = Command::new(chidori())
         .args(["run", "--optimize", "-s", &server.address, "--lib-dir"])
         .arg(shims)
@@ -551,6 +548,16 @@ fn optimize_loads_the_package_and_its_loop_wrapper_replays_on_the_server() {
         .unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
+}
+
+/// The shims' directory, with the chidori package beside it as a release lays it out.
+fn package_beside_shims() -> &'static Path {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let shims = chidori_tests::shim_dir();
+    ONCE.call_once(|| {
+        copy_tree(&chidori_tests::root().join("python/chidori"), &shims.parent().unwrap().join("python/chidori"))
+    });
+    shims
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -1120,4 +1127,102 @@ fn nvrtc_programs_stay_on_the_client_and_compile_on_the_server() {
     );
     let total = stderr.lines().find(|l| l.starts_with("TOTAL")).unwrap_or_else(|| panic!("{stderr}"));
     assert_eq!(total.split_whitespace().nth(2), Some("1"), "one round trip, the compile: {total}");
+}
+
+/// A C program whose waits come from two functions of its own, one static.
+const WAIT_SITES: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+static __attribute__((noinline)) int wait_for_gpu(void) { return (int)cudaDeviceSynchronize(); }
+__attribute__((noinline)) int read_back(const int *dev) {
+  int x = -1;
+  if (cudaMemcpy(&x, dev, sizeof x, cudaMemcpyDeviceToHost) != cudaSuccess) return -2;
+  return x;
+}
+int main(void) {
+  int *dev = 0;
+  if (cudaMalloc((void **)&dev, sizeof *dev) != cudaSuccess || cudaMemset(dev, 0, sizeof *dev) != cudaSuccess) return 2;
+  for (int i = 0; i < 3; i++)
+    if (wait_for_gpu() != 0) return 3;
+  if (read_back(dev) != 0) return 4;
+  printf("OK\n");
+  return 0;
+}
+"#;
+
+/// The rows of the trace's "by where" table: (round trips, the rest of the line).
+fn site_rows(stderr: &str) -> Vec<(u64, String)> {
+    stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("chidori trace: waited round trips by where"))
+        .skip(2)
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let trips = parts.next()?.parse().ok()?;
+            Some((trips, l.to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_trace_names_the_native_functions_that_waited() {
+    let server = server();
+    let exe = program("wait-sites", WAIT_SITES);
+    let (stdout, stderr) = run_traced(&server, &exe);
+    assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
+    let rows = site_rows(&stderr);
+    let sync = rows.iter().find(|(_, l)| l.contains("in wait_for_gpu+0x")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(sync.0, 3, "{stderr}");
+    assert!(sync.1.contains("wait-sites") && sync.1.contains("[cudaDeviceSynchronize]"), "{stderr}");
+    let copy = rows.iter().find(|(_, l)| l.contains("in read_back+0x")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(copy.0 >= 1 && copy.1.contains("[cudaMemcpy"), "{stderr}");
+}
+
+/// A Python program waiting through ctypes, which releases the interpreter around the call
+/// (as torch does around every operator): the wait is placed at the script's line.
+const PYTHON_WAITS: &str = r#"import ctypes
+rt = ctypes.CDLL("libcudart.so.13")
+
+
+def wait_for_gpu():
+    return rt.cudaDeviceSynchronize()
+
+
+def held():
+    return ctypes.PyDLL("libcudart.so.13").cudaDeviceSynchronize()
+
+
+for _ in range(4):
+    assert wait_for_gpu() == 0
+assert held() == 0
+import chidori
+sites = chidori.waits()
+assert sites[0]["where"].endswith("waits.py:6") and sites[0]["round_trips"] == 4, sites
+print("OK")
+"#;
+
+#[test]
+fn the_trace_names_the_python_lines_that_waited() {
+    let server = server();
+    let dir = chidori_tests::scratch("python-waits");
+    let script = dir.join("waits.py");
+    std::fs::write(&script, PYTHON_WAITS).unwrap();
+    let out = Command::new(chidori())
+        .args(["run", "--trace", "-s", &server.address, "--lib-dir"])
+        .arg(package_beside_shims())
+        .args(["--", "python3"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("OK"), "{stdout}\n{stderr}");
+    let rows = site_rows(&stderr);
+    // Released interpreter: placed through the frames the hook follows.
+    let released =
+        rows.iter().find(|(_, l)| l.contains("waits.py:6 in wait_for_gpu")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(released.0, 4, "{stderr}");
+    assert!(released.1.contains("[cudaDeviceSynchronize]  `return rt.cudaDeviceSynchronize()`"), "{stderr}");
+    // Interpreter held: placed at once.
+    let held = rows.iter().find(|(_, l)| l.contains("waits.py:10 in held")).unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(held.0, 1, "{stderr}");
 }

@@ -14,6 +14,7 @@ pub mod log;
 pub mod loops;
 pub mod mirror;
 pub mod modules;
+pub mod origin;
 pub mod registry;
 pub mod runtime;
 pub mod scalars;

@@ -2,7 +2,9 @@
 //!
 //! Counted always; read two ways: `chidori run --trace` writes the table when the program
 //! exits (to stderr, or to the file CHIDORI_TRACE names), and the program itself can ask
-//! at any time through [`chidori_stats_json`] (Python: `chidori.stats()`).
+//! at any time through [`chidori_stats_json`] (Python: `chidori.stats()`). While tracing,
+//! each waited round trip is also counted at the program's own line that made it
+//! ([`crate::origin`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -47,6 +49,12 @@ fn destination() -> Option<&'static str> {
     DEST.get_or_init(|| std::env::var(chidori_protocol::env::TRACE).ok().filter(|v| !v.is_empty())).as_deref()
 }
 
+/// Whether this process traces (`chidori run --trace`, CHIDORI_TRACE set): only then is
+/// each waited round trip placed in the program's source.
+pub fn tracing() -> bool {
+    destination().is_some()
+}
+
 fn with(name: &'static str, f: impl FnOnce(&Counter)) {
     // Two names may share an address (one a prefix of the other): the length tells them apart.
     // Never 0 (a free slot): a name's address is non-null and below bit 48.
@@ -80,6 +88,9 @@ pub fn record(desc: &CallDesc, sent: usize, received: usize, waited: Option<Inst
         c.received.fetch_add(received as u64, Ordering::Relaxed);
         c.wait_ns.fetch_add(ns, Ordering::Relaxed);
     });
+    if waited.is_some() && tracing() {
+        crate::origin::waited(desc.name, 1, ns);
+    }
 }
 
 /// Record a call answered without the network.
@@ -98,6 +109,9 @@ pub fn bytes(name: &'static str, round_trips: u64, sent: u64, received: u64, wai
         c.received.fetch_add(received, Ordering::Relaxed);
         c.wait_ns.fetch_add(wait.as_nanos() as u64, Ordering::Relaxed);
     });
+    if round_trips > 0 && tracing() {
+        crate::origin::waited(name, round_trips, wait.as_nanos() as u64);
+    }
 }
 
 pub fn register_exit_report() {
@@ -126,6 +140,7 @@ extern "C" fn report() {
                 row.ms_waiting()
             ));
         }
+        out.push_str(&crate::origin::report(40));
         match destination() {
             Some("-") | None => eprint!("{out}"),
             Some(path) => {
@@ -182,8 +197,10 @@ pub fn snapshot() -> (Vec<(&'static str, Row)>, Row) {
     (rows, total)
 }
 
-/// The counts as JSON: `{"functions": {NAME: COUNTS, ...}, "total": COUNTS}`, where COUNTS
-/// is `{"calls", "round_trips", "bytes_sent", "bytes_received", "ms_waiting"}`.
+/// The counts as JSON: `{"functions": {NAME: COUNTS, ...}, "total": COUNTS, "sources":
+/// [...]}`, where COUNTS is `{"calls", "round_trips", "bytes_sent", "bytes_received",
+/// "ms_waiting"}` and "sources" lists where waited round trips came from while tracing
+/// (see [`crate::origin::json`]; empty otherwise).
 pub fn stats_json() -> String {
     fn counts(out: &mut String, row: &Row) {
         out.push_str(&format!(
@@ -207,6 +224,8 @@ pub fn stats_json() -> String {
     }
     out.push_str("},\"total\":");
     counts(&mut out, &total);
+    out.push_str(",\"sources\":");
+    crate::origin::json(&mut out, json_string);
     out.push('}');
     out
 }
@@ -280,7 +299,7 @@ mod tests {
             ),
             "{json}"
         );
-        assert!(json.contains("},\"total\":{\"calls\":") && json.ends_with("}}"), "{json}");
+        assert!(json.contains("},\"total\":{\"calls\":") && json.ends_with("]}"), "{json}");
     }
 
     #[test]

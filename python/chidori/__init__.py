@@ -26,7 +26,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from chidori._find import find_binary, lib_dir, profiles_dir
 from chidori.decode import fast_generate, optimize, server_decode
@@ -34,6 +34,7 @@ from chidori.decode import fast_generate, optimize, server_decode
 __all__ = [
     "CallStats",
     "DEFAULT_PORT",
+    "WaitSite",
     "__version__",
     "fast_generate",
     "find_binary",
@@ -44,6 +45,7 @@ __all__ = [
     "server",
     "server_decode",
     "stats",
+    "waits",
 ]
 
 #: The port ``chidori serve`` listens on unless told otherwise.
@@ -129,16 +131,8 @@ def server() -> Optional[str]:
     return address if has_port else f"{address}:{DEFAULT_PORT}"
 
 
-def stats() -> Dict[str, CallStats]:
-    """Calls, round trips, bytes each way and time waiting so far, per CUDA function.
-
-    Returns a dict from function name (``"cudaMemcpy"``, and a few of Chidori's own rows
-    such as ``"(module load)"`` or ``"(kernel launch)"``) to its :data:`CallStats`, plus the
-    key ``"total"`` with the sums. Variants of one function share a row. Empty when this
-    process is not remote (see :func:`is_remote`).
-
-    The numbers are the ones ``chidori run --trace`` prints at exit.
-    """
+def _stats_document() -> Dict[str, Any]:
+    """The JSON document ``chidori_stats_json`` writes, decoded; empty when not remote."""
     if not os.environ.get(_SERVER_ENV):
         return {}
     function = _stats_function()
@@ -155,6 +149,39 @@ def stats() -> Dict[str, CallStats]:
         if length <= len(buffer):
             break
     decoded: Dict[str, Any] = json.loads(buffer.raw[:length].decode("utf-8"))
+    return decoded
+
+
+def stats() -> Dict[str, CallStats]:
+    """Calls, round trips, bytes each way and time waiting so far, per CUDA function.
+
+    Returns a dict from function name (``"cudaMemcpy"``, and a few of Chidori's own rows
+    such as ``"(module load)"`` or ``"(kernel launch)"``) to its :data:`CallStats`, plus the
+    key ``"total"`` with the sums. Variants of one function share a row. Empty when this
+    process is not remote (see :func:`is_remote`).
+
+    The numbers are the ones ``chidori run --trace`` prints at exit.
+    """
+    decoded = _stats_document()
+    if not decoded:
+        return {}
     result: Dict[str, CallStats] = dict(decoded["functions"])
     result["total"] = decoded["total"]
     return result
+
+
+#: One place where the program waited, as :func:`waits` returns it: ``where``
+#: (``"train.py:57"``, or a native object), ``in`` (the function), ``source`` (the line's
+#: text, Python only), ``round_trips``, ``ms_waiting`` and ``waited_for`` (the CUDA function
+#: that waited most there).
+WaitSite = Dict[str, Union[str, int, float]]
+
+
+def waits() -> List[WaitSite]:
+    """Where this program made the round trips it waited for, most waiting first.
+
+    Filled only while tracing (``chidori run --trace``, which prints the same table at
+    exit); empty otherwise, and when this process is not remote.
+    """
+    sites: List[WaitSite] = list(_stats_document().get("sources", []))
+    return sites

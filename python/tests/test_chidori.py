@@ -41,6 +41,7 @@ class OutsideChidoriRun(unittest.TestCase):
         self.assertFalse(chidori.is_remote())
         self.assertIsNone(chidori.server())
         self.assertEqual(chidori.stats(), {})
+        self.assertEqual(chidori.waits(), [])
 
     def test_the_variable_alone_is_not_remote(self) -> None:
         # Inherited by a process that does not preload the client library.
@@ -89,6 +90,17 @@ class UnderChidoriRun(unittest.TestCase):
         self.assertEqual(set(stats), {"cudaMalloc", "total"})
         self.assertEqual(stats["cudaMalloc"]["calls"], 2)
         self.assertEqual(stats["total"]["ms_waiting"], 0.5)
+
+    def test_waits_are_empty_unless_the_library_places_them(self) -> None:
+        os.environ["CHIDORI_SERVER"] = "gpu-box"
+        self.assertEqual(chidori.waits(), [])
+        site = b'{"where":"train.py:57","in":"step","source":"loss.item()","round_trips":60,' \
+            b'"ms_waiting":4200.0,"waited_for":"cudaStreamSynchronize"}'
+        document = self.json[:-1] + b',"sources":[' + site + b"]}"
+        with mock.patch.object(chidori, "_stats_function", return_value=_fake_stats_function(document)):
+            sites = chidori.waits()
+        self.assertEqual(len(sites), 1)
+        self.assertEqual((sites[0]["where"], sites[0]["round_trips"]), ("train.py:57", 60))
 
 
 class Layout(unittest.TestCase):

@@ -1,10 +1,14 @@
-"""Interpreter-start hook of ``chidori run --optimize``: turns on server-side decode for an
-unmodified script.
+"""Interpreter-start hook of ``chidori run --optimize`` and ``chidori run --trace``.
 
-``chidori run --optimize`` puts this directory first on PYTHONPATH, so Python imports this
-module as ``sitecustomize`` at start-up. It first runs the ``sitecustomize`` it shadows (the
-environment's own, if any), then calls :func:`chidori.decode.optimize`.
+Either option puts this directory first on PYTHONPATH, so Python imports this module as
+``sitecustomize`` at start-up. It first runs the ``sitecustomize`` it shadows (the
+environment's own, if any); then, with ``--optimize`` (CHIDORI_OPTIMIZE=1), turns on
+server-side decode (:func:`chidori.decode.optimize`), and with ``--trace`` (CHIDORI_TRACE
+set) has Chidori's client library follow Python frames, so that round trips waited while
+an extension released the interpreter (torch does around every operator) are placed at
+the script's own lines. A profiler the environment installed is left alone.
 """
+import ctypes
 import importlib.machinery
 import importlib.util
 import os
@@ -27,9 +31,17 @@ try:
 except Exception as error:  # noqa: BLE001 - the environment's hook failing is its own business
     print(f"chidori: the environment's sitecustomize failed: {error!r}", file=sys.stderr)
 
-try:
-    from chidori import decode as _decode
+if os.environ.get("CHIDORI_TRACE") and sys.getprofile() is None:
+    try:
+        # PyDLL: the call keeps the interpreter, as setting a profile function requires.
+        ctypes.PyDLL(None).chidori_trace_python()
+    except (OSError, AttributeError) as error:
+        print(f"chidori: --trace cannot follow Python frames: {error!r}", file=sys.stderr)
 
-    _decode.optimize()
-except Exception as error:  # noqa: BLE001 - never stop the program from starting
-    print(f"chidori: --optimize could not be turned on: {error!r}", file=sys.stderr)
+if os.environ.get("CHIDORI_OPTIMIZE") == "1":
+    try:
+        from chidori import decode as _decode
+
+        _decode.optimize()
+    except Exception as error:  # noqa: BLE001 - never stop the program from starting
+        print(f"chidori: --optimize could not be turned on: {error!r}", file=sys.stderr)
