@@ -230,6 +230,7 @@ fn hello() -> Vec<u8> {
         pid: 1,
         host: "test".into(),
         program: "test".into(),
+        token: String::new(),
     };
     frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &chidori_protocol::messages::encode(&hello), &[]).unwrap()
 }

@@ -12,6 +12,7 @@
 //! * [`mirror`]: host memory at the client's pinned addresses, for kernels handed a
 //!   pointer to the client's pinned memory.
 
+pub mod auth;
 pub mod backend;
 pub mod cache;
 pub mod emulated;

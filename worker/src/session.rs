@@ -25,10 +25,11 @@ use chidori_protocol::messages::{
     NULL_LEN, Progress, Refuse, RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
 
+use crate::auth::Security;
 use crate::backend::Backend;
 use crate::cache::{self, ModuleCache};
 use crate::handles::Handles;
-use crate::io::{ReadError, Writer, read_frame};
+use crate::io::{ReadError, Sink, Writer, read_frame};
 use crate::mirror::Mirrors;
 
 /// A kernel's parameters: (offset, size) each, in order.
@@ -42,6 +43,8 @@ pub struct Options {
     pub heartbeat: Duration,
     /// Where module images are kept across sessions (None: only in memory).
     pub module_cache: Option<ModuleCache>,
+    /// GPU memory the session may allocate, in bytes (None: no quota).
+    pub memory_quota: Option<u64>,
 }
 
 /// A module loaded in this session.
@@ -55,7 +58,7 @@ struct Loaded {
 struct Session {
     backend: Arc<dyn Backend>,
     handles: Mutex<Handles>,
-    writer: Writer<TcpStream>,
+    writer: Writer,
     /// Host callbacks waiting for the client: id → wake-up.
     callbacks: Mutex<HashMap<u64, mpsc::Sender<()>>>,
     next_callback: AtomicU64,
@@ -81,13 +84,37 @@ const TIMING_TARGET: &str = "chidori::calls";
 #[derive(Debug)]
 struct Fatal(String);
 
-/// Run a session on an accepted connection until the client leaves.
-pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options: Options) -> Result<()> {
+/// How long a new connection has for the TLS handshake and its Hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Makes the session's backend: called once the client is authenticated, so that an
+/// unauthenticated peer never gets a CUDA context made for it.
+pub type MakeBackend = Box<dyn FnOnce() -> Result<Arc<dyn Backend>, String>>;
+
+/// Run a session on an accepted connection until the client leaves: the TLS handshake
+/// (with `security`), the Hello and its token, then (authenticated: `authenticated` is
+/// called) the backend and the calls.
+pub fn run(
+    mut stream: TcpStream,
+    security: Option<Security>,
+    make_backend: MakeBackend,
+    options: Options,
+    authenticated: Box<dyn FnOnce()>,
+) -> Result<()> {
     stream.set_nodelay(true).ok();
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut reader = stream.try_clone()?;
-    let writer = Writer::new(stream.try_clone()?);
-    let frame = read_frame(&mut reader).map_err(|e| anyhow::anyhow!("reading the client's hello: {e}"))?;
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let (mut reader, writer): (Box<dyn Read + Send>, Writer) = match &security {
+        Some(security) => {
+            let secure = chidori_tls::server_handshake(&mut stream, security.tls.clone())
+                .map_err(|e| anyhow::anyhow!("TLS handshake with the client: {e}"))?;
+            let reader = Box::new(secure.reader(stream.try_clone()?));
+            (reader, Writer::new(Sink::Tls { sock: stream.try_clone()?, secure }))
+        }
+        None => (Box::new(stream.try_clone()?), Writer::new(Sink::Plain(stream.try_clone()?))),
+    };
+    let frame =
+        read_frame(&mut reader, HANDSHAKE_TIMEOUT).map_err(|e| anyhow::anyhow!("reading the client's hello: {e}"))?;
     if frame.header.kind != Kind::Hello {
         bail!("first frame is {:?}, not Hello", frame.header.kind);
     }
@@ -95,8 +122,22 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
     let refuse = |reason, message: String| -> Result<()> {
         let msg = Refuse { reason, message: message.clone() };
         writer.send(Header::new(Kind::Refuse, 0, 0, 0), &messages::encode(&msg), &[])?;
+        writer.close();
         bail!("refused {} (pid {}): {message}", hello.host, hello.pid)
     };
+    if let Some(security) = &security
+        && !chidori_tls::token::matches(&security.token, &hello.token)
+    {
+        return refuse(
+            RefuseReason::Unauthorized,
+            format!(
+                "{}: use the one `chidori serve` printed at its start (it is kept in {} on the server), with \
+                 --token, --token-file or CHIDORI_TOKEN",
+                if hello.token.is_empty() { "this server requires a token" } else { "wrong token" },
+                security.token_file.display()
+            ),
+        );
+    }
     if hello.protocol != PROTOCOL_VERSION {
         return refuse(
             RefuseReason::Protocol,
@@ -115,7 +156,9 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
             ),
         );
     }
-    let backend = match backend {
+    authenticated();
+    stream.set_write_timeout(None)?;
+    let backend = match make_backend() {
         Ok(b) => b,
         Err(e) => return refuse(RefuseReason::NoGpu, e),
     };
@@ -144,10 +187,11 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
         mirrors: Mutex::new(Mirrors::default()),
     });
-    reader.set_read_timeout(Some(options.heartbeat))?;
+    stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
     let mut reader = std::io::BufReader::with_capacity(READ_BUFFER, reader);
-    let result = serve(&session, &mut reader);
+    let stall = frame_stall(options.heartbeat);
+    let result = serve(&session, &mut reader, stall);
     log_timing(&session);
     match &result {
         Ok(()) => tracing::info!("session for {} pid {} closed by the client", hello.host, hello.pid),
@@ -157,7 +201,14 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
             let _ = session.writer.send(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]);
         }
     }
+    session.writer.close();
     result
+}
+
+/// How long a frame that has started may make no progress: twice the heartbeat, at least
+/// 2 s.
+pub fn frame_stall(heartbeat: Duration) -> Duration {
+    (heartbeat * 2).max(Duration::from_secs(2))
 }
 
 /// The functions the session spent most time in, longest first (CHIDORI_LOG=chidori::calls=debug).
@@ -237,7 +288,7 @@ fn only_waits(frame: &Frame) -> bool {
     frame.header.kind == Kind::Call && VARIANTS.get(frame.header.call as usize).is_some_and(|d| d.only_waits)
 }
 
-fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>) -> Result<()> {
+fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>, stall: Duration) -> Result<()> {
     let mut executors: HashMap<u32, mpsc::Sender<Batch>> = HashMap::new();
     // Consecutive frames of one client thread, handed to its executor together.
     let mut batch: Option<(u32, Batch)> = None;
@@ -257,7 +308,7 @@ fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>) ->
         {
             bail!("executor of client thread {thread} is gone");
         }
-        let frame = match read_frame(reader) {
+        let frame = match read_frame(reader, stall) {
             Ok(f) => f,
             Err(ReadError::Closed) => return Ok(()),
             Err(ReadError::Timeout) => {
@@ -746,11 +797,17 @@ fn host_function(session: &Arc<Session>, desc: &'static CallDesc, raw: &[u64]) -
 }
 
 /// Open a session on the connection inherited as file descriptor `fd`.
-pub fn run_on_fd(fd: i32, backend: Result<Arc<dyn Backend>, String>, options: Options) -> Result<()> {
+pub fn run_on_fd(
+    fd: i32,
+    security: Option<Security>,
+    make_backend: MakeBackend,
+    options: Options,
+    authenticated: Box<dyn FnOnce()>,
+) -> Result<()> {
     use std::os::fd::FromRawFd;
     // SAFETY: the supervisor passes an open connected socket at `fd` and nothing else owns it.
     let stream = unsafe { TcpStream::from_raw_fd(fd) };
-    run(stream, backend, options).context("session")
+    run(stream, security, make_backend, options, authenticated).context("session")
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -855,10 +912,12 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             if cache::sha256(&frame.bulk) != hash {
                 return Err(Fatal("uploaded module does not match its hash".into()));
             }
-            if let Some(c) = &session.module_cache {
+            let reply = load(session, hash, &frame.bulk);
+            // Only an image the driver loaded is kept for later sessions.
+            if let (Some(c), ServiceReply::Module { .. }) = (&session.module_cache, &reply) {
                 c.put(&hash, &frame.bulk);
             }
-            load(session, hash, &frame.bulk)
+            reply
         }
         Service::Global { module, name } => {
             if !lock(&session.libraries).contains(&module) {
