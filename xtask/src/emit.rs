@@ -406,6 +406,7 @@ impl<'a> Emitter<'a> {
             let library = lit_str(&e.library);
             let versions = v.versions.iter().map(|x| lit_str(x));
             let (s, n, u, h) = (v.codes.success, v.codes.not_supported, v.codes.unavailable, v.codes.invalid_handle);
+            let iv = v.codes.invalid_value;
             let id_ident = ident(&e.ident);
             let call = e.call;
             let wire = wire_id as u32;
@@ -428,7 +429,13 @@ impl<'a> Emitter<'a> {
                     class: #class,
                     params: &[#(#wires),*],
                     ret: #ret,
-                    codes: Codes { success: #s, not_supported: #n, unavailable: #u, invalid_handle: #h },
+                    codes: Codes {
+                        success: #s,
+                        not_supported: #n,
+                        unavailable: #u,
+                        invalid_handle: #h,
+                        invalid_value: #iv,
+                    },
                     only_waits: #only_waits,
                 };
             });

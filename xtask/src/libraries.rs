@@ -40,6 +40,10 @@ pub struct Library {
     pub unavailable: String,
     /// What the worker answers for a handle the session never created.
     pub invalid_handle: String,
+    /// What the worker answers for a NULL or out-of-range pointer or length it refuses
+    /// before the library sees it (default: `invalid_handle`).
+    #[serde(default)]
+    pub invalid_value: Option<String>,
     /// Whether a non-const pointer to a scalar may be inferred to be a host output. False for
     /// libraries (cuBLAS, cuSPARSE, …) whose scalar pointers are usually device arrays.
     #[serde(default = "yes")]

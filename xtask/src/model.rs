@@ -323,6 +323,7 @@ pub struct Codes {
     pub not_supported: i64,
     pub unavailable: i64,
     pub invalid_handle: i64,
+    pub invalid_value: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -595,6 +596,7 @@ fn codes(env: &TypeEnv, lib: &Library) -> Result<Codes> {
         not_supported: get(&lib.not_supported)?,
         unavailable: get(&lib.unavailable)?,
         invalid_handle: get(&lib.invalid_handle)?,
+        invalid_value: get(lib.invalid_value.as_deref().unwrap_or(&lib.invalid_handle))?,
     })
 }
 

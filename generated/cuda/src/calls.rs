@@ -3,7 +3,7 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 5730092886750099931u64;
+pub const SCHEMA_HASH: u64 = 12170478688477262191u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
 pub static FUNCTIONS: [&str; 2248usize] = [
@@ -7036,6 +7036,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7094,6 +7095,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7128,6 +7130,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7170,6 +7173,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7212,6 +7216,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7245,6 +7250,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7282,6 +7288,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7319,6 +7326,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7369,6 +7377,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7419,6 +7428,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7461,6 +7471,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7503,6 +7514,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7545,6 +7557,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7587,6 +7600,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7643,6 +7657,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7711,6 +7726,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7779,6 +7795,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7843,6 +7860,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7907,6 +7925,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -7967,6 +7986,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8023,6 +8043,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8091,6 +8112,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8163,6 +8185,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8235,6 +8258,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8315,6 +8339,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8395,6 +8420,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8479,6 +8505,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8563,6 +8590,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8631,6 +8659,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8703,6 +8732,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8775,6 +8805,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8855,6 +8886,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -8935,6 +8967,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9019,6 +9052,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9103,6 +9137,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9171,6 +9206,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9239,6 +9275,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9287,6 +9324,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9363,6 +9401,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9439,6 +9478,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9499,6 +9539,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9559,6 +9600,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9606,6 +9648,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9649,6 +9692,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9700,6 +9744,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9751,6 +9796,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9794,6 +9840,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9845,6 +9892,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9896,6 +9944,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9934,6 +9983,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -9982,6 +10032,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10038,6 +10089,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10086,6 +10138,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10146,6 +10199,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10206,6 +10260,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10258,6 +10313,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10322,6 +10378,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10386,6 +10443,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10430,6 +10488,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10486,6 +10545,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10542,6 +10602,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10583,6 +10644,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10626,6 +10688,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10677,6 +10740,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10728,6 +10792,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10783,6 +10848,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10847,6 +10913,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10911,6 +10978,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -10957,6 +11025,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11003,6 +11072,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11056,6 +11126,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11123,6 +11194,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11190,6 +11262,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11257,6 +11330,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11324,6 +11398,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11383,6 +11458,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11442,6 +11518,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11506,6 +11583,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11570,6 +11648,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11615,6 +11694,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11672,6 +11752,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11729,6 +11810,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11774,6 +11856,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11819,6 +11902,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11842,6 +11926,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11880,6 +11965,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11927,6 +12013,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -11974,6 +12061,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12017,6 +12105,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12046,6 +12135,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12083,6 +12173,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12120,6 +12211,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12161,6 +12253,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12208,6 +12301,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12255,6 +12349,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12287,6 +12382,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12324,6 +12420,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12361,6 +12458,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12394,6 +12492,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12431,6 +12530,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12468,6 +12568,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12520,6 +12621,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12584,6 +12686,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12648,6 +12751,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12704,6 +12808,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12760,6 +12865,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12811,6 +12917,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12862,6 +12969,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12914,6 +13022,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -12978,6 +13087,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13042,6 +13152,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13088,6 +13199,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13134,6 +13246,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13181,6 +13294,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13248,6 +13362,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13315,6 +13430,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13382,6 +13498,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13449,6 +13566,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13508,6 +13626,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13567,6 +13686,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13631,6 +13751,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13695,6 +13816,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13744,6 +13866,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13797,6 +13920,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13850,6 +13974,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13899,6 +14024,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -13952,6 +14078,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14005,6 +14132,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14051,6 +14179,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14101,6 +14230,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14151,6 +14281,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14197,6 +14328,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14247,6 +14379,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14297,6 +14430,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14339,6 +14473,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14393,6 +14528,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14460,6 +14596,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14527,6 +14664,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14572,6 +14710,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14621,6 +14760,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14670,6 +14810,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14724,6 +14865,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14790,6 +14932,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14856,6 +14999,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14918,6 +15062,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -14980,6 +15125,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15025,6 +15171,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15074,6 +15221,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15123,6 +15271,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15154,6 +15303,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15191,6 +15341,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15228,6 +15379,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15265,6 +15417,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15307,6 +15460,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15349,6 +15503,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15382,6 +15537,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15419,6 +15575,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15456,6 +15613,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15506,6 +15664,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15556,6 +15715,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15592,6 +15752,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15634,6 +15795,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15676,6 +15838,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15699,6 +15862,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15761,6 +15925,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15829,6 +15994,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15897,6 +16063,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -15961,6 +16128,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16025,6 +16193,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16085,6 +16254,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16147,6 +16317,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16219,6 +16390,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16291,6 +16463,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16375,6 +16548,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16459,6 +16633,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16527,6 +16702,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16595,6 +16771,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16649,6 +16826,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16725,6 +16903,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16801,6 +16980,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16861,6 +17041,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16921,6 +17102,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -16968,6 +17150,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17014,6 +17197,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17065,6 +17249,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17116,6 +17301,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17154,6 +17340,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17202,6 +17389,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17258,6 +17446,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17289,6 +17478,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17326,6 +17516,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17363,6 +17554,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17417,6 +17609,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17476,6 +17669,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17517,6 +17711,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17564,6 +17759,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17611,6 +17807,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17654,6 +17851,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17696,6 +17894,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17744,6 +17943,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17798,6 +17998,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17858,6 +18059,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17918,6 +18120,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17950,6 +18153,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -17987,6 +18191,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18024,6 +18229,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18057,6 +18263,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18094,6 +18301,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18131,6 +18339,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18189,6 +18398,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18253,6 +18463,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18317,6 +18528,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18367,6 +18579,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18423,6 +18636,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18479,6 +18693,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18520,6 +18735,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18566,6 +18782,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18617,6 +18834,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18668,6 +18886,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18726,6 +18945,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18790,6 +19010,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18854,6 +19075,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18900,6 +19122,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18946,6 +19169,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -18999,6 +19223,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19058,6 +19283,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19117,6 +19343,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19181,6 +19408,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19245,6 +19473,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19294,6 +19523,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19347,6 +19577,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19400,6 +19631,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19449,6 +19681,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19502,6 +19735,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19555,6 +19789,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19612,6 +19847,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19679,6 +19915,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19746,6 +19983,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19791,6 +20029,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19840,6 +20079,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19889,6 +20129,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -19946,6 +20187,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20012,6 +20254,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20078,6 +20321,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20140,6 +20384,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20202,6 +20447,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20247,6 +20493,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20296,6 +20543,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20345,6 +20593,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20376,6 +20625,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20413,6 +20663,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20450,6 +20701,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20481,6 +20733,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20518,6 +20771,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20555,6 +20809,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20647,6 +20902,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20739,6 +20995,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20827,6 +21084,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -20915,6 +21173,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21019,6 +21278,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21123,6 +21383,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21152,6 +21413,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21173,6 +21435,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21191,6 +21454,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21220,6 +21484,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21249,6 +21514,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21276,6 +21542,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21317,6 +21584,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21358,6 +21626,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21399,6 +21668,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21440,6 +21710,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21471,6 +21742,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21508,6 +21780,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21545,6 +21818,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21576,6 +21850,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21613,6 +21888,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21650,6 +21926,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21681,6 +21958,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21718,6 +21996,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21755,6 +22034,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21786,6 +22066,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21823,6 +22104,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21860,6 +22142,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21878,6 +22161,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21909,6 +22193,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21946,6 +22231,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -21983,6 +22269,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22014,6 +22301,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22051,6 +22339,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22088,6 +22377,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22119,6 +22409,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22156,6 +22447,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22193,6 +22485,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22224,6 +22517,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22261,6 +22555,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22298,6 +22593,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22361,6 +22657,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22424,6 +22721,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22455,6 +22753,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22492,6 +22791,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22529,6 +22829,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22566,6 +22867,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22608,6 +22910,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22650,6 +22953,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22699,6 +23003,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22748,6 +23053,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22779,6 +23085,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22816,6 +23123,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22853,6 +23161,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22884,6 +23193,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22921,6 +23231,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22958,6 +23269,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -22991,6 +23303,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23028,6 +23341,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23065,6 +23379,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23115,6 +23430,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23165,6 +23481,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23201,6 +23518,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23243,6 +23561,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23285,6 +23604,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23312,6 +23632,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23339,6 +23660,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23366,6 +23688,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23393,6 +23716,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23420,6 +23744,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23447,6 +23772,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23470,6 +23796,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23497,6 +23824,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23524,6 +23852,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23551,6 +23880,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23578,6 +23908,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23606,6 +23937,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23668,6 +24000,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23736,6 +24069,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23804,6 +24138,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23868,6 +24203,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23932,6 +24268,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -23992,6 +24329,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24054,6 +24392,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24126,6 +24465,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24198,6 +24538,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24278,6 +24619,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24358,6 +24700,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24442,6 +24785,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24526,6 +24870,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24594,6 +24939,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24662,6 +25008,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24716,6 +25063,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24792,6 +25140,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24868,6 +25217,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24928,6 +25278,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -24988,6 +25339,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25035,6 +25387,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25081,6 +25434,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25132,6 +25486,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25183,6 +25538,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25221,6 +25577,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25269,6 +25626,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25325,6 +25683,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25343,6 +25702,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25374,6 +25734,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25411,6 +25772,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25448,6 +25810,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25489,6 +25852,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25536,6 +25900,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25583,6 +25948,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25626,6 +25992,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25668,6 +26035,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25716,6 +26084,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25770,6 +26139,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25830,6 +26200,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25890,6 +26261,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25922,6 +26294,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25959,6 +26332,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -25996,6 +26370,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26029,6 +26404,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26066,6 +26442,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26103,6 +26480,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26161,6 +26539,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26225,6 +26604,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26289,6 +26669,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26339,6 +26720,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26395,6 +26777,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26451,6 +26834,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26492,6 +26876,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26538,6 +26923,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26589,6 +26975,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26640,6 +27027,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26698,6 +27086,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26762,6 +27151,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26826,6 +27216,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26872,6 +27263,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26918,6 +27310,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -26971,6 +27364,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27030,6 +27424,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27089,6 +27484,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27153,6 +27549,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27217,6 +27614,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27266,6 +27664,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27319,6 +27718,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27372,6 +27772,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27421,6 +27822,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27474,6 +27876,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27527,6 +27930,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27584,6 +27988,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27651,6 +28056,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27718,6 +28124,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27763,6 +28170,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27812,6 +28220,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27861,6 +28270,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27918,6 +28328,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -27984,6 +28395,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28050,6 +28462,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28112,6 +28525,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28174,6 +28588,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28219,6 +28634,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28268,6 +28684,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28317,6 +28734,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28362,6 +28780,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28407,6 +28826,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28489,6 +28909,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28513,6 +28934,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28581,6 +29003,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28645,6 +29068,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28709,6 +29133,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28768,6 +29193,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28832,6 +29258,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28855,6 +29282,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28920,6 +29348,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -28984,6 +29413,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29048,6 +29478,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29107,6 +29538,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29171,6 +29603,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29238,6 +29671,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29300,6 +29734,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29323,6 +29758,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29391,6 +29827,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29455,6 +29892,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29519,6 +29957,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29578,6 +30017,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29642,6 +30082,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29709,6 +30150,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29771,6 +30213,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29800,6 +30243,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29827,6 +30271,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29862,6 +30307,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29889,6 +30335,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -29957,6 +30404,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30021,6 +30469,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30085,6 +30534,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30144,6 +30594,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30208,6 +30659,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30275,6 +30727,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30337,6 +30790,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30405,6 +30859,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30469,6 +30924,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30533,6 +30989,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30592,6 +31049,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30656,6 +31114,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30721,6 +31180,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30785,6 +31245,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30849,6 +31310,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30908,6 +31370,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -30972,6 +31435,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31039,6 +31503,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31101,6 +31566,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31135,6 +31601,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31177,6 +31644,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31219,6 +31687,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31252,6 +31721,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31289,6 +31759,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31326,6 +31797,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31376,6 +31848,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31426,6 +31899,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31468,6 +31942,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31510,6 +31985,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31552,6 +32028,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31594,6 +32071,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31635,6 +32113,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31682,6 +32161,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31729,6 +32209,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31761,6 +32242,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31798,6 +32280,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31835,6 +32318,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31891,6 +32375,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -31959,6 +32444,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32027,6 +32513,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32091,6 +32578,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32155,6 +32643,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32215,6 +32704,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32271,6 +32761,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32339,6 +32830,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32407,6 +32899,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32479,6 +32972,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32551,6 +33045,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32635,6 +33130,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32719,6 +33215,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32787,6 +33284,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32855,6 +33353,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32903,6 +33402,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -32979,6 +33479,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33055,6 +33556,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33115,6 +33617,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33175,6 +33678,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33222,6 +33726,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33265,6 +33770,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33316,6 +33822,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33367,6 +33874,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33410,6 +33918,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33461,6 +33970,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33512,6 +34022,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33550,6 +34061,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33598,6 +34110,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33654,6 +34167,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33702,6 +34216,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33762,6 +34277,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33822,6 +34338,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33874,6 +34391,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -33938,6 +34456,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34002,6 +34521,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34046,6 +34566,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34102,6 +34623,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34158,6 +34680,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34199,6 +34722,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34242,6 +34766,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34293,6 +34818,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34344,6 +34870,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34399,6 +34926,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34463,6 +34991,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34527,6 +35056,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34573,6 +35103,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34619,6 +35150,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34672,6 +35204,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34731,6 +35264,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34790,6 +35324,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34854,6 +35389,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34918,6 +35454,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -34963,6 +35500,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35020,6 +35558,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35077,6 +35616,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35115,6 +35655,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35162,6 +35703,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35209,6 +35751,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35252,6 +35795,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35281,6 +35825,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35318,6 +35863,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35355,6 +35901,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35388,6 +35935,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35425,6 +35973,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35462,6 +36011,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35514,6 +36064,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35578,6 +36129,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35642,6 +36194,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35698,6 +36251,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35754,6 +36308,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35805,6 +36360,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35856,6 +36412,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35908,6 +36465,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -35972,6 +36530,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36036,6 +36595,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36082,6 +36642,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36128,6 +36689,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36175,6 +36737,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36234,6 +36797,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36293,6 +36857,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36357,6 +36922,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36421,6 +36987,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36470,6 +37037,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36523,6 +37091,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36576,6 +37145,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36625,6 +37195,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36678,6 +37249,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36731,6 +37303,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36777,6 +37350,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36827,6 +37401,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36877,6 +37452,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36923,6 +37499,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -36973,6 +37550,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37023,6 +37601,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37065,6 +37644,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37119,6 +37699,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37186,6 +37767,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37253,6 +37835,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37298,6 +37881,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37347,6 +37931,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37396,6 +37981,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37450,6 +38036,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37516,6 +38103,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37582,6 +38170,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37644,6 +38233,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37706,6 +38296,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37751,6 +38342,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37800,6 +38392,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37849,6 +38442,7 @@ pub mod cublas {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37887,6 +38481,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37910,6 +38505,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37936,6 +38532,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37959,6 +38556,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -37982,6 +38580,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38009,6 +38608,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38030,6 +38630,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38051,6 +38652,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38074,6 +38676,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38092,6 +38695,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38115,6 +38719,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38138,6 +38743,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38210,6 +38816,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38282,6 +38889,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38345,6 +38953,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38408,6 +39017,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38471,6 +39081,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38502,6 +39113,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38533,6 +39145,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38556,6 +39169,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38579,6 +39193,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38614,6 +39229,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38649,6 +39265,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38686,6 +39303,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38723,6 +39341,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38746,6 +39365,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38769,6 +39389,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38792,6 +39413,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38815,6 +39437,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38842,6 +39465,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38869,6 +39493,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38906,6 +39531,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38943,6 +39569,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -38982,6 +39609,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -39005,6 +39633,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -39048,6 +39677,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -39085,6 +39715,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -39112,6 +39743,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -39135,6 +39767,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -39166,6 +39799,7 @@ pub mod cublaslt {
             not_supported: 15i64,
             unavailable: 1i64,
             invalid_handle: 1i64,
+            invalid_value: 7i64,
         },
         only_waits: false,
     };
@@ -39266,6 +39900,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39301,6 +39936,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39336,6 +39972,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39371,6 +40008,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39402,6 +40040,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39433,6 +40072,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39464,6 +40104,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39482,6 +40123,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39505,6 +40147,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39528,6 +40171,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39551,6 +40195,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39574,6 +40219,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39607,6 +40253,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39630,6 +40277,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39657,6 +40305,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39684,6 +40333,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39710,6 +40360,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39735,6 +40386,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39762,6 +40414,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39789,6 +40442,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39818,6 +40472,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39845,6 +40500,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39882,6 +40538,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39915,6 +40572,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39940,6 +40598,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -39971,6 +40630,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40006,6 +40666,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40029,6 +40690,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40047,6 +40709,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40070,6 +40733,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40097,6 +40761,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40124,6 +40789,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40147,6 +40813,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40165,6 +40832,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -40192,6 +40860,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40215,6 +40884,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40242,6 +40912,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40265,6 +40936,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40298,6 +40970,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40331,6 +41004,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40354,6 +41028,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40381,6 +41056,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40412,6 +41088,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40443,6 +41120,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40470,6 +41148,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40493,6 +41172,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -40516,6 +41196,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40545,6 +41226,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40574,6 +41256,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40601,6 +41284,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40636,6 +41320,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40659,6 +41344,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40686,6 +41372,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40719,6 +41406,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40752,6 +41440,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40770,6 +41459,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40793,6 +41483,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40817,6 +41508,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40841,6 +41533,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40864,6 +41557,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40889,6 +41583,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40920,6 +41615,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40951,6 +41647,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -40978,6 +41675,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41005,6 +41703,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41042,6 +41741,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41083,6 +41783,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41110,6 +41811,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41133,6 +41835,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41156,6 +41859,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41183,6 +41887,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41210,6 +41915,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41237,6 +41943,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41264,6 +41971,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41295,6 +42003,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41318,6 +42027,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41349,6 +42059,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41380,6 +42091,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41409,6 +42121,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41438,6 +42151,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41475,6 +42189,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41512,6 +42227,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41541,6 +42257,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41571,6 +42288,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41604,6 +42322,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41635,6 +42354,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41666,6 +42386,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41693,6 +42414,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41720,6 +42442,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41747,6 +42470,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41778,6 +42502,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41805,6 +42530,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41838,6 +42564,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41871,6 +42598,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41900,6 +42628,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41929,6 +42658,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41958,6 +42688,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -41989,6 +42720,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42020,6 +42752,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42055,6 +42788,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42082,6 +42816,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42109,6 +42844,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42140,6 +42876,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42167,6 +42904,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42194,6 +42932,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42229,6 +42968,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42260,6 +43000,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42283,6 +43024,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42318,6 +43060,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42349,6 +43092,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42373,6 +43117,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42408,6 +43153,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42439,6 +43185,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42470,6 +43217,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42501,6 +43249,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42529,6 +43278,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42558,6 +43308,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42581,6 +43332,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42610,6 +43362,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42633,6 +43386,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42662,6 +43416,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42696,6 +43451,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42737,6 +43493,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42770,6 +43527,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42803,6 +43561,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42842,6 +43601,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42873,6 +43633,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42896,6 +43657,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42929,6 +43691,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42962,6 +43725,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -42995,6 +43759,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43022,6 +43787,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43051,6 +43817,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43085,6 +43852,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43119,6 +43887,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43160,6 +43929,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43206,6 +43976,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43252,6 +44023,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43307,6 +44079,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43362,6 +44135,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43407,6 +44181,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43457,6 +44232,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43507,6 +44283,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43552,6 +44329,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43602,6 +44380,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43652,6 +44431,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43693,6 +44473,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43739,6 +44520,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43785,6 +44567,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43836,6 +44619,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43887,6 +44671,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43920,6 +44705,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43958,6 +44744,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -43996,6 +44783,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44029,6 +44817,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44067,6 +44856,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44105,6 +44895,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44142,6 +44933,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44171,6 +44963,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44205,6 +44998,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44239,6 +45033,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44267,6 +45062,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44303,6 +45099,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44343,6 +45140,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44383,6 +45181,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44419,6 +45218,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44451,6 +45251,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44483,6 +45284,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44511,6 +45313,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44534,6 +45337,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44557,6 +45361,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44582,6 +45387,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44607,6 +45413,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44642,6 +45449,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44677,6 +45485,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44704,6 +45513,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44731,6 +45541,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44758,6 +45569,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44785,6 +45597,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44808,6 +45621,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44835,6 +45649,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44866,6 +45681,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44889,6 +45705,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44916,6 +45733,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44943,6 +45761,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -44978,6 +45797,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45025,6 +45845,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45060,6 +45881,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45107,6 +45929,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45136,6 +45959,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45165,6 +45989,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45194,6 +46019,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45223,6 +46049,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45252,6 +46079,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45281,6 +46109,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45310,6 +46139,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45339,6 +46169,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45368,6 +46199,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45397,6 +46229,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45420,6 +46253,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45443,6 +46277,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45466,6 +46301,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -45489,6 +46325,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -45524,6 +46361,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45559,6 +46397,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45590,6 +46429,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45621,6 +46461,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45646,6 +46487,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45664,6 +46506,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45689,6 +46532,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45718,6 +46562,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45741,6 +46586,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45768,6 +46614,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45786,6 +46633,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -45811,6 +46659,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45838,6 +46687,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -45865,6 +46715,7 @@ pub mod cudart {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -46136,6 +46987,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46195,6 +47047,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46244,6 +47097,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46293,6 +47147,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46311,6 +47166,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46329,6 +47185,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46347,6 +47204,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46374,6 +47232,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46401,6 +47260,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46428,6 +47288,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46455,6 +47316,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46478,6 +47340,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46501,6 +47364,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46532,6 +47396,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46563,6 +47428,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46586,6 +47452,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46609,6 +47476,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46632,6 +47500,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46655,6 +47524,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46702,6 +47572,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46747,6 +47618,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46787,6 +47659,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46834,6 +47707,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46879,6 +47753,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46919,6 +47794,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -46942,6 +47818,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -46965,6 +47842,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47000,6 +47878,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47041,6 +47920,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -47080,6 +47960,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -47121,6 +48002,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -47162,6 +48044,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47201,6 +48084,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47242,6 +48126,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47277,6 +48162,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47385,6 +48271,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -47493,6 +48380,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47554,6 +48442,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -47615,6 +48504,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47682,6 +48572,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -47749,6 +48640,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47839,6 +48731,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -47929,6 +48822,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -47960,6 +48854,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -47991,6 +48886,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48041,6 +48937,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48091,6 +48988,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48109,6 +49007,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48127,6 +49026,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48145,6 +49045,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48208,6 +49109,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48271,6 +49173,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48334,6 +49237,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48397,6 +49301,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48474,6 +49379,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48551,6 +49457,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48614,6 +49521,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48677,6 +49585,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48704,6 +49613,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48727,6 +49637,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48750,6 +49661,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48773,6 +49685,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48796,6 +49709,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48819,6 +49733,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48846,6 +49761,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48869,6 +49785,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48892,6 +49809,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48915,6 +49833,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48938,6 +49857,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -48961,6 +49881,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -48984,6 +49905,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49007,6 +49929,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49030,6 +49953,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49053,6 +49977,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49076,6 +50001,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49103,6 +50029,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49130,6 +50057,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49157,6 +50085,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49184,6 +50113,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49211,6 +50141,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49238,6 +50169,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49261,6 +50193,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49284,6 +50217,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49307,6 +50241,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49330,6 +50265,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49365,6 +50301,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49388,6 +50325,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49411,6 +50349,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49434,6 +50373,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49457,6 +50397,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49480,6 +50421,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49503,6 +50445,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49526,6 +50469,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49549,6 +50493,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49572,6 +50517,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49595,6 +50541,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49618,6 +50565,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49641,6 +50589,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49664,6 +50613,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49687,6 +50637,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49710,6 +50661,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49733,6 +50685,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49764,6 +50717,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49795,6 +50749,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49834,6 +50789,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49873,6 +50829,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49896,6 +50853,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49919,6 +50877,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49942,6 +50901,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -49965,6 +50925,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -49988,6 +50949,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50015,6 +50977,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50038,6 +51001,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50061,6 +51025,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50084,6 +51049,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50107,6 +51073,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50130,6 +51097,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50153,6 +51121,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50176,6 +51145,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50199,6 +51169,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50222,6 +51193,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50245,6 +51217,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50268,6 +51241,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50291,6 +51265,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50314,6 +51289,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50337,6 +51313,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50360,6 +51337,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50383,6 +51361,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50406,6 +51385,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50429,6 +51409,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50452,6 +51433,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50475,6 +51457,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50498,6 +51481,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50521,6 +51505,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50544,6 +51529,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50567,6 +51553,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50590,6 +51577,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50613,6 +51601,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50636,6 +51625,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50659,6 +51649,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50682,6 +51673,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50705,6 +51697,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50728,6 +51721,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50751,6 +51745,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50774,6 +51769,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50797,6 +51793,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50820,6 +51817,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50843,6 +51841,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50866,6 +51865,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50908,6 +51908,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -50950,6 +51951,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -50992,6 +51994,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51034,6 +52037,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51063,6 +52067,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51092,6 +52097,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51121,6 +52127,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51150,6 +52157,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51213,6 +52221,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51276,6 +52285,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51339,6 +52349,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51402,6 +52413,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51465,6 +52477,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51528,6 +52541,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51559,6 +52573,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51590,6 +52605,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51631,6 +52647,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51672,6 +52689,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51701,6 +52719,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51730,6 +52749,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51775,6 +52795,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51808,6 +52829,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51873,6 +52895,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -51938,6 +52961,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -51995,6 +53019,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52052,6 +53077,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52097,6 +53123,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52142,6 +53169,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52171,6 +53199,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52200,6 +53229,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52241,6 +53271,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52282,6 +53313,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52327,6 +53359,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52372,6 +53405,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52443,6 +53477,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52514,6 +53549,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52564,6 +53600,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52614,6 +53651,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52643,6 +53681,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52672,6 +53711,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52727,6 +53767,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52782,6 +53823,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52831,6 +53873,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52880,6 +53923,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52909,6 +53953,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -52938,6 +53983,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -52993,6 +54039,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53048,6 +54095,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53097,6 +54145,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53146,6 +54195,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53175,6 +54225,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53204,6 +54255,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53259,6 +54311,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53314,6 +54367,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53363,6 +54417,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53412,6 +54467,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53441,6 +54497,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53470,6 +54527,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53499,6 +54557,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53528,6 +54587,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53569,6 +54629,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53610,6 +54671,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53639,6 +54701,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53668,6 +54731,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53689,6 +54753,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53710,6 +54775,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53750,6 +54816,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53790,6 +54857,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53844,6 +54912,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -53898,6 +54967,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -53949,6 +55019,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54000,6 +55071,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54029,6 +55101,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54058,6 +55131,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54133,6 +55207,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54208,6 +55283,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54255,6 +55331,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54302,6 +55379,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54331,6 +55409,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54352,6 +55431,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54373,6 +55453,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54450,6 +55531,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54527,6 +55609,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54596,6 +55679,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54665,6 +55749,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54718,6 +55803,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54771,6 +55857,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54812,6 +55899,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54853,6 +55941,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -54924,6 +56013,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -54995,6 +56085,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -55041,6 +56132,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55087,6 +56179,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -55150,6 +56243,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55213,6 +56307,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -55250,6 +56345,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55287,6 +56383,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -55316,6 +56413,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55345,6 +56443,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -55378,6 +56477,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55411,6 +56511,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55440,6 +56541,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55473,6 +56575,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55506,6 +56609,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55535,6 +56639,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55564,6 +56669,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55605,6 +56711,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55652,6 +56759,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55699,6 +56807,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -55759,6 +56868,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55819,6 +56929,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -55852,6 +56963,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55885,6 +56997,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -55938,6 +57051,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -55991,6 +57105,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56032,6 +57147,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56073,6 +57189,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56114,6 +57231,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56155,6 +57273,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56182,6 +57301,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56209,6 +57329,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56281,6 +57402,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56353,6 +57475,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56404,6 +57527,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56455,6 +57579,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56484,6 +57609,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56513,6 +57639,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56570,6 +57697,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56627,6 +57755,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56648,6 +57777,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56669,6 +57799,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56687,6 +57818,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56724,6 +57856,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56761,6 +57894,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56824,6 +57958,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56887,6 +58022,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -56940,6 +58076,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -56993,6 +58130,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57030,6 +58168,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57067,6 +58206,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57085,6 +58225,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57103,6 +58244,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57121,6 +58263,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57180,6 +58323,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57239,6 +58383,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57288,6 +58433,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57337,6 +58483,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57374,6 +58521,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57411,6 +58559,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57479,6 +58628,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57547,6 +58697,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57604,6 +58755,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57666,6 +58818,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57728,6 +58881,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57797,6 +58951,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57866,6 +59021,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -57917,6 +59073,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -57964,6 +59121,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58011,6 +59169,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58052,6 +59211,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58095,6 +59255,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58134,6 +59295,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58173,6 +59335,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58208,6 +59371,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58248,6 +59412,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58288,6 +59453,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58322,6 +59488,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58356,6 +59523,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58391,6 +59559,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58426,6 +59595,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58453,6 +59623,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58480,6 +59651,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58504,6 +59676,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58543,6 +59716,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58642,6 +59816,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58741,6 +59916,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58768,6 +59944,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58795,6 +59972,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58830,6 +60008,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58865,6 +60044,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58904,6 +60084,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -58943,6 +60124,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -58982,6 +60164,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59037,6 +60220,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59092,6 +60276,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59119,6 +60304,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59146,6 +60332,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59173,6 +60360,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59200,6 +60388,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59253,6 +60442,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59306,6 +60496,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59333,6 +60524,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59360,6 +60552,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59400,6 +60593,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59440,6 +60634,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59487,6 +60682,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59534,6 +60730,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59575,6 +60772,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59616,6 +60814,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59655,6 +60854,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59694,6 +60894,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59729,6 +60930,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59764,6 +60966,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59791,6 +60994,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59846,6 +61050,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59901,6 +61106,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -59932,6 +61138,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -59959,6 +61166,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60014,6 +61222,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60069,6 +61278,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -60128,6 +61338,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60207,6 +61418,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60286,6 +61498,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -60313,6 +61526,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60340,6 +61554,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60375,6 +61590,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60418,6 +61634,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60461,6 +61678,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -60502,6 +61720,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60543,6 +61762,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -60570,6 +61790,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60597,6 +61818,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -60644,6 +61866,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60691,6 +61914,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -60750,6 +61974,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60809,6 +62034,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -60852,6 +62078,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -60895,6 +62122,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -60953,6 +62181,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -61011,6 +62240,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -61064,6 +62294,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -61117,6 +62348,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -61146,6 +62378,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -61175,6 +62408,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -61204,6 +62438,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -61233,6 +62468,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -61301,6 +62537,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -61369,6 +62606,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -61419,6 +62657,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -61469,6 +62708,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -61514,6 +62754,7 @@ pub mod cudnn {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -61559,6 +62800,7 @@ pub mod cudnn {
             not_supported: 3000i64,
             unavailable: 1001i64,
             invalid_handle: 2000i64,
+            invalid_value: 2000i64,
         },
         only_waits: false,
     };
@@ -61590,6 +62832,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61613,6 +62856,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61640,6 +62884,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61667,6 +62912,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61698,6 +62944,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61725,6 +62972,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61749,6 +62997,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61776,6 +63025,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61805,6 +63055,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61888,6 +63139,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61919,6 +63171,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61954,6 +63207,7 @@ pub mod cufft {
             not_supported: 16i64,
             unavailable: 7i64,
             invalid_handle: 1i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -61984,6 +63238,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62011,6 +63266,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62038,6 +63294,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62061,6 +63318,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62084,6 +63342,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62107,6 +63366,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62134,6 +63394,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62161,6 +63422,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62188,6 +63450,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62215,6 +63478,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62242,6 +63506,7 @@ pub mod curand {
             not_supported: 999i64,
             unavailable: 203i64,
             invalid_handle: 101i64,
+            invalid_value: 104i64,
         },
         only_waits: false,
     };
@@ -62291,6 +63556,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62334,6 +63600,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62376,6 +63643,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62438,6 +63706,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62475,6 +63744,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62562,6 +63832,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62643,6 +63914,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62708,6 +63980,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62773,6 +64046,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62838,6 +64112,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62903,6 +64178,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62942,6 +64218,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -62984,6 +64261,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63031,6 +64309,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63078,6 +64357,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63125,6 +64405,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63176,6 +64457,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63231,6 +64513,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63286,6 +64569,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63337,6 +64621,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63393,6 +64678,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63449,6 +64735,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63509,6 +64796,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63569,6 +64857,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63614,6 +64903,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63656,6 +64946,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63698,6 +64989,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63740,6 +65032,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63781,6 +65074,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63823,6 +65117,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63865,6 +65160,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63907,6 +65203,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -63953,6 +65250,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64003,6 +65301,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64026,6 +65325,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64049,6 +65349,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64072,6 +65373,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64095,6 +65397,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64138,6 +65441,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64176,6 +65480,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64219,6 +65524,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64262,6 +65568,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64313,6 +65620,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64364,6 +65672,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64411,6 +65720,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64458,6 +65768,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64501,6 +65812,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64544,6 +65856,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64604,6 +65917,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64664,6 +65978,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64724,6 +66039,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64784,6 +66100,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64807,6 +66124,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64830,6 +66148,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64853,6 +66172,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64876,6 +66196,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64913,6 +66234,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64956,6 +66278,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -64998,6 +66321,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65060,6 +66384,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65097,6 +66422,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65184,6 +66510,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65265,6 +66592,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65330,6 +66658,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65395,6 +66724,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65460,6 +66790,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65525,6 +66856,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65564,6 +66896,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65606,6 +66939,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65653,6 +66987,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65698,6 +67033,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65740,6 +67076,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65782,6 +67119,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65833,6 +67171,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65884,6 +67223,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65931,6 +67271,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -65978,6 +67319,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66021,6 +67363,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66064,6 +67407,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66124,6 +67468,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66184,6 +67529,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66244,6 +67590,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66304,6 +67651,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66346,6 +67694,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66387,6 +67736,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66429,6 +67779,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66471,6 +67822,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66513,6 +67865,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66559,6 +67912,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66609,6 +67963,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66656,6 +68011,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66703,6 +68059,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66754,6 +68111,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66809,6 +68167,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66864,6 +68223,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66915,6 +68275,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -66971,6 +68332,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67027,6 +68389,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67087,6 +68450,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67147,6 +68511,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67190,6 +68555,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67228,6 +68594,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67271,6 +68638,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67314,6 +68682,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67341,6 +68710,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67400,6 +68770,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67423,6 +68794,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67446,6 +68818,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67469,6 +68842,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67492,6 +68866,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67515,6 +68890,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67538,6 +68914,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67561,6 +68938,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67588,6 +68966,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67615,6 +68994,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67642,6 +69022,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67669,6 +69050,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67696,6 +69078,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67727,6 +69110,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67754,6 +69138,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67781,6 +69166,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67799,6 +69185,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67822,6 +69209,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67845,6 +69233,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67903,6 +69292,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67934,6 +69324,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67961,6 +69352,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -67988,6 +69380,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68015,6 +69408,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68042,6 +69436,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68079,6 +69474,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68122,6 +69518,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68164,6 +69561,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68226,6 +69624,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68263,6 +69662,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68350,6 +69750,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68431,6 +69832,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68496,6 +69898,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68561,6 +69964,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68626,6 +70030,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68691,6 +70096,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68730,6 +70136,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68772,6 +70179,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68819,6 +70227,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68864,6 +70273,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68906,6 +70316,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68948,6 +70359,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -68999,6 +70411,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69050,6 +70463,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69097,6 +70511,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69144,6 +70559,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69187,6 +70603,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69230,6 +70647,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69290,6 +70708,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69350,6 +70769,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69410,6 +70830,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69470,6 +70891,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69512,6 +70934,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69553,6 +70976,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69595,6 +71019,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69637,6 +71062,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69679,6 +71105,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69725,6 +71152,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69775,6 +71203,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69822,6 +71251,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69869,6 +71299,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69920,6 +71351,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -69975,6 +71407,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70030,6 +71463,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70081,6 +71515,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70137,6 +71572,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70193,6 +71629,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70253,6 +71690,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70313,6 +71751,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70356,6 +71795,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70394,6 +71834,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70437,6 +71878,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70480,6 +71922,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70571,6 +72014,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70658,6 +72102,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70727,6 +72172,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70792,6 +72238,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70887,6 +72334,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -70978,6 +72426,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71005,6 +72454,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71032,6 +72482,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71059,6 +72510,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71150,6 +72602,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71215,6 +72668,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71275,6 +72729,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71334,6 +72789,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71398,6 +72854,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71458,6 +72915,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71516,6 +72974,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71593,6 +73052,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71666,6 +73126,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71739,6 +73200,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71808,6 +73270,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71835,6 +73298,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71862,6 +73326,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71889,6 +73354,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -71959,6 +73425,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72025,6 +73492,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72085,6 +73553,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72141,6 +73610,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72178,6 +73648,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72221,6 +73692,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72263,6 +73735,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72325,6 +73798,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72362,6 +73836,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72449,6 +73924,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72530,6 +74006,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72595,6 +74072,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72660,6 +74138,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72725,6 +74204,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72790,6 +74270,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72829,6 +74310,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72871,6 +74353,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72918,6 +74401,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -72965,6 +74449,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73012,6 +74497,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73063,6 +74549,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73118,6 +74605,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73173,6 +74661,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73224,6 +74713,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73280,6 +74770,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73336,6 +74827,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73396,6 +74888,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73456,6 +74949,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73501,6 +74995,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73543,6 +75038,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73585,6 +75081,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73627,6 +75124,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73668,6 +75166,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73710,6 +75209,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73752,6 +75252,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73794,6 +75295,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73840,6 +75342,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73890,6 +75393,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73933,6 +75437,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -73971,6 +75476,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74014,6 +75520,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74057,6 +75564,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74108,6 +75616,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74159,6 +75668,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74206,6 +75716,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74253,6 +75764,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74296,6 +75808,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74339,6 +75852,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74399,6 +75913,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74459,6 +75974,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74519,6 +76035,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74579,6 +76096,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74602,6 +76120,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74625,6 +76144,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74648,6 +76168,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74671,6 +76192,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74694,6 +76216,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74717,6 +76240,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74748,6 +76272,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74779,6 +76304,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74810,6 +76336,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74837,6 +76364,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74860,6 +76388,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74883,6 +76412,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74906,6 +76436,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74929,6 +76460,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74956,6 +76488,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -74983,6 +76516,7 @@ pub mod cusolver {
             not_supported: 9i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75027,6 +76561,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75066,6 +76601,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75119,6 +76655,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75174,6 +76711,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75230,6 +76768,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75285,6 +76824,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75340,6 +76880,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75396,6 +76937,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75478,6 +77020,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75544,6 +77087,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75611,6 +77155,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75679,6 +77224,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75761,6 +77307,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75820,6 +77367,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75880,6 +77428,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -75946,6 +77495,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76018,6 +77568,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76071,6 +77622,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76118,6 +77670,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76176,6 +77729,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76232,6 +77786,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76303,6 +77858,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76379,6 +77935,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76469,6 +78026,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76554,6 +78112,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76601,6 +78160,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76649,6 +78209,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76696,6 +78257,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76744,6 +78306,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76817,6 +78380,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76890,6 +78454,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76941,6 +78506,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -76993,6 +78559,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77051,6 +78618,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77098,6 +78666,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77146,6 +78715,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77203,6 +78773,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77255,6 +78826,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77325,6 +78897,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77393,6 +78966,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77448,6 +79022,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77503,6 +79078,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77527,6 +79103,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77551,6 +79128,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77575,6 +79153,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77599,6 +79178,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77657,6 +79237,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77720,6 +79301,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77746,6 +79328,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77777,6 +79360,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77804,6 +79388,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77827,6 +79412,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77893,6 +79479,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77916,6 +79503,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77939,6 +79527,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77962,6 +79551,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -77985,6 +79575,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78008,6 +79599,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78074,6 +79666,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78124,6 +79717,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78178,6 +79772,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78222,6 +79817,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78254,6 +79850,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78304,6 +79901,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78353,6 +79951,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78407,6 +80006,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78430,6 +80030,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78453,6 +80054,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78476,6 +80078,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78499,6 +80102,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78522,6 +80126,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78545,6 +80150,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78589,6 +80195,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78621,6 +80228,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78649,6 +80257,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78672,6 +80281,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78695,6 +80305,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78721,6 +80332,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78756,6 +80368,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78809,6 +80422,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78864,6 +80478,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78920,6 +80535,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -78975,6 +80591,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79030,6 +80647,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79086,6 +80704,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79168,6 +80787,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79234,6 +80854,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79301,6 +80922,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79369,6 +80991,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79451,6 +81074,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79510,6 +81134,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79570,6 +81195,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79636,6 +81262,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79708,6 +81335,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79761,6 +81389,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79808,6 +81437,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79866,6 +81496,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79922,6 +81553,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -79993,6 +81625,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80069,6 +81702,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80159,6 +81793,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80244,6 +81879,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80291,6 +81927,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80339,6 +81976,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80386,6 +82024,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80434,6 +82073,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80507,6 +82147,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80580,6 +82221,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80631,6 +82273,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80683,6 +82326,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80741,6 +82385,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80788,6 +82433,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80836,6 +82482,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80872,6 +82519,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80913,6 +82561,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80949,6 +82598,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80972,6 +82622,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -80995,6 +82646,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81018,6 +82670,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81041,6 +82694,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81064,6 +82718,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81087,6 +82742,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81110,6 +82766,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81133,6 +82790,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81156,6 +82814,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81179,6 +82838,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81202,6 +82862,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81225,6 +82886,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81248,6 +82910,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81271,6 +82934,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81294,6 +82958,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81317,6 +82982,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81340,6 +83006,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81363,6 +83030,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81420,6 +83088,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81472,6 +83141,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81542,6 +83212,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81610,6 +83281,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81634,6 +83306,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81665,6 +83338,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81689,6 +83363,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81713,6 +83388,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81737,6 +83413,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81795,6 +83472,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81858,6 +83536,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81919,6 +83598,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81950,6 +83630,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -81976,6 +83657,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82002,6 +83684,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82028,6 +83711,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82054,6 +83738,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82081,6 +83766,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82099,6 +83785,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82122,6 +83809,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82145,6 +83833,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82207,6 +83896,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82274,6 +83964,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82336,6 +84027,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82389,6 +84081,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82444,6 +84137,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82500,6 +84194,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82555,6 +84250,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82610,6 +84306,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82666,6 +84363,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82748,6 +84446,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82814,6 +84513,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82881,6 +84581,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -82949,6 +84650,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83031,6 +84733,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83090,6 +84793,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83150,6 +84854,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83216,6 +84921,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83288,6 +84994,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83319,6 +85026,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83372,6 +85080,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83419,6 +85128,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83477,6 +85187,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83533,6 +85244,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83604,6 +85316,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83680,6 +85393,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83770,6 +85484,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83855,6 +85570,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83902,6 +85618,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83950,6 +85667,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -83997,6 +85715,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84045,6 +85764,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84118,6 +85838,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84191,6 +85912,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84242,6 +85964,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84294,6 +86017,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84352,6 +86076,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84399,6 +86124,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84447,6 +86173,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84474,6 +86201,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84501,6 +86229,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84528,6 +86257,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84555,6 +86285,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84582,6 +86313,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84609,6 +86341,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84636,6 +86369,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84693,6 +86427,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84745,6 +86480,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84815,6 +86551,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84883,6 +86620,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -84955,6 +86693,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85020,6 +86759,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85043,6 +86783,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85066,6 +86807,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85138,6 +86880,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85203,6 +86946,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85261,6 +87005,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85323,6 +87068,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85347,6 +87093,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85370,6 +87117,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85437,6 +87185,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85499,6 +87248,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85557,6 +87307,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85620,6 +87371,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85678,6 +87430,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85710,6 +87463,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85751,6 +87505,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85775,6 +87530,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85807,6 +87563,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85834,6 +87591,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85858,6 +87616,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85919,6 +87678,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -85985,6 +87745,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86008,6 +87769,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86031,6 +87793,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86091,6 +87854,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86148,6 +87912,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86210,6 +87975,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86233,6 +87999,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86256,6 +88023,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86312,6 +88080,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86336,6 +88105,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86360,6 +88130,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86396,6 +88167,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86437,6 +88209,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86495,6 +88268,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86558,6 +88332,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86619,6 +88394,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86651,6 +88427,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86683,6 +88460,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86715,6 +88493,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86747,6 +88526,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86784,6 +88564,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86823,6 +88604,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86862,6 +88644,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86905,6 +88688,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86960,6 +88744,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -86997,6 +88782,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87057,6 +88843,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87119,6 +88906,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87199,6 +88987,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87231,6 +89020,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87263,6 +89053,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87295,6 +89086,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87338,6 +89130,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87381,6 +89174,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87413,6 +89207,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87468,6 +89263,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87540,6 +89336,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87593,6 +89390,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87648,6 +89446,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87704,6 +89503,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87759,6 +89559,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87814,6 +89615,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87870,6 +89672,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -87952,6 +89755,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88018,6 +89822,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88085,6 +89890,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88153,6 +89959,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88235,6 +90042,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88294,6 +90102,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88354,6 +90163,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88420,6 +90230,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88492,6 +90303,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88545,6 +90357,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88592,6 +90405,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88650,6 +90464,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88706,6 +90521,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88777,6 +90593,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88853,6 +90670,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -88943,6 +90761,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89028,6 +90847,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89075,6 +90895,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89123,6 +90944,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89170,6 +90992,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89218,6 +91041,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89291,6 +91115,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89364,6 +91189,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89415,6 +91241,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89467,6 +91294,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89525,6 +91353,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89572,6 +91401,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89620,6 +91450,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89677,6 +91508,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89729,6 +91561,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89799,6 +91632,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89867,6 +91701,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89922,6 +91757,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -89977,6 +91813,7 @@ pub mod cusparse {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90005,6 +91842,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90030,6 +91868,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90055,6 +91894,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90080,6 +91920,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90105,6 +91946,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90130,6 +91972,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90155,6 +91998,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90180,6 +92024,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90205,6 +92050,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90230,6 +92076,7 @@ pub mod cusparselt {
             not_supported: 10i64,
             unavailable: 1i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -90270,6 +92117,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90299,6 +92147,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90328,6 +92177,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90357,6 +92207,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90380,6 +92231,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90411,6 +92263,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90440,6 +92293,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90469,6 +92323,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90496,6 +92351,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90527,6 +92383,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90558,6 +92415,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90581,6 +92439,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90604,6 +92463,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90627,6 +92487,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90650,6 +92511,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90677,6 +92539,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90704,6 +92567,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90733,6 +92597,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90758,6 +92623,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90781,6 +92647,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90806,6 +92673,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90835,6 +92703,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90860,6 +92729,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90889,6 +92759,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90918,6 +92789,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90943,6 +92815,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90974,6 +92847,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -90997,6 +92871,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91020,6 +92895,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91043,6 +92919,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91066,6 +92943,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91093,6 +92971,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91111,6 +92990,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91134,6 +93014,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91157,6 +93038,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91180,6 +93062,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91207,6 +93090,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91230,6 +93114,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91248,6 +93133,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -91271,6 +93157,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91298,6 +93185,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91321,6 +93209,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91344,6 +93233,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91377,6 +93267,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91403,6 +93294,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91430,6 +93322,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91463,6 +93356,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91490,6 +93384,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91527,6 +93422,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91550,6 +93446,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91585,6 +93482,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91608,6 +93506,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91631,6 +93530,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91654,6 +93554,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91677,6 +93578,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91704,6 +93606,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91731,6 +93634,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91758,6 +93662,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91785,6 +93690,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91814,6 +93720,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91841,6 +93748,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91868,6 +93776,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91891,6 +93800,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91914,6 +93824,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91947,6 +93858,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -91980,6 +93892,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92003,6 +93916,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92030,6 +93944,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92061,6 +93976,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92092,6 +94008,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92119,6 +94036,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92142,6 +94060,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -92177,6 +94096,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92210,6 +94130,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92237,6 +94158,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92270,6 +94192,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92297,6 +94220,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92326,6 +94250,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92349,6 +94274,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92380,6 +94306,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92415,6 +94342,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92442,6 +94370,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92469,6 +94398,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92496,6 +94426,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92523,6 +94454,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92550,6 +94482,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92591,6 +94524,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92618,6 +94552,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92641,6 +94576,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92664,6 +94600,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92691,6 +94628,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92718,6 +94656,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92745,6 +94684,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92772,6 +94712,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92803,6 +94744,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92826,6 +94768,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92857,6 +94800,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92888,6 +94832,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92917,6 +94862,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92946,6 +94892,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -92983,6 +94930,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93020,6 +94968,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93057,6 +95006,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93086,6 +95036,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93119,6 +95070,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93152,6 +95104,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93183,6 +95136,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93210,6 +95164,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93237,6 +95192,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93264,6 +95220,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93293,6 +95250,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93322,6 +95280,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93353,6 +95312,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93380,6 +95340,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93413,6 +95374,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93446,6 +95408,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93479,6 +95442,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93508,6 +95472,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93537,6 +95502,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93566,6 +95532,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93597,6 +95564,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93628,6 +95596,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93663,6 +95632,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93690,6 +95660,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93717,6 +95688,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93748,6 +95720,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93779,6 +95752,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93806,6 +95780,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93833,6 +95808,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93860,6 +95836,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93895,6 +95872,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93926,6 +95904,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93957,6 +95936,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -93980,6 +95960,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94015,6 +95996,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94038,6 +96020,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94067,6 +96050,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94094,6 +96078,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94129,6 +96114,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94156,6 +96142,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94179,6 +96166,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94202,6 +96190,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94226,6 +96215,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94256,6 +96246,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94286,6 +96277,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94323,6 +96315,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94350,6 +96343,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94377,6 +96371,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94412,6 +96407,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94443,6 +96439,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94466,6 +96463,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94497,6 +96495,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94532,6 +96531,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94563,6 +96563,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94594,6 +96595,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94625,6 +96627,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94661,6 +96664,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94689,6 +96693,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94718,6 +96723,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94754,6 +96760,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94781,6 +96788,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94804,6 +96812,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94827,6 +96836,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94856,6 +96866,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94879,6 +96890,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94906,6 +96918,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94941,6 +96954,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -94973,6 +96987,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95002,6 +97017,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95025,6 +97041,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95052,6 +97069,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95079,6 +97097,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95102,6 +97121,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95137,6 +97157,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95168,6 +97189,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95199,6 +97221,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95238,6 +97261,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95261,6 +97285,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95288,6 +97313,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95323,6 +97349,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95358,6 +97385,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95394,6 +97422,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95430,6 +97459,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95453,6 +97483,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95480,6 +97511,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95511,6 +97543,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95546,6 +97579,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95581,6 +97615,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95620,6 +97655,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95659,6 +97695,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95698,6 +97735,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95733,6 +97771,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95768,6 +97807,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95803,6 +97843,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95838,6 +97879,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95873,6 +97915,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95908,6 +97951,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95939,6 +97983,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -95974,6 +98019,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96009,6 +98055,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96044,6 +98091,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96075,6 +98123,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96106,6 +98155,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96143,6 +98193,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96180,6 +98231,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96213,6 +98265,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96246,6 +98299,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96283,6 +98337,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96320,6 +98375,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96353,6 +98409,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96386,6 +98443,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96425,6 +98483,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96468,6 +98527,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96511,6 +98571,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96550,6 +98611,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96581,6 +98643,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96612,6 +98675,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96647,6 +98711,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96682,6 +98747,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96713,6 +98779,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96744,6 +98811,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96783,6 +98851,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96826,6 +98895,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96869,6 +98939,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96908,6 +98979,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96947,6 +99019,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -96986,6 +99059,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97029,6 +99103,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97072,6 +99147,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97111,6 +99187,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97150,6 +99227,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97189,6 +99267,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97232,6 +99311,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97275,6 +99355,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97314,6 +99395,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97353,6 +99435,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97384,6 +99467,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97419,6 +99503,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97454,6 +99539,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97485,6 +99571,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97516,6 +99603,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97547,6 +99635,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97582,6 +99671,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97617,6 +99707,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97648,6 +99739,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97679,6 +99771,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97702,6 +99795,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97733,6 +99827,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97764,6 +99859,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97792,6 +99888,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97821,6 +99918,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97857,6 +99955,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97893,6 +99992,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97918,6 +100018,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97946,6 +100047,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -97974,6 +100076,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98001,6 +100104,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98040,6 +100144,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98083,6 +100188,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98126,6 +100232,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98173,6 +100280,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98204,6 +100312,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98239,6 +100348,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98274,6 +100384,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98311,6 +100422,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98352,6 +100464,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98379,6 +100492,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98410,6 +100524,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98441,6 +100556,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98472,6 +100588,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98507,6 +100624,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98542,6 +100660,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98565,6 +100684,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98588,6 +100708,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98615,6 +100736,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98642,6 +100764,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98669,6 +100792,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98696,6 +100820,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98723,6 +100848,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98754,6 +100880,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98777,6 +100904,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98800,6 +100928,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98827,6 +100956,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98854,6 +100984,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98889,6 +101020,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98924,6 +101056,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98951,6 +101084,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -98978,6 +101112,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99009,6 +101144,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99040,6 +101176,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99069,6 +101206,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99098,6 +101236,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99127,6 +101266,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99156,6 +101296,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99183,6 +101324,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99212,6 +101354,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99241,6 +101384,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99270,6 +101414,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99299,6 +101444,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99328,6 +101474,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99357,6 +101504,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99380,6 +101528,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99403,6 +101552,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99426,6 +101576,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -99449,6 +101600,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: true,
     };
@@ -99484,6 +101636,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99519,6 +101672,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99550,6 +101704,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99581,6 +101736,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99616,6 +101772,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99651,6 +101808,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99686,6 +101844,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99721,6 +101880,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99756,6 +101916,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99791,6 +101952,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99826,6 +101988,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99861,6 +102024,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99896,6 +102060,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99931,6 +102096,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -99966,6 +102132,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100001,6 +102168,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100036,6 +102204,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100071,6 +102240,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100106,6 +102276,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100141,6 +102312,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100164,6 +102336,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100191,6 +102364,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100222,6 +102396,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100245,6 +102420,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100268,6 +102444,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100291,6 +102468,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100320,6 +102498,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100353,6 +102532,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100382,6 +102562,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100409,6 +102590,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100438,6 +102620,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100467,6 +102650,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100496,6 +102680,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100525,6 +102710,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100554,6 +102740,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100583,6 +102770,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100618,6 +102806,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100645,6 +102834,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100682,6 +102872,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100719,6 +102910,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100756,6 +102948,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100793,6 +102986,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100824,6 +103018,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100861,6 +103056,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100892,6 +103088,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100921,6 +103118,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100948,6 +103146,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -100975,6 +103174,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101006,6 +103206,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101033,6 +103234,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101060,6 +103262,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101087,6 +103290,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101118,6 +103322,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101149,6 +103354,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101174,6 +103380,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101201,6 +103408,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101228,6 +103436,7 @@ pub mod driver {
             not_supported: 801i64,
             unavailable: 100i64,
             invalid_handle: 400i64,
+            invalid_value: 1i64,
         },
         only_waits: false,
     };
@@ -101254,6 +103463,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101277,6 +103487,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101300,6 +103511,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101332,6 +103544,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101359,6 +103572,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101386,6 +103600,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101413,6 +103628,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101431,6 +103647,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101449,6 +103666,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101476,6 +103694,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101494,6 +103713,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101517,6 +103737,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101540,6 +103761,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101563,6 +103785,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101595,6 +103818,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101622,6 +103846,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101649,6 +103874,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101676,6 +103902,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101694,6 +103921,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101712,6 +103940,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101739,6 +103968,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101757,6 +103987,7 @@ pub mod nccl {
             not_supported: 5i64,
             unavailable: 2i64,
             invalid_handle: 4i64,
+            invalid_value: 4i64,
         },
         only_waits: false,
     };
@@ -101783,6 +104014,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101806,6 +104038,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101829,6 +104062,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101852,6 +104086,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101875,6 +104110,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101898,6 +104134,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101921,6 +104158,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101944,6 +104182,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101967,6 +104206,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -101990,6 +104230,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102019,6 +104260,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102048,6 +104290,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102077,6 +104320,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102106,6 +104350,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102135,6 +104380,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102164,6 +104410,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102193,6 +104440,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102222,6 +104470,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102251,6 +104500,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102280,6 +104530,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102309,6 +104560,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102338,6 +104590,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102367,6 +104620,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102396,6 +104650,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102425,6 +104680,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102454,6 +104710,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102483,6 +104740,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102512,6 +104770,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102541,6 +104800,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102570,6 +104830,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102601,6 +104862,7 @@ pub mod nvjitlink {
             not_supported: 6i64,
             unavailable: 6i64,
             invalid_handle: 3i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -102627,6 +104889,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102656,6 +104919,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102683,6 +104947,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102706,6 +104971,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102729,6 +104995,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102756,6 +105023,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102787,6 +105055,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102824,6 +105093,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102859,6 +105129,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102892,6 +105163,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102921,6 +105193,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102950,6 +105223,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -102979,6 +105253,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103012,6 +105287,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103041,6 +105317,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103076,6 +105353,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103105,6 +105383,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103134,6 +105413,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103163,6 +105443,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103200,6 +105481,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103233,6 +105515,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103262,6 +105545,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103291,6 +105575,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103326,6 +105611,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103355,6 +105641,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103384,6 +105671,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103413,6 +105701,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103442,6 +105731,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103477,6 +105767,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103510,6 +105801,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103539,6 +105831,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103566,6 +105859,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103595,6 +105889,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103624,6 +105919,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103659,6 +105955,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103694,6 +105991,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103729,6 +106027,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103762,6 +106061,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103797,6 +106097,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103826,6 +106127,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103859,6 +106161,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103888,6 +106191,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103921,6 +106225,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103956,6 +106261,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -103985,6 +106291,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104016,6 +106323,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104045,6 +106353,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104078,6 +106387,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104115,6 +106425,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104144,6 +106455,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104179,6 +106491,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104214,6 +106527,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104241,6 +106555,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104268,6 +106583,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104292,6 +106608,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104316,6 +106633,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104340,6 +106658,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104364,6 +106683,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104393,6 +106713,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104422,6 +106743,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104451,6 +106773,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104480,6 +106803,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104509,6 +106833,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104544,6 +106869,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104579,6 +106905,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104612,6 +106939,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104645,6 +106973,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104674,6 +107003,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104703,6 +107033,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104732,6 +107063,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104767,6 +107099,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104796,6 +107129,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104825,6 +107159,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104856,6 +107191,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104891,6 +107227,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104934,6 +107271,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104969,6 +107307,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -104998,6 +107337,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105027,6 +107367,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105056,6 +107397,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105085,6 +107427,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105114,6 +107457,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105143,6 +107487,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105180,6 +107525,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105213,6 +107559,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105246,6 +107593,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105279,6 +107627,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105314,6 +107663,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105351,6 +107701,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105380,6 +107731,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105409,6 +107761,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105438,6 +107791,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105467,6 +107821,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105496,6 +107851,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105525,6 +107881,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105554,6 +107911,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105589,6 +107947,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105618,6 +107977,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105647,6 +108007,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105676,6 +108037,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105705,6 +108067,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105734,6 +108097,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105781,6 +108145,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105810,6 +108175,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105839,6 +108205,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105868,6 +108235,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105897,6 +108265,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105926,6 +108295,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105959,6 +108329,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -105992,6 +108363,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106025,6 +108397,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106058,6 +108431,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106095,6 +108469,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106124,6 +108499,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106157,6 +108533,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106186,6 +108563,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106215,6 +108593,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106248,6 +108627,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106279,6 +108659,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106302,6 +108683,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106325,6 +108707,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106348,6 +108731,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106375,6 +108759,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106406,6 +108791,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106437,6 +108823,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106464,6 +108851,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106495,6 +108883,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106522,6 +108911,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106549,6 +108939,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106576,6 +108967,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106599,6 +108991,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106630,6 +109023,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106657,6 +109051,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106686,6 +109081,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106717,6 +109113,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106744,6 +109141,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106775,6 +109173,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106806,6 +109205,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106833,6 +109233,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106864,6 +109265,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106891,6 +109293,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106918,6 +109321,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106949,6 +109353,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -106982,6 +109387,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107009,6 +109415,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107036,6 +109443,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107063,6 +109471,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107096,6 +109505,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107127,6 +109537,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107156,6 +109567,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107183,6 +109595,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107206,6 +109619,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107229,6 +109643,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107252,6 +109667,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107277,6 +109693,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107306,6 +109723,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107337,6 +109755,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107366,6 +109785,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107389,6 +109809,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107412,6 +109833,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107439,6 +109861,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107466,6 +109889,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107497,6 +109921,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107534,6 +109959,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107557,6 +109983,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107588,6 +110015,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107621,6 +110049,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107658,6 +110087,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107687,6 +110117,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107712,6 +110143,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107737,6 +110169,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107762,6 +110195,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107787,6 +110221,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107810,6 +110245,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107833,6 +110269,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107858,6 +110295,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107891,6 +110329,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107918,6 +110357,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107951,6 +110391,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -107978,6 +110419,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108001,6 +110443,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108030,6 +110473,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108059,6 +110503,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108088,6 +110533,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108117,6 +110563,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108146,6 +110593,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108175,6 +110623,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108204,6 +110653,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108233,6 +110683,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108260,6 +110711,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108293,6 +110745,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108328,6 +110781,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108357,6 +110811,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108386,6 +110841,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108415,6 +110871,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108444,6 +110901,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108473,6 +110931,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108506,6 +110965,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108535,6 +110995,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108564,6 +111025,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108603,6 +111065,7 @@ pub mod nvml {
             not_supported: 3i64,
             unavailable: 9i64,
             invalid_handle: 2i64,
+            invalid_value: 2i64,
         },
         only_waits: false,
     };
@@ -108632,6 +111095,7 @@ pub mod nvrtc {
             not_supported: 11i64,
             unavailable: 11i64,
             invalid_handle: 4i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -108657,6 +111121,7 @@ pub mod nvrtc {
             not_supported: 11i64,
             unavailable: 11i64,
             invalid_handle: 4i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -108682,6 +111147,7 @@ pub mod nvrtc {
             not_supported: 11i64,
             unavailable: 11i64,
             invalid_handle: 4i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -108705,6 +111171,7 @@ pub mod nvrtc {
             not_supported: 11i64,
             unavailable: 11i64,
             invalid_handle: 4i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
@@ -108736,6 +111203,7 @@ pub mod nvrtc {
             not_supported: 11i64,
             unavailable: 11i64,
             invalid_handle: 4i64,
+            invalid_value: 3i64,
         },
         only_waits: false,
     };
