@@ -12,6 +12,7 @@
 pub mod desc;
 pub mod env;
 pub mod frame;
+pub mod fuzz;
 pub mod messages;
 pub mod mirror;
 

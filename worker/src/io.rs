@@ -144,8 +144,8 @@ pub enum Sink {
         sock: std::net::TcpStream,
         secure: Arc<Secure>,
     },
-    /// Counts what would have been written.
-    Discard(u64),
+    /// Counts what would have been written, and keeps the last frame (at most 64 KiB of it).
+    Discard(u64, Vec<u8>),
 }
 
 impl Sink {
@@ -153,8 +153,13 @@ impl Sink {
         match self {
             Sink::Plain(s) => write_all_vectored(s, slices),
             Sink::Tls { sock, secure } => secure.send(&sock.as_raw_fd(), slices),
-            Sink::Discard(n) => {
+            Sink::Discard(n, last) => {
                 *n += slices.iter().map(|s| s.len() as u64).sum::<u64>();
+                last.clear();
+                for s in slices.iter() {
+                    let room = (64usize << 10).saturating_sub(last.len());
+                    last.extend_from_slice(&s[..s.len().min(room)]);
+                }
                 Ok(())
             }
         }
@@ -184,6 +189,19 @@ impl Writer {
         }
         let mut w = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         w.write_all_vectored(&mut slices)
+    }
+
+    /// Whether replies go nowhere (a [`crate::session::Harness`]).
+    pub fn is_detached(&self) -> bool {
+        matches!(*self.inner.lock().unwrap_or_else(|p| p.into_inner()), Sink::Discard(..))
+    }
+
+    /// Bytes a detached writer would have written, and the last frame it was given.
+    pub fn discarded(&self) -> (u64, Vec<u8>) {
+        match &*self.inner.lock().unwrap_or_else(|p| p.into_inner()) {
+            Sink::Discard(n, last) => (*n, last.clone()),
+            _ => (0, Vec::new()),
+        }
     }
 
     /// End TLS cleanly (a close_notify), where there is TLS.
