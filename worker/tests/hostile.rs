@@ -52,26 +52,31 @@ fn survive(harness: &Harness, desc: &CallDesc, frame: &Frame) -> Result<(), Stri
 #[test]
 fn every_descriptor_survives_null_pointers() {
     let harness = fuzz::emulated_harness();
+    let (_, base) = malloc(&harness, 1 << 20);
     let mut failures = Vec::new();
     for desc in VARIANTS {
         let n = desc.params.len();
-        // Small counts (so lengths evaluate), then large ones; every pointer NULL.
-        for value in [0u64, 1, 7, u64::MAX] {
-            let args = vec![value; n];
-            let lens = desc
-                .params
-                .iter()
-                .map(|w| match w {
-                    Wire::Buf { .. }
-                    | Wire::Handles { .. }
-                    | Wire::Scalar { .. }
-                    | Wire::Str
-                    | Wire::OutHandle { .. } => NULL_LEN,
-                    _ => 0,
-                })
-                .collect();
-            if let Err(e) = survive(&harness, desc, &frame_of(desc, args, lens, &[])) {
-                failures.push(e);
+        // Small counts (so lengths evaluate), then large ones; every host pointer NULL, and
+        // device addresses NULL, made up, or the session's own (so the call gets past the
+        // device checks to the NULLs).
+        for value in [0u64, 1, 7, u64::MAX, 0x7e00_dead_0000] {
+            for device in [0, value, base] {
+                let args = desc.params.iter().map(|w| if *w == Wire::Device { device } else { value }).collect();
+                let lens = desc
+                    .params
+                    .iter()
+                    .map(|w| match w {
+                        Wire::Buf { .. }
+                        | Wire::Handles { .. }
+                        | Wire::Scalar { .. }
+                        | Wire::Str
+                        | Wire::OutHandle { .. } => NULL_LEN,
+                        _ => 0,
+                    })
+                    .collect();
+                if let Err(e) = survive(&harness, desc, &frame_of(desc, args, lens, &[])) {
+                    failures.push(e);
+                }
             }
         }
     }
