@@ -348,15 +348,9 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// One whole frame, read into memory as it arrives (a header may claim more than comes).
 fn read_blocking(r: &mut impl Read) -> Result<Frame, FrameError> {
-    let mut head = [0u8; HEADER_LEN];
-    r.read_exact(&mut head).map_err(|_| FrameError::Truncated("header (the server closed the connection)"))?;
-    let header = Header::decode(&head)?;
-    let mut rest = vec![0u8; header.archive_len as usize + header.bulk_len as usize];
-    r.read_exact(&mut rest).map_err(|_| FrameError::Truncated("frame"))?;
-    let mut full = head.to_vec();
-    full.extend_from_slice(&rest);
-    Frame::decode(&full).map(|(f, _)| f)
+    chidori_tls::read_plain_frame(r)
 }
 
 impl Conn {
