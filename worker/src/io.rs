@@ -261,7 +261,7 @@ mod tests {
     #[test]
     fn a_stalled_frame_is_an_error_and_reserves_little() {
         let mut h = Header::new(Kind::Call, 1, 2, 3);
-        h.bulk_len = chidori_protocol::frame::MAX_BULK as u32;
+        h.bulk_len = frame::MAX_BULK as u32;
         let mut bytes = h.encode().to_vec();
         bytes.extend_from_slice(&[1u8; 1000]);
         let started = Instant::now();

@@ -55,7 +55,6 @@ fn every_descriptor_survives_null_pointers() {
     let (_, base) = malloc(&harness, 1 << 20);
     let mut failures = Vec::new();
     for desc in VARIANTS {
-        let n = desc.params.len();
         // Small counts (so lengths evaluate), then large ones; every host pointer NULL, and
         // device addresses NULL, made up, or the session's own (so the call gets past the
         // device checks to the NULLs).
@@ -129,7 +128,7 @@ fn frames_in_pieces_never_crash_the_reader() {
         let len = (rng.next() % 300) as usize;
         let mut data = rng.bytes(len);
         // Half of them start with a valid header, so the archive and bulk paths run too.
-        if rng.next() % 2 == 0 {
+        if rng.next().is_multiple_of(2) {
             let mut h = Header::new(Kind::Call, 1, 1, 1);
             h.archive_len = (rng.next() % 64) as u32;
             h.bulk_len = (rng.next() % (1 << 28)) as u32;
