@@ -34,6 +34,9 @@ const SEND_BUFFER: usize = 1 << 20;
 /// Ciphertext the reader takes from the socket at once.
 const READ_CHUNK: usize = 256 << 10;
 
+/// The largest TLS record's plaintext: slices up to this size are sent as one record.
+const RECORD: usize = 16 << 10;
+
 /// How long a writer waits for a full socket to take bytes before giving up.
 const WRITE_STALL: Duration = Duration::from_secs(30);
 
@@ -65,18 +68,37 @@ impl Secure {
     pub fn send(&self, sock: &impl AsRawFd, slices: &[IoSlice<'_>]) -> std::io::Result<()> {
         let fd = sock.as_raw_fd();
         let mut conn = self.lock();
+        // Small slices (a frame's header and archive) go out together, as one record.
+        let mut small: Vec<u8> = Vec::new();
         for slice in slices {
-            let mut rest: &[u8] = slice;
-            while !rest.is_empty() {
-                let n = conn.writer().write(rest)?;
-                rest = &rest[n..];
-                if n == 0 || conn.wants_write() && !rest.is_empty() {
-                    conn = self.push(conn, fd)?;
-                }
+            if small.len() + slice.len() <= RECORD {
+                small.extend_from_slice(slice);
+                continue;
             }
+            conn = self.encrypt(conn, fd, &small)?;
+            small.clear();
+            conn = self.encrypt(conn, fd, slice)?;
         }
+        conn = self.encrypt(conn, fd, &small)?;
         drop(self.push(conn, fd)?);
         Ok(())
+    }
+
+    /// Encrypt `bytes`, pushing records out whenever the send buffer is full.
+    fn encrypt<'a>(
+        &'a self,
+        mut conn: MutexGuard<'a, Connection>,
+        fd: RawFd,
+        mut bytes: &[u8],
+    ) -> std::io::Result<MutexGuard<'a, Connection>> {
+        while !bytes.is_empty() {
+            let n = conn.writer().write(bytes)?;
+            bytes = &bytes[n..];
+            if !bytes.is_empty() {
+                conn = self.push(conn, fd)?;
+            }
+        }
+        Ok(conn)
     }
 
     /// Send a TLS close_notify (best effort).
@@ -111,15 +133,7 @@ impl Secure {
     /// The reading half over `sock` (a clone of the socket, blocking or not). One reader
     /// per connection.
     pub fn reader<S: Read>(self: &Arc<Self>, sock: S) -> SecureReader<S> {
-        SecureReader {
-            secure: self.clone(),
-            sock,
-            raw: vec![0; READ_CHUNK],
-            raw_at: 0,
-            raw_end: 0,
-            plain: Vec::new(),
-            plain_at: 0,
-        }
+        SecureReader { secure: self.clone(), sock, raw: vec![0; READ_CHUNK], raw_at: 0, raw_end: 0 }
     }
 }
 
@@ -169,69 +183,13 @@ fn wait_writable(fd: RawFd) -> std::io::Result<()> {
 }
 
 /// The reading half of a [`Secure`] connection: ciphertext is read from the socket with
-/// the TLS state unlocked, then decrypted under the lock.
+/// the TLS state unlocked, then decrypted under the lock straight into the caller's buffer.
 pub struct SecureReader<S> {
     secure: Arc<Secure>,
     sock: S,
     raw: Vec<u8>,
     raw_at: usize,
     raw_end: usize,
-    plain: Vec<u8>,
-    plain_at: usize,
-}
-
-enum Step {
-    Plain,
-    NeedCiphertext,
-    Closed,
-}
-
-impl<S: Read> SecureReader<S> {
-    /// Decrypt what was read: plaintext into `self.plain`.
-    fn decrypt(&mut self) -> std::io::Result<Step> {
-        let mut conn = self.secure.lock();
-        self.plain.clear();
-        self.plain_at = 0;
-        loop {
-            // Drain plaintext first (rustls bounds what it holds undelivered).
-            loop {
-                let at = self.plain.len();
-                if self.plain.capacity() - at < 16 << 10 {
-                    self.plain.reserve(READ_CHUNK);
-                }
-                let spare = self.plain.capacity() - at;
-                self.plain.resize(at + spare, 0);
-                match conn.reader().read(&mut self.plain[at..]) {
-                    Ok(0) => {
-                        self.plain.truncate(at);
-                        return Ok(if at > 0 { Step::Plain } else { Step::Closed });
-                    }
-                    Ok(n) => self.plain.truncate(at + n),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        self.plain.truncate(at);
-                        break;
-                    }
-                    Err(e) => {
-                        self.plain.truncate(at);
-                        return Err(e);
-                    }
-                }
-                if self.plain.len() >= READ_CHUNK {
-                    return Ok(Step::Plain);
-                }
-            }
-            if !self.plain.is_empty() && self.raw_at == self.raw_end {
-                return Ok(Step::Plain);
-            }
-            if self.raw_at == self.raw_end {
-                return Ok(Step::NeedCiphertext);
-            }
-            let mut pending = &self.raw[self.raw_at..self.raw_end];
-            let n = conn.read_tls(&mut pending)?;
-            self.raw_at += n;
-            conn.process_new_packets().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        }
-    }
 }
 
 impl<S: Read> Read for SecureReader<S> {
@@ -240,26 +198,33 @@ impl<S: Read> Read for SecureReader<S> {
             return Ok(0);
         }
         loop {
-            if self.plain_at < self.plain.len() {
-                let n = buf.len().min(self.plain.len() - self.plain_at);
-                buf[..n].copy_from_slice(&self.plain[self.plain_at..self.plain_at + n]);
-                self.plain_at += n;
-                return Ok(n);
-            }
-            match self.decrypt()? {
-                Step::Plain => {}
-                Step::Closed => return Ok(0),
-                Step::NeedCiphertext => {
-                    self.raw_at = 0;
-                    self.raw_end = 0;
-                    // May block, or report WouldBlock / TimedOut: the TLS state is unlocked.
-                    let n = self.sock.read(&mut self.raw)?;
-                    if n == 0 {
-                        return Ok(0);
+            {
+                let mut conn = self.secure.lock();
+                loop {
+                    match conn.reader().read(buf) {
+                        // Ok(0): the peer's close_notify.
+                        Ok(n) => return Ok(n),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
                     }
-                    self.raw_end = n;
+                    if self.raw_at == self.raw_end {
+                        break;
+                    }
+                    let mut pending = &self.raw[self.raw_at..self.raw_end];
+                    let n = conn.read_tls(&mut pending)?;
+                    self.raw_at += n;
+                    conn.process_new_packets().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
                 }
             }
+            // Nothing decrypted is left: read ciphertext, unlocked. It may block, or report
+            // WouldBlock / TimedOut.
+            self.raw_at = 0;
+            self.raw_end = 0;
+            let n = self.sock.read(&mut self.raw)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            self.raw_end = n;
         }
     }
 }

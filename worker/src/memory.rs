@@ -5,7 +5,9 @@
 //!
 //! What counts: the results of the allocation calls ([`effect`]: `cudaMalloc*`,
 //! `cuMemAlloc*`, pools, `cuMemAddressReserve` for `cuMemMap`), module globals the session
-//! looked up, and the mirrors of the client's pinned memory (checked by the caller).
+//! looked up (`cuModuleGetGlobal`, the runtime's symbols), and the mirrors of the client's
+//! pinned memory (checked by the caller). The quota counts the allocation calls that
+//! return addresses; CUDA arrays (`cudaMallocArray`) are not counted.
 //! Freed ranges stop counting. A per-session quota bounds what the allocation calls may
 //! take.
 //!
@@ -91,7 +93,13 @@ impl Memory {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Size {
     Param(usize),
-    Pitch { pitch: usize, width: usize, height: usize },
+    Pitch {
+        pitch: usize,
+        width: usize,
+        height: usize,
+    },
+    /// An output (a module global's size).
+    Out(usize),
 }
 
 /// What a call does to the session's memory.
@@ -130,6 +138,9 @@ pub fn effect(name: &str) -> Effect {
             alloc(Size::Pitch { pitch: 1, width: 2, height: 3 })
         }
         "cuMemAddressReserve" => Effect::Alloc { out: 0, size: Size::Param(1), origin: Origin::Reserved },
+        "cuModuleGetGlobal" | "cuModuleGetGlobal_v2" | "cuLibraryGetGlobal" => {
+            Effect::Alloc { out: 0, size: Size::Out(1), origin: Origin::Global }
+        }
         "cudaFree" | "cudaFreeAsync" | "cuMemFree" | "cuMemFree_v2" | "cuMemFreeAsync" | "cuMemAddressFree" => {
             Effect::Free { ptr: 0 }
         }

@@ -514,6 +514,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 Size::Pitch { width, height, .. } => {
                     args.get(width).copied().unwrap_or(0).saturating_mul(args.get(height).copied().unwrap_or(0))
                 }
+                Size::Out(_) => 0,
             };
             if !lock(&session.memory).fits(bytes) {
                 let status = status_named(desc, &["cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY"])
@@ -531,7 +532,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         }
         _ => {}
     }
-    if let Effect::Alloc { out, .. } = effect
+    if let Effect::Alloc { out, origin: Origin::Allocated, .. } = effect
         && lens.get(out) == Some(&NULL_LEN)
     {
         return reply_status(session, &header, desc, desc.codes.invalid_value, None);
@@ -834,6 +835,7 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         .map(u64::from_le_bytes)
                         .unwrap_or(0)
                         .saturating_mul(args.get(height).copied().unwrap_or(0)),
+                    Size::Out(o) => word(o).map(u64::from_le_bytes).unwrap_or(0),
                 };
                 lock(&session.memory).insert(base, bytes, origin);
             }
