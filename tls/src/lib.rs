@@ -69,17 +69,19 @@ impl Secure {
         let fd = sock.as_raw_fd();
         let mut conn = self.lock();
         // Small slices (a frame's header and archive) go out together, as one record.
-        let mut small: Vec<u8> = Vec::new();
+        let mut small = [0u8; RECORD];
+        let mut used = 0;
         for slice in slices {
-            if small.len() + slice.len() <= RECORD {
-                small.extend_from_slice(slice);
+            if used + slice.len() <= RECORD {
+                small[used..used + slice.len()].copy_from_slice(slice);
+                used += slice.len();
                 continue;
             }
-            conn = self.encrypt(conn, fd, &small)?;
-            small.clear();
+            conn = self.encrypt(conn, fd, &small[..used])?;
+            used = 0;
             conn = self.encrypt(conn, fd, slice)?;
         }
-        conn = self.encrypt(conn, fd, &small)?;
+        conn = self.encrypt(conn, fd, &small[..used])?;
         drop(self.push(conn, fd)?);
         Ok(())
     }
