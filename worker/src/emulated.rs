@@ -402,9 +402,10 @@ impl Backend for Emulated {
                             status = INVALID_VALUE;
                             break;
                         };
-                        if status == SUCCESS {
-                            status = self.copy(d, device(0), s, device(2), width);
+                        if status != SUCCESS {
+                            break;
                         }
+                        status = self.copy(d, device(0), s, device(2), width);
                     }
                     status
                 }

@@ -703,11 +703,10 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                         continue;
                     }
                     if !single {
-                        // An array at NULL: an input is read, a copy's destination written,
-                        // so both are refused; a getter's output array at NULL asks for the
-                        // count only (cuDNN's GetAttribute, the graph queries), whatever count
-                        // the caller named.
-                        if dir == Dir::Out && desc.name.contains("Get") {
+                        // An array at NULL is read or written by the library, so it is
+                        // refused, except where the API makes a NULL output array ask for the
+                        // count only, whatever count the caller named.
+                        if dir == Dir::Out && counts_only_at_null(desc.name) {
                             continue;
                         }
                         return quiet(format!("argument {i}: NULL for {count} elements"));
@@ -894,6 +893,19 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         .collect();
     let h = Header::new(Kind::Reply, header.call, header.thread, header.seq);
     session.writer.send(h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
+}
+
+/// Functions whose output array may be NULL with a nonzero count, to ask for the count:
+/// cuDNN's `cudnnBackendGetAttribute`, and the graph queries of the runtime and the driver.
+fn counts_only_at_null(name: &str) -> bool {
+    let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+    name == "cudnnBackendGetAttribute"
+        || (name.starts_with("cudaGraph") || name.starts_with("cuGraph"))
+            && ["GetNodes", "GetRootNodes", "GetEdges", "GetDependencies", "GetDependentNodes"]
+                .iter()
+                .any(|q| name.contains(q))
+        || name.starts_with("cudaStreamGetCaptureInfo")
+        || name.starts_with("cuStreamGetCaptureInfo")
 }
 
 /// Whether a buffer parameter is a single element (no length expression): NULL may mean
