@@ -199,3 +199,100 @@ fn allocations_beyond_the_quota_are_out_of_memory() {
     let desc = newest("cudaMalloc", Some("call"));
     assert_eq!(ret_of(&harness, desc, vec![0, 16], vec![NULL_LEN, 0], &[]), desc.codes.invalid_value);
 }
+
+/// The NULL-pointer run against the real libraries, on a GPU machine:
+/// `CHIDORI_HOSTILE_REAL=1 hostile real_libraries_survive_null_pointers --exact --nocapture`.
+/// Each descriptor runs (every pointer NULL, counts 0, 1 and 7, device addresses NULL or
+/// the session's) in a child process; a child that dies by a signal names the descriptor
+/// it was at, and the next child goes on after it. Without the variable (CI, no GPU) the
+/// test only says how to run it.
+#[test]
+fn real_libraries_survive_null_pointers() {
+    use std::io::Write as _;
+    const FROM: &str = "CHIDORI_HOSTILE_FROM";
+    let Some(progress) = std::env::var_os("CHIDORI_HOSTILE_REAL") else {
+        eprintln!(
+            "set CHIDORI_HOSTILE_REAL=1 on a GPU machine to run the NULL-pointer calls against the real libraries"
+        );
+        return;
+    };
+    let progress =
+        std::path::PathBuf::from(if progress == "1" { "/tmp/chidori-hostile-progress".into() } else { progress });
+    if let Ok(from) = std::env::var(FROM) {
+        // The child: run descriptors from `from` on, writing where it is before each.
+        let from: usize = from.parse().unwrap();
+        let backend: std::sync::Arc<dyn chidori_worker::backend::Backend> =
+            std::sync::Arc::new(chidori_worker::real::Real::new(&[]).expect("the real backend"));
+        backend.thread_init();
+        let harness = Harness::new(backend, Some(1 << 30));
+        let (_, base) = malloc(&harness, 1 << 20);
+        for (index, desc) in VARIANTS.iter().enumerate().skip(from) {
+            std::fs::write(&progress, index.to_string()).unwrap();
+            for value in [0u64, 1, 7] {
+                for device in [0, base] {
+                    let args = desc.params.iter().map(|w| if *w == Wire::Device { device } else { value }).collect();
+                    let lens = desc
+                        .params
+                        .iter()
+                        .map(|w| match w {
+                            Wire::Buf { .. }
+                            | Wire::Handles { .. }
+                            | Wire::Scalar { .. }
+                            | Wire::Str
+                            | Wire::OutHandle { .. } => NULL_LEN,
+                            Wire::ByValRecord { bytes } => u64::from(*bytes),
+                            _ => 0,
+                        })
+                        .collect();
+                    let records: usize = desc
+                        .params
+                        .iter()
+                        .map(|w| if let Wire::ByValRecord { bytes } = w { *bytes as usize } else { 0 })
+                        .sum();
+                    let _ = harness.run(&frame_of(desc, args, lens, &vec![0u8; records]));
+                }
+            }
+        }
+        std::fs::write(&progress, "done").unwrap();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut from = 0usize;
+    let mut died = Vec::new();
+    while from < VARIANTS.len() {
+        let _ = std::fs::remove_file(&progress);
+        let mut child = std::process::Command::new(&exe)
+            .args(["real_libraries_survive_null_pointers", "--exact", "--nocapture", "--test-threads", "1"])
+            .env(FROM, from.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // A child that makes no progress for a minute is stuck in a call: it is killed.
+        let mut last = (String::new(), std::time::Instant::now());
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            let now = std::fs::read_to_string(&progress).unwrap_or_default();
+            if now != last.0 {
+                last = (now, std::time::Instant::now());
+            } else if last.1.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                break child.wait().unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let at = std::fs::read_to_string(&progress).unwrap_or_default();
+        if at == "done" {
+            break;
+        }
+        let Ok(index) = at.parse::<usize>() else { panic!("the child ended ({status}) before its first call") };
+        let desc = VARIANTS[index];
+        died.push(format!("{} ({}, form {:?}): {status}", desc.name, desc.library, desc.form));
+        let _ = std::io::stderr().flush();
+        eprintln!("died at {index}: {}", died.last().unwrap());
+        from = index + 1;
+    }
+    assert!(died.is_empty(), "{} descriptors killed the worker:\n{}", died.len(), died.join("\n"));
+}
