@@ -41,7 +41,7 @@ const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Connections at once that have not authenticated yet (workers starting, handshakes):
 /// past it, new ones get Busy. They also count against `--max-sessions`.
-pub const MAX_UNAUTHENTICATED: usize = 8;
+pub const MAX_UNAUTHENTICATED: usize = 32;
 
 /// Default of `--max-sessions`: sessions per GPU.
 pub const SESSIONS_PER_GPU: usize = 16;
