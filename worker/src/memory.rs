@@ -182,6 +182,28 @@ pub fn extents(name: &str) -> &'static [(usize, usize, u64)] {
     }
 }
 
+/// Pitched device arguments of 2D copies and memsets: (device parameter, its pitch, the
+/// width in bytes, the height), for the range `(height - 1) × pitch + width`.
+pub fn extents_2d(name: &str) -> &'static [(usize, usize, usize, usize)] {
+    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
+    match name {
+        // (dst, dpitch, src, spitch, width, height, kind[, stream])
+        "cudaMemcpy2D" | "cudaMemcpy2DAsync" => &[(0, 1, 4, 5), (2, 3, 4, 5)],
+        // (devPtr, pitch, value, width, height[, stream])
+        "cudaMemset2D" | "cudaMemset2DAsync" => &[(0, 1, 3, 4)],
+        _ => &[],
+    }
+}
+
+/// The bytes a pitched range spans: `(height - 1) × pitch + width` (None: past the address
+/// space).
+pub fn span_2d(pitch: u64, width: u64, height: u64) -> Option<u64> {
+    if height == 0 || width == 0 {
+        return Some(0);
+    }
+    (height - 1).checked_mul(pitch)?.checked_add(width)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +232,8 @@ mod tests {
         assert_eq!(effect("cudaIpcOpenMemHandle"), Effect::Foreign);
         assert_eq!(effect("cudaMemcpy"), Effect::None);
         assert_eq!(extents("cuMemsetD32Async_ptsz"), &[(0, 2, 4)]);
+        assert_eq!(span_2d(512, 100, 3), Some(1124));
+        assert_eq!(span_2d(0, 0, u64::MAX), Some(0));
+        assert_eq!(span_2d(u64::MAX, 1, 3), None);
     }
 }

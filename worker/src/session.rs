@@ -563,9 +563,14 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         match *wire {
             Wire::Val { .. } => raw[i] = a,
             Wire::Device => {
-                let extent = match extents.iter().find(|(p, _, _)| *p == i) {
-                    Some(&(_, count, unit)) => args.get(count).and_then(|c| c.checked_mul(unit)),
-                    None => Some(1),
+                let arg = |j: usize| args.get(j).copied().unwrap_or(0);
+                let extent = match (
+                    extents.iter().find(|(p, _, _)| *p == i),
+                    memory::extents_2d(desc.name).iter().find(|(p, _, _, _)| *p == i),
+                ) {
+                    (Some(&(_, count, unit)), _) => arg(count).checked_mul(unit),
+                    (None, Some(&(_, pitch, width, height))) => memory::span_2d(arg(pitch), arg(width), arg(height)),
+                    (None, None) => Some(1),
                 };
                 let Some(extent) = extent else {
                     return invalid(format!("argument {i}: a length past the address space"));
