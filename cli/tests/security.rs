@@ -129,6 +129,7 @@ fn run(address: &str, config: &Path, args: &[&str], exe: &Path) -> (bool, String
 /// Copies a program makes through the server, and ones it must not be able to make.
 const COPIES: &str = r#"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -140,6 +141,14 @@ int main(void) {
   e = cudaMemcpy(d, in, sizeof in, cudaMemcpyHostToDevice);
   e |= cudaMemcpy(out, d, sizeof out, cudaMemcpyDeviceToHost);
   if (e || memcmp(in, out, sizeof in)) { printf("round trip %d\n", e); return 3; }
+  /* Many TLS records each way, and an asynchronous copy queued before a waiting one. */
+  size_t big = 24u << 20;
+  char *a = malloc(big), *b = malloc(big);
+  for (size_t i = 0; i < big; ++i) a[i] = (char)(i * 7);
+  void *db; if (cudaMalloc(&db, big)) return 4;
+  e = cudaMemcpyAsync(db, a, big, cudaMemcpyHostToDevice, 0);
+  e |= cudaMemcpy(b, db, big, cudaMemcpyDeviceToHost);
+  if (e || memcmp(a, b, big)) { printf("big round trip %d\n", e); return 5; }
   /* A made-up device address, and a stream handle's value (a pointer on the server). */
   cudaStream_t s; cudaStreamCreate(&s);
   CUresult made_up = cuMemcpyDtoH_v2(out, (CUdeviceptr)0x7e00dead0000ull, 16);
