@@ -1,14 +1,18 @@
-//! `chidori run`'s preflight: connect, shake hands, and turn every failure into a message a
-//! user can act on before the program starts.
+//! `chidori run`'s preflight: connect, shake hands (TLS and the token where the client has
+//! a token), and turn every failure into a message a user can act on before the program
+//! starts.
 
-use std::io::{Read, Write};
+use std::io::{IoSlice, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use chidori_protocol::frame::{self, FrameError, HEADER_LEN, Header, Kind};
-use chidori_protocol::messages::{self, Goodbye, Hello, Refuse, Welcome};
+use chidori_protocol::frame::{self, Frame, FrameError, Header, Kind};
+use chidori_protocol::messages::{self, Goodbye, Hello, Refuse, RefuseReason, Welcome};
 use chidori_protocol::{PROTOCOL_VERSION, env};
+use chidori_tls::pin::Pins;
+use chidori_tls::{HandshakeError, Secure, SecureReader};
 
 pub fn address(server: &str) -> String {
     if server.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
@@ -18,8 +22,52 @@ pub fn address(server: &str) -> String {
     }
 }
 
-/// Handshake with `server`, then say goodbye (the program opens its own session).
-pub fn check(server: &str) -> Result<Welcome> {
+/// How the client proves itself and checks the server.
+pub struct ClientAuth {
+    /// The server's token (None: a plaintext session, which only loopback servers allow).
+    pub token: Option<String>,
+    pub pins: Pins,
+}
+
+/// The preflight's connection: plain, or TLS over the socket.
+enum Link {
+    Plain(TcpStream),
+    Tls { sock: TcpStream, secure: Arc<Secure>, reader: SecureReader<TcpStream> },
+}
+
+impl Link {
+    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Link::Plain(s) => s.write_all(bytes),
+            Link::Tls { sock, secure, .. } => secure.send(sock, &[IoSlice::new(bytes)]),
+        }
+    }
+
+    fn read(&mut self) -> Result<Frame, FrameError> {
+        match self {
+            Link::Plain(s) => chidori_tls::read_plain_frame(s),
+            Link::Tls { reader, .. } => chidori_tls::read_plain_frame(reader),
+        }
+    }
+}
+
+/// What a refusal means for the user.
+fn refused(addr: &str, frame: &Frame) -> anyhow::Error {
+    match messages::decode::<Refuse>(frame, "refusal") {
+        Ok(Refuse { reason: RefuseReason::Busy, message }) => {
+            anyhow::anyhow!("the Chidori server at {addr} is busy: {message}")
+        }
+        Ok(Refuse { reason: RefuseReason::Unauthorized, message }) => {
+            anyhow::anyhow!("the Chidori server at {addr} did not accept this client: {message}")
+        }
+        Ok(refuse) => anyhow::anyhow!("the Chidori server at {addr} refused: {}", refuse.message),
+        Err(e) => anyhow::anyhow!("the Chidori server at {addr} answered with a bad refusal: {e}"),
+    }
+}
+
+/// Handshake with `server`, then say goodbye (the program opens its own session). Returns
+/// the server's welcome and, with TLS, the fingerprint of the certificate it presented.
+pub fn check(server: &str, auth: &ClientAuth) -> Result<(Welcome, Option<String>)> {
     let addr = address(server);
     let target = addr
         .to_socket_addrs()
@@ -33,6 +81,24 @@ pub fn check(server: &str) -> Result<Welcome> {
         )
     })?;
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut fingerprint = None;
+    let mut link = match &auth.token {
+        None => Link::Plain(stream),
+        Some(_) => match chidori_tls::client_handshake(&mut stream, &addr, &auth.pins) {
+            Ok(secure) => {
+                fingerprint = secure_fingerprint(&auth.pins, &addr);
+                let reader = secure.reader(stream.try_clone()?);
+                Link::Tls { sock: stream, secure, reader }
+            }
+            Err(HandshakeError::Refused(frame)) => return Err(refused(&addr, &frame)),
+            Err(HandshakeError::Pin(mismatch)) => bail!("{mismatch}"),
+            Err(HandshakeError::Tls(e)) => bail!(
+                "the TLS handshake with the Chidori server at {addr} failed: {e}. Does it use TLS? (A server \
+                 listening on loopback does not, unless started with --secure: then run without --token)"
+            ),
+            Err(HandshakeError::Frame(e)) => bail!("{addr} did not answer like a Chidori server: {e}"),
+        },
+    };
     let hello = Hello {
         protocol: PROTOCOL_VERSION,
         schema: chidori_cuda::calls::SCHEMA_HASH,
@@ -40,39 +106,38 @@ pub fn check(server: &str) -> Result<Welcome> {
         pid: std::process::id(),
         host: "chidori run".to_owned(),
         program: "preflight".to_owned(),
+        token: auth.token.clone().unwrap_or_default(),
     };
-    stream.write_all(&frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[])?)?;
-    let mut head = [0u8; HEADER_LEN];
-    if stream.read_exact(&mut head).is_err() {
-        bail!("the Chidori server at {addr} closed the connection during the handshake (see its log)");
-    }
-    let header = match Header::decode(&head) {
-        Ok(h) => h,
+    link.send(&frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[])?)?;
+    let frame = match link.read() {
+        Ok(f) => f,
         Err(FrameError::Version { got }) => bail!(
             "the Chidori server at {addr} speaks protocol {got}, this client {PROTOCOL_VERSION}: install the same Chidori release on both machines"
         ),
+        Err(FrameError::Truncated(_)) => {
+            bail!("the Chidori server at {addr} closed the connection during the handshake (see its log)")
+        }
         Err(e) => bail!("{addr} did not answer like a Chidori server: {e}"),
     };
-    let mut rest = vec![0u8; header.archive_len as usize + header.bulk_len as usize];
-    stream.read_exact(&mut rest)?;
-    let mut bytes = head.to_vec();
-    bytes.extend_from_slice(&rest);
-    let (frame, _) = frame::Frame::decode(&bytes)?;
-    match header.kind {
+    match frame.header.kind {
         Kind::Welcome => {
             let welcome: Welcome = messages::decode(&frame, "welcome")?;
             let bye = Goodbye { reason: "preflight done".into() };
-            let _ =
-                stream.write_all(&frame::to_vec(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[])?);
+            let _ = link.send(&frame::to_vec(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[])?);
+            if let Link::Tls { sock, secure, .. } = &link {
+                secure.close(sock);
+            }
             if welcome.devices.is_empty() {
                 bail!("the Chidori server at {addr} has no GPU");
             }
-            Ok(welcome)
+            Ok((welcome, fingerprint))
         }
-        Kind::Refuse => {
-            let refuse: Refuse = messages::decode(&frame, "refusal")?;
-            bail!("the Chidori server at {addr} refused: {}", refuse.message)
-        }
+        Kind::Refuse => Err(refused(&addr, &frame)),
         other => bail!("the Chidori server at {addr} answered {other:?} to the handshake"),
     }
+}
+
+/// The fingerprint the client now trusts for `addr`: the explicit one, or the one pinned.
+fn secure_fingerprint(pins: &Pins, addr: &str) -> Option<String> {
+    pins.explicit.clone().or_else(|| pins.known(addr).map(|(f, _)| f))
 }

@@ -12,6 +12,16 @@ pub struct RunArgs {
     /// The `chidori serve` to use, HOST[:PORT] (default port 43211).
     #[arg(short = 's', long = "server", env = env::SERVER, value_name = "HOST[:PORT]")]
     pub server: String,
+    /// The server's token (printed by `chidori serve`); with it the session uses TLS.
+    #[arg(long, env = env::TOKEN, value_name = "TOKEN", hide_env_values = true, conflicts_with = "token_file")]
+    pub token: Option<String>,
+    /// A file holding the server's token.
+    #[arg(long, env = env::TOKEN_FILE, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The server certificate's fingerprint (sha256:…, printed by `chidori serve`). Without
+    /// it the certificate seen first is pinned in ~/.config/chidori/known_servers.
+    #[arg(long, env = env::FINGERPRINT, value_name = "SHA256")]
+    pub fingerprint: Option<String>,
     /// Log what the interposer does (connection, unsupported functions) to stderr.
     #[arg(short, long)]
     pub verbose: bool,
@@ -91,8 +101,23 @@ fn python_package(lib_dir: &std::path::Path) -> Result<PathBuf> {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => Some(t.trim().to_owned()),
+        (None, Some(file)) => Some(chidori_tls::token::read(file).map_err(anyhow::Error::msg)?),
+        (None, None) => None,
+    };
+    let explicit = match &args.fingerprint {
+        Some(f) => Some(chidori_tls::pin::normalize(f).with_context(|| {
+            format!("--fingerprint {f} is not a SHA-256 fingerprint (sha256: and 64 hex digits, as `chidori serve` prints it)")
+        })?),
+        None => None,
+    };
+    let pins = chidori_tls::pin::Pins { explicit, file: Some(chidori_tls::token::config_dir().join("known_servers")) };
+    let mut fingerprint = pins.explicit.clone();
+    let auth = crate::check::ClientAuth { token: token.clone(), pins };
     if !args.no_check {
-        crate::check::check(&args.server)?;
+        let (_, seen) = crate::check::check(&args.server, &auth)?;
+        fingerprint = fingerprint.or(seen);
     }
     let dir = lib_dir(args.lib_dir)?;
     let shims = shims(&dir)?;
@@ -110,6 +135,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     let (program, rest) = args.command.split_first().context("no command given")?;
     let mut cmd = std::process::Command::new(program);
     cmd.args(rest).env("LD_PRELOAD", &preload).env(env::SERVER, &args.server);
+    // The program's own connection presents the same token and accepts only the
+    // certificate the preflight accepted.
+    cmd.env_remove(env::TOKEN).env_remove(env::TOKEN_FILE).env_remove(env::FINGERPRINT);
+    if let Some(token) = &token {
+        cmd.env(env::TOKEN, token);
+    }
+    if let Some(fingerprint) = &fingerprint {
+        cmd.env(env::FINGERPRINT, fingerprint);
+    }
     // Triton links its launchers with -lcuda and dlopens libcuda.so.1 from here.
     cmd.env("TRITON_LIBCUDA_PATH", &dir);
     if args.verbose {

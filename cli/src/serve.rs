@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use chidori_protocol::env;
+use chidori_worker::auth::{SecretFiles, Security};
 use chidori_worker::backend::Backend;
 use chidori_worker::supervisor::{self, BackendChoice, ServeOptions};
 
@@ -23,10 +24,35 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, env = env::PORT, default_value_t = env::DEFAULT_PORT)]
     pub port: u16,
-    /// Address to bind: loopback by default (clients are not authenticated yet; reach it
-    /// through an SSH tunnel, or bind 0.0.0.0 on a trusted network).
+    /// Address to bind: loopback by default. Off loopback, clients need TLS and the token
+    /// (printed at start) unless --insecure.
     #[arg(long, env = env::BIND, default_value = "127.0.0.1")]
     pub bind: String,
+    /// Require TLS and the token on a loopback address too (other users of this machine
+    /// can reach loopback ports).
+    #[arg(long, conflicts_with = "insecure")]
+    pub secure: bool,
+    /// Serve without TLS or token off loopback: whoever reaches the port runs code on the
+    /// GPUs. Only for networks you trust completely; the server warns at every start.
+    #[arg(long)]
+    pub insecure: bool,
+    /// The token file (made with a new random token on first start).
+    #[arg(long, env = env::TOKEN_FILE, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// TLS certificate (PEM) to present instead of the self-signed one made on first start
+    /// (~/.config/chidori/server.crt); clients pin its fingerprint either way.
+    #[arg(long, env = env::TLS_CERT, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = env::TLS_KEY, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Most sessions at once; more connections get Busy (default: 16 per GPU).
+    #[arg(long, env = env::MAX_SESSIONS, value_name = "N")]
+    pub max_sessions: Option<usize>,
+    /// GPU memory one session may allocate, in MiB; an allocation beyond it fails with the
+    /// library's out-of-memory status (default: no quota).
+    #[arg(long, env = env::MEMORY_QUOTA_MB, value_name = "MIB")]
+    pub memory_quota_mb: Option<u64>,
     /// Serve only these GPUs (CUDA ordinals; repeat the flag for several).
     #[arg(long = "gpu", value_name = "N")]
     pub gpus: Vec<u32>,
@@ -67,6 +93,18 @@ pub struct SessionArgs {
     /// Load the backend, print what it found, exit.
     #[arg(long)]
     pub probe: bool,
+    /// Where to write one byte once the client is authenticated.
+    #[arg(long)]
+    pub auth_fd: Option<i32>,
+    /// TLS and token: all three or none.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    #[arg(long)]
+    pub memory_quota_mb: Option<u64>,
 }
 
 /// The recorded H200 profile of this installation (`share/chidori/profiles` of a dist
@@ -95,6 +133,17 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             },
         },
     };
+    let loopback = is_loopback(&args.bind, args.port);
+    if args.insecure && loopback {
+        tracing::info!("--insecure has no effect on a loopback address (no TLS there unless --secure)");
+    }
+    let secure = args.secure || (!args.insecure && !loopback);
+    let secret_files = secure.then(|| SecretFiles::with_defaults(args.token_file, args.tls_cert, args.tls_key));
+    let mut connect_line = None;
+    if let Some(files) = &secret_files {
+        let (token, fingerprint) = files.ensure()?;
+        connect_line = Some((token, fingerprint));
+    }
     let options = ServeOptions {
         bind: args.bind,
         port: args.port,
@@ -104,8 +153,27 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         module_cache: args.module_cache.unwrap_or_else(chidori_worker::cache::default_dir),
         module_cache_mb: args.module_cache_mb,
         exe: std::env::current_exe().context("locating the chidori binary")?,
+        secure: secret_files,
+        max_sessions: args.max_sessions.unwrap_or(0),
+        memory_quota: args.memory_quota_mb.map(|mb| mb << 20),
+        credentials: connect_line,
     };
+    if options.credentials.is_none() && loopback {
+        tracing::info!("loopback only: no TLS or token (--secure requires both here too)");
+    }
     supervisor::serve(options)
+}
+
+/// Whether every address `bind` resolves to is a loopback address.
+fn is_loopback(bind: &str, port: u16) -> bool {
+    use std::net::ToSocketAddrs;
+    match (bind, port).to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<_> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
 }
 
 fn backend(args: &SessionArgs) -> Result<Arc<dyn Backend>, String> {
@@ -126,9 +194,8 @@ pub fn session(args: SessionArgs) -> Result<()> {
     crate::init_logging();
     // Before CUDA starts: the driver then keeps its own address reservations out of it.
     chidori_worker::mirror::reserve_arena();
-    let backend = backend(&args);
     if args.probe {
-        match backend {
+        match backend(&args) {
             Ok(b) => {
                 let names: Vec<String> =
                     b.devices().iter().map(|d| format!("{} ({} MiB)", d.name, d.total_mem >> 20)).collect();
@@ -141,13 +208,37 @@ pub fn session(args: SessionArgs) -> Result<()> {
             }
         }
     }
-    let module_cache = match (args.module_cache, args.module_cache_mb) {
+    let security = match (&args.token_file, &args.tls_cert, &args.tls_key) {
+        (Some(token), Some(cert), Some(key)) => {
+            let files = SecretFiles { token: token.clone(), cert: cert.clone(), key: key.clone() };
+            Some(Security::load(&files)?)
+        }
+        (None, None, None) => None,
+        _ => anyhow::bail!("a secure session needs --token-file, --tls-cert and --tls-key"),
+    };
+    let module_cache = match (args.module_cache.clone(), args.module_cache_mb) {
         (Some(dir), mb) if mb > 0 => Some(chidori_worker::cache::ModuleCache::new(dir, mb << 20)),
         _ => None,
     };
-    let options =
-        chidori_worker::session::Options { heartbeat: Duration::from_secs(args.heartbeat_secs.max(1)), module_cache };
-    let result = chidori_worker::session::run_on_fd(supervisor::SESSION_FD, backend, options);
+    let options = chidori_worker::session::Options {
+        heartbeat: Duration::from_secs(args.heartbeat_secs.max(1)),
+        module_cache,
+        memory_quota: args.memory_quota_mb.map(|mb| mb << 20),
+    };
+    let auth_fd = args.auth_fd;
+    let authenticated = Box::new(move || {
+        if let Some(fd) = auth_fd {
+            use std::os::fd::FromRawFd;
+            // SAFETY: the supervisor passes the write end of a pipe at this descriptor, which
+            // nothing else in this process uses; it is closed after the one byte.
+            let mut pipe = unsafe { std::fs::File::from_raw_fd(fd) };
+            let _ = std::io::Write::write_all(&mut pipe, b"1");
+        }
+    });
+    // The backend (a CUDA context, with the real one) is made only for an authenticated client.
+    let make_backend = Box::new(move || backend(&args));
+    let result =
+        chidori_worker::session::run_on_fd(supervisor::SESSION_FD, security, make_backend, options, authenticated);
     // Executors may be blocked inside CUDA: end the process, which frees the session's GPU state.
     std::process::exit(if result.is_ok() { 0 } else { 1 })
 }

@@ -230,6 +230,7 @@ fn hello() -> Vec<u8> {
         pid: 1,
         host: "test".into(),
         program: "test".into(),
+        token: String::new(),
     };
     frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &chidori_protocol::messages::encode(&hello), &[]).unwrap()
 }
@@ -695,7 +696,11 @@ fn cudnn_program(name: &str, source: &str) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     std::fs::write(&src, source).unwrap();
     let exe = dir.join(name);
-    chidori_tests::cc(&src, &exe, &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libcudnn.so.9"]);
+    chidori_tests::cc(
+        &src,
+        &exe,
+        &[&format!("-L{}", chidori_tests::shim_dir().display()), "-l:libcudnn.so.9", "-l:libcudart.so.13"],
+    );
     exe
 }
 
@@ -965,10 +970,13 @@ int cudnnSetTensorNdDescriptor(h_t d, int dataType, int nbDims, const int *dims,
 int cudnnGetRNNWeightParams(h_t handle, h_t rnn, int layer, unsigned long size, const void *space, int lin,
                             h_t mDesc, void **mAddr, h_t bDesc, void **bAddr);
 int cudnnGetTensorNdDescriptor(h_t d, int requested, int *dataType, int *nbDims, int *dims, int *strides);
+int cudaMalloc(void **p, unsigned long size);
 int main(void) {
   h_t handle, rnn;
-  char *space = (char *)0x700000000000ull;
+  /* The weight space must be device memory of the session (the server checks). */
+  char *space;
   unsigned long size = 1ul << 20;
+  if (cudaMalloc((void **)&space, size)) return 9;
   if (cudnnCreate(&handle) || cudnnCreateRNNDescriptor(&rnn)) return 10;
   int wrong = 0;
   for (int layer = 0; layer < 2; layer++)

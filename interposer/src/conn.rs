@@ -6,6 +6,10 @@
 //! written before any later waiting frame, so the order on the wire is the issue order). One mio
 //! I/O thread reads, delivers replies (writing outputs into the caller's memory), runs the
 //! heartbeat, and answers the server's pings and host-callback requests.
+//!
+//! With a token (`CHIDORI_TOKEN`, `CHIDORI_TOKEN_FILE`) the connection is TLS
+//! (`chidori_tls::Secure`): writers encrypt under their usual lock, the I/O thread decrypts;
+//! without one the plain path is what it always was.
 
 use std::collections::HashMap;
 use std::io::{IoSlice, Read, Write};
@@ -107,6 +111,11 @@ pub struct Conn {
     /// The fork generation the connection was made in (a forked child makes its own).
     forks: u64,
     writer: Mutex<TcpStream>,
+    /// TLS over the socket (None: plain TCP).
+    secure: Option<Arc<chidori_tls::Secure>>,
+    /// The TLS reading half used during the handshake, for the I/O thread to continue with
+    /// (it may hold bytes that came after the Welcome).
+    secure_reader: Mutex<Option<chidori_tls::SecureReader<TcpStream>>>,
     /// Frames sent without waiting, not yet written (lock order: `writer`, then `outbox`).
     outbox: Mutex<Outbox>,
     /// Wakes the flusher thread when the outbox fills while it sleeps.
@@ -227,13 +236,33 @@ fn connect() -> Result<Conn, String> {
             Err(e) => last = Some(e),
         }
     }
-    let stream = stream.ok_or_else(|| {
+    let mut stream = stream.ok_or_else(|| {
         format!(
             "cannot reach Chidori server {server}: {} (is `chidori serve` running there, and the port open?)",
             last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())
         )
     })?;
     stream.set_nodelay(true).ok();
+    stream.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    let token = chidori_tls::token::from_env()?;
+    let mut secure = None;
+    let mut secure_reader = None;
+    if token.is_some() {
+        let pins = chidori_tls::pin::Pins::from_env()?;
+        match chidori_tls::client_handshake(&mut stream, &server, &pins) {
+            Ok(s) => {
+                secure_reader = Some(s.reader(stream.try_clone().map_err(|e| e.to_string())?));
+                secure = Some(s);
+            }
+            Err(chidori_tls::HandshakeError::Refused(frame)) => {
+                let refuse: Refuse =
+                    messages::decode(&frame, "refusal").map_err(|e| format!("Chidori server {server}: {e}"))?;
+                return Err(format!("Chidori server {server} refused the session: {}", refuse.message));
+            }
+            Err(chidori_tls::HandshakeError::Pin(mismatch)) => return Err(mismatch.to_string()),
+            Err(e) => return Err(format!("Chidori server {server}: {e}")),
+        }
+    }
     let hello = Hello {
         protocol: PROTOCOL_VERSION,
         schema: chidori_cuda::calls::SCHEMA_HASH,
@@ -241,12 +270,20 @@ fn connect() -> Result<Conn, String> {
         pid: std::process::id(),
         host: hostname(),
         program: std::env::args().collect::<Vec<_>>().join(" "),
+        token: token.unwrap_or_default(),
     };
     let bytes =
         frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).map_err(|e| e.to_string())?;
-    (&stream).write_all(&bytes).map_err(|e| format!("Chidori server {server}: {e}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(60))).ok();
-    let frame = read_blocking(&mut &stream).map_err(|e| match e {
+    let sent = match &secure {
+        Some(s) => s.send(&stream, &[IoSlice::new(&bytes)]),
+        None => (&stream).write_all(&bytes),
+    };
+    sent.map_err(|e| format!("Chidori server {server}: {e}"))?;
+    let answer = match secure_reader.as_mut() {
+        Some(r) => read_blocking(r),
+        None => read_blocking(&mut &stream),
+    };
+    let frame = answer.map_err(|e| match e {
         FrameError::Version { got } => format!(
             "Chidori server {server} speaks protocol {got}, this client {PROTOCOL_VERSION}: install the same Chidori release on both machines"
         ),
@@ -279,6 +316,8 @@ fn connect() -> Result<Conn, String> {
         welcome,
         forks: FORKS.load(Ordering::Relaxed),
         writer: Mutex::new(stream),
+        secure,
+        secure_reader: Mutex::new(secure_reader),
         outbox: Mutex::new(Outbox::default()),
         flush_wanted: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
@@ -309,15 +348,9 @@ fn hostname() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// One whole frame, read into memory as it arrives (a header may claim more than comes).
 fn read_blocking(r: &mut impl Read) -> Result<Frame, FrameError> {
-    let mut head = [0u8; HEADER_LEN];
-    r.read_exact(&mut head).map_err(|_| FrameError::Truncated("header (the server closed the connection)"))?;
-    let header = Header::decode(&head)?;
-    let mut rest = vec![0u8; header.archive_len as usize + header.bulk_len as usize];
-    r.read_exact(&mut rest).map_err(|_| FrameError::Truncated("frame"))?;
-    let mut full = head.to_vec();
-    full.extend_from_slice(&rest);
-    Frame::decode(&full).map(|(f, _)| f)
+    chidori_tls::read_plain_frame(r)
 }
 
 impl Conn {
@@ -379,7 +412,7 @@ impl Conn {
         slices.push(IoSlice::new(&head));
         slices.push(IoSlice::new(archive));
         slices.extend(bulk.iter().map(|b| IoSlice::new(b)));
-        let result = write_vectored_all(&stream, &mut slices);
+        let result = self.write_locked(&stream, &mut slices);
         drop(stream);
         self.return_spare(queued);
         result.map_err(|e| self.lost(e))
@@ -442,10 +475,18 @@ impl Conn {
         if queued.is_empty() {
             return Ok(());
         }
-        let result = write_vectored_all(&stream, &mut [IoSlice::new(&queued)]);
+        let result = self.write_locked(&stream, &mut [IoSlice::new(&queued)]);
         drop(stream);
         self.return_spare(queued);
         result.map_err(|e| self.lost(e))
+    }
+
+    /// Write under the `writer` lock: straight to the socket, or through TLS.
+    fn write_locked(&self, stream: &TcpStream, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        match &self.secure {
+            None => write_vectored_all(stream, slices),
+            Some(secure) => secure.send(stream, slices),
+        }
     }
 
     fn lost(&self, e: std::io::Error) -> String {
@@ -630,6 +671,9 @@ fn io_loop(conn: &Arc<Conn>) -> Result<(), String> {
     poll.registry().register(&mut stream, SOCKET, mio::Interest::READABLE).map_err(|e| e.to_string())?;
     let mut events = mio::Events::with_capacity(16);
     let mut decoder = Decoder::default();
+    // With TLS the I/O thread reads through the handshake's reader (it decrypts).
+    let mut tls_reader = conn.secure_reader.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let mut plain_reader = &stream;
     let heartbeat = heartbeat();
     let mut pinged = 0;
     loop {
@@ -656,7 +700,11 @@ fn io_loop(conn: &Arc<Conn>) -> Result<(), String> {
             continue;
         }
         loop {
-            match decoder.fill(&mut stream) {
+            let source: &mut dyn Read = match tls_reader.as_mut() {
+                Some(r) => r,
+                None => &mut plain_reader,
+            };
+            match decoder.fill(source) {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => return Err(format!("lost the connection to Chidori server {}: {e}", conn.server)),
@@ -785,7 +833,7 @@ impl Default for Decoder {
 
 impl Decoder {
     /// Read what is available. Ok(false): nothing more right now.
-    fn fill(&mut self, stream: &mut impl Read) -> std::io::Result<bool> {
+    fn fill(&mut self, stream: &mut dyn Read) -> std::io::Result<bool> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;

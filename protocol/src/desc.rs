@@ -116,7 +116,9 @@ pub struct Codes {
     pub unavailable: i64,
     /// Answered by the worker for a handle the session never created.
     pub invalid_handle: i64,
-    /// A bad argument: what hand-written code answers for one.
+    /// A bad argument: answered by hand-written code for one, and by the worker for an
+    /// argument it refuses before the library sees it (a NULL or out-of-range pointer, a
+    /// device address outside the session's memory).
     pub invalid_value: i64,
 }
 

@@ -48,3 +48,26 @@ pub const OPTIMIZE: &str = "CHIDORI_OPTIMIZE";
 /// a `cargo xtask dist` directory, else the `chidori/lib` directory of the Python package
 /// the binary was installed with (a venv, `pip install --user` or `--target DIR`).
 pub const LIB_DIR: &str = "CHIDORI_LIB_DIR";
+
+/// The token a client presents to a server that requires one (`chidori serve` prints it at
+/// start; it is kept in the server's token file). Read by `chidori run` and the interposer.
+pub const TOKEN: &str = "CHIDORI_TOKEN";
+
+/// A file holding the client's token (instead of [`TOKEN`]); on the server, where
+/// `chidori serve` keeps its token (default `~/.config/chidori/token`).
+pub const TOKEN_FILE: &str = "CHIDORI_TOKEN_FILE";
+
+/// The SHA-256 fingerprint (`sha256:<hex>`) the server's certificate must have. Without
+/// it the client pins the certificate it sees first, in `~/.config/chidori/known_servers`.
+pub const FINGERPRINT: &str = "CHIDORI_FINGERPRINT";
+
+/// `chidori serve`: the TLS certificate and key (PEM) to present instead of the generated
+/// self-signed pair (default `~/.config/chidori/server.crt` and `server.key`).
+pub const TLS_CERT: &str = "CHIDORI_TLS_CERT";
+pub const TLS_KEY: &str = "CHIDORI_TLS_KEY";
+
+/// `chidori serve`: most sessions at once (default 16 per GPU); more get Busy.
+pub const MAX_SESSIONS: &str = "CHIDORI_MAX_SESSIONS";
+
+/// `chidori serve`: GPU memory one session may allocate, in MiB (default: no quota).
+pub const MEMORY_QUOTA_MB: &str = "CHIDORI_MEMORY_QUOTA_MB";

@@ -12,6 +12,7 @@
 pub mod desc;
 pub mod env;
 pub mod frame;
+pub mod fuzz;
 pub mod messages;
 pub mod mirror;
 
@@ -19,4 +20,4 @@ pub mod mirror;
 pub use rkyv;
 
 /// Bumped on any incompatible change to frames or messages.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;

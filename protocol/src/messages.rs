@@ -17,6 +17,9 @@ pub struct Hello {
     pub host: String,
     /// The program's command line, for the server's log.
     pub program: String,
+    /// The server's token (empty: none). Sent only inside TLS: a server that requires a
+    /// token accepts only TLS connections.
+    pub token: String,
 }
 
 /// Server → client: the session is open.

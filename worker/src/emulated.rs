@@ -396,15 +396,20 @@ impl Backend for Emulated {
                 ("cudart", "cudaMemcpy2D" | "cudaMemcpy2DAsync") => {
                     let (dst, dpitch, src, spitch, width, height) = (a[0], a[1], a[2], a[3], a[4], a[5]);
                     let mut status = if width > dpitch || width > spitch { INVALID_VALUE } else { SUCCESS };
+                    if width == 0 {
+                        // Nothing to copy, however many rows (CUDA returns at once too).
+                        return Ok(status);
+                    }
                     for r in 0..height {
                         let at = |base: u64, pitch: u64| r.checked_mul(pitch).and_then(|o| base.checked_add(o));
                         let (Some(d), Some(s)) = (at(dst, dpitch), at(src, spitch)) else {
                             status = INVALID_VALUE;
                             break;
                         };
-                        if status == SUCCESS {
-                            status = self.copy(d, device(0), s, device(2), width);
+                        if status != SUCCESS {
+                            break;
                         }
+                        status = self.copy(d, device(0), s, device(2), width);
                     }
                     status
                 }

@@ -77,6 +77,17 @@ impl Handles {
         }
     }
 
+    /// The `n`-th live handle of `kind` (modulo their number), for fuzzing.
+    pub fn pick(&self, kind: HandleKind, n: u64) -> Option<u64> {
+        let table = self.tables.get(usize::from(kind))?;
+        if table.is_empty() {
+            return None;
+        }
+        let mut live: Vec<u64> = table.iter().copied().collect();
+        live.sort_unstable();
+        live.get((n % live.len() as u64) as usize).copied()
+    }
+
     /// Name of a handle kind, for error messages.
     pub fn name(kind: HandleKind) -> &'static str {
         KINDS.get(usize::from(kind)).copied().unwrap_or("handle")

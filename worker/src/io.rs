@@ -1,10 +1,17 @@
-//! Blocking frame I/O on the worker's socket.
+//! Blocking frame I/O on the worker's connection (plain TCP or TLS).
+//!
+//! A frame's memory is reserved as its bytes arrive, not as its header announces: a header
+//! that declares 256 MiB and sends nothing costs a few KiB. A frame that has started must
+//! keep coming: one that makes no progress for the stall limit ends the session.
 
 use std::io::{IoSlice, Read, Write};
-use std::sync::Mutex;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chidori_protocol::frame::{self, Frame, FrameError, HEADER_LEN, Header};
 use chidori_protocol::rkyv::util::AlignedVec;
+use chidori_tls::Secure;
 
 #[derive(Debug)]
 pub enum ReadError {
@@ -12,6 +19,11 @@ pub enum ReadError {
     Closed,
     /// No frame within the socket's read timeout.
     Timeout,
+    /// A frame started and then stopped arriving.
+    Stalled {
+        what: &'static str,
+        after: Duration,
+    },
     Io(std::io::Error),
     Frame(FrameError),
 }
@@ -21,64 +33,148 @@ impl std::fmt::Display for ReadError {
         match self {
             ReadError::Closed => f.write_str("connection closed"),
             ReadError::Timeout => f.write_str("timed out"),
+            ReadError::Stalled { what, after } => {
+                write!(f, "the client stopped sending in the middle of a frame's {what} for {} s", after.as_secs())
+            }
             ReadError::Io(e) => write!(f, "{e}"),
             ReadError::Frame(e) => write!(f, "{e}"),
         }
     }
 }
 
+/// Bytes reserved at a time while a frame's archive or bulk arrives (then doubling, up to
+/// the declared size).
+const FIRST_CHUNK: usize = 64 << 10;
+
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+}
+
 /// Read one frame. A timeout before its first byte is [`ReadError::Timeout`]; once a frame
-/// has started, the rest must follow.
-pub fn read_frame(r: &mut impl Read) -> Result<Frame, ReadError> {
+/// has started, the rest must follow, each read making progress within `stall`.
+pub fn read_frame(r: &mut impl Read, stall: Duration) -> Result<Frame, ReadError> {
     let mut head = [0u8; HEADER_LEN];
     let mut got = 0;
+    let mut progress = Instant::now();
     while got < HEADER_LEN {
         match r.read(&mut head[got..]) {
             Ok(0) if got == 0 => return Err(ReadError::Closed),
             Ok(0) => return Err(ReadError::Frame(FrameError::Truncated("header"))),
-            Ok(n) => got += n,
-            Err(e) if got == 0 && matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return Err(ReadError::Timeout);
+            Ok(n) => {
+                got += n;
+                progress = Instant::now();
             }
+            Err(e) if got == 0 && is_timeout(&e) => return Err(ReadError::Timeout),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) if is_timeout(&e) => check_stall(progress, stall, "header")?,
             Err(e) => return Err(ReadError::Io(e)),
         }
     }
     let header = Header::decode(&head).map_err(ReadError::Frame)?;
-    let mut archive = AlignedVec::with_capacity(header.archive_len as usize);
-    archive.resize(header.archive_len as usize, 0);
-    read_all(r, &mut archive, "archive")?;
-    let mut bulk = vec![0u8; header.bulk_len as usize];
-    read_all(r, &mut bulk, "bulk")?;
+    let mut archive = AlignedVec::new();
+    read_growing(r, &mut archive, header.archive_len as usize, stall, "archive")?;
+    let mut bulk = Vec::new();
+    read_growing(r, &mut bulk, header.bulk_len as usize, stall, "bulk")?;
     Ok(Frame { header, archive, bulk })
 }
 
-fn read_all(r: &mut impl Read, buf: &mut [u8], what: &'static str) -> Result<(), ReadError> {
-    let mut at = 0;
-    while at < buf.len() {
-        match r.read(&mut buf[at..]) {
-            Ok(0) => return Err(ReadError::Frame(FrameError::Truncated(what))),
-            Ok(n) => at += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::Interrupted | std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => return Err(ReadError::Io(e)),
+fn check_stall(progress: Instant, stall: Duration, what: &'static str) -> Result<(), ReadError> {
+    let after = progress.elapsed();
+    if after >= stall { Err(ReadError::Stalled { what, after }) } else { Ok(()) }
+}
+
+/// Memory a frame part is read into, extended at its end.
+trait Growing {
+    fn extend_zeroed(&mut self, n: usize) -> &mut [u8];
+}
+
+impl Growing for Vec<u8> {
+    fn extend_zeroed(&mut self, n: usize) -> &mut [u8] {
+        let at = self.len();
+        self.resize(at + n, 0);
+        &mut self[at..]
+    }
+}
+
+impl Growing for AlignedVec {
+    fn extend_zeroed(&mut self, n: usize) -> &mut [u8] {
+        let at = self.len();
+        self.resize(at + n, 0);
+        &mut self[at..]
+    }
+}
+
+/// Read `total` bytes onto the end of `into`, reserving only what arrives (chunks
+/// doubling from [`FIRST_CHUNK`]).
+fn read_growing(
+    r: &mut impl Read,
+    into: &mut impl Growing,
+    total: usize,
+    stall: Duration,
+    what: &'static str,
+) -> Result<(), ReadError> {
+    let mut done = 0usize;
+    let mut progress = Instant::now();
+    while done < total {
+        let n = (total - done).min(done.max(FIRST_CHUNK));
+        let chunk = into.extend_zeroed(n);
+        let mut at = 0;
+        while at < n {
+            match r.read(&mut chunk[at..]) {
+                Ok(0) => return Err(ReadError::Frame(FrameError::Truncated(what))),
+                Ok(k) => {
+                    at += k;
+                    progress = Instant::now();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) => check_stall(progress, stall, what)?,
+                Err(e) => return Err(ReadError::Io(e)),
+            }
         }
+        done += n;
     }
     Ok(())
 }
 
-/// The socket's write half, shared by the reader (heartbeats) and the executors (replies).
-pub struct Writer<W: Write> {
-    inner: Mutex<W>,
+/// Where replies go: the socket itself, TLS over it, or (for tests and the fuzz target)
+/// nowhere.
+pub enum Sink {
+    Plain(std::net::TcpStream),
+    Tls {
+        sock: std::net::TcpStream,
+        secure: Arc<Secure>,
+    },
+    /// Counts what would have been written, and keeps the last frame (at most 64 KiB of it).
+    Discard(u64, Vec<u8>),
 }
 
-impl<W: Write> Writer<W> {
-    pub fn new(w: W) -> Self {
-        Writer { inner: Mutex::new(w) }
+impl Sink {
+    fn write_all_vectored(&mut self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        match self {
+            Sink::Plain(s) => write_all_vectored(s, slices),
+            Sink::Tls { sock, secure } => secure.send(&sock.as_raw_fd(), slices),
+            Sink::Discard(n, last) => {
+                *n += slices.iter().map(|s| s.len() as u64).sum::<u64>();
+                last.clear();
+                for s in slices.iter() {
+                    let room = (64usize << 10).saturating_sub(last.len());
+                    last.extend_from_slice(&s[..s.len().min(room)]);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The connection's write half, shared by the reader (heartbeats) and the executors
+/// (replies).
+pub struct Writer {
+    inner: Mutex<Sink>,
+}
+
+impl Writer {
+    pub fn new(sink: Sink) -> Self {
+        Writer { inner: Mutex::new(sink) }
     }
 
     /// Write one frame (header, archive, bulk parts) with vectored writes.
@@ -92,8 +188,28 @@ impl<W: Write> Writer<W> {
             slices.push(IoSlice::new(b));
         }
         let mut w = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        write_all_vectored(&mut *w, &mut slices)?;
-        w.flush()
+        w.write_all_vectored(&mut slices)
+    }
+
+    /// Whether replies go nowhere (a [`crate::session::Harness`]).
+    pub fn is_detached(&self) -> bool {
+        matches!(*self.inner.lock().unwrap_or_else(|p| p.into_inner()), Sink::Discard(..))
+    }
+
+    /// Bytes a detached writer would have written, and the last frame it was given.
+    pub fn discarded(&self) -> (u64, Vec<u8>) {
+        match &*self.inner.lock().unwrap_or_else(|p| p.into_inner()) {
+            Sink::Discard(n, last) => (*n, last.clone()),
+            _ => (0, Vec::new()),
+        }
+    }
+
+    /// End TLS cleanly (a close_notify), where there is TLS.
+    pub fn close(&self) {
+        let w = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Sink::Tls { sock, secure } = &*w {
+            secure.close(&sock.as_raw_fd());
+        }
     }
 }
 
@@ -108,4 +224,51 @@ pub fn write_all_vectored(w: &mut impl Write, mut slices: &mut [IoSlice<'_>]) ->
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chidori_protocol::frame::Kind;
+
+    /// Hands out its bytes a few at a time, then times out forever.
+    struct Trickle {
+        bytes: Vec<u8>,
+        at: usize,
+    }
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.at == self.bytes.len() {
+                std::thread::sleep(Duration::from_millis(5));
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(7).min(self.bytes.len() - self.at);
+            buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn frames_arrive_in_pieces() {
+        let bytes = frame::to_vec(Header::new(Kind::Call, 1, 2, 3), &[9u8; 100], &[&[7u8; 200_000]]).unwrap();
+        let frame = read_frame(&mut Trickle { bytes, at: 0 }, Duration::from_secs(1)).unwrap();
+        assert_eq!(frame.archive.len(), 100);
+        assert_eq!(frame.bulk, vec![7u8; 200_000]);
+    }
+
+    #[test]
+    fn a_stalled_frame_is_an_error_and_reserves_little() {
+        let mut h = Header::new(Kind::Call, 1, 2, 3);
+        h.bulk_len = frame::MAX_BULK as u32;
+        let mut bytes = h.encode().to_vec();
+        bytes.extend_from_slice(&[1u8; 1000]);
+        let started = Instant::now();
+        let err = read_frame(&mut Trickle { bytes, at: 0 }, Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(err, ReadError::Stalled { what: "bulk", .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let mut nothing = Trickle { bytes: Vec::new(), at: 0 };
+        assert!(matches!(read_frame(&mut nothing, Duration::from_millis(100)), Err(ReadError::Timeout)));
+    }
 }

@@ -9,15 +9,20 @@
 //!   held on the GPU.
 //! * [`backend`]: what executes calls: [`real`] (the NVIDIA libraries, loaded at run time)
 //!   or [`emulated`] (a recorded device profile and host memory, for tests without a GPU).
+//! * [`memory`]: the session's device memory, against which every device address a call
+//!   passes is checked; [`auth`]: the server's token and TLS identity.
 //! * [`mirror`]: host memory at the client's pinned addresses, for kernels handed a
 //!   pointer to the client's pinned memory.
 
+pub mod auth;
 pub mod backend;
 pub mod cache;
 pub mod emulated;
+pub mod fuzz;
 pub mod handles;
 pub mod io;
 pub mod loader;
+pub mod memory;
 pub mod mirror;
 pub mod nvrtc;
 pub mod profile;

@@ -134,6 +134,12 @@ impl Mirrors {
         out
     }
 
+    /// Whether `[addr, addr + len)` lies inside one mirror (`len` 0 counts as 1).
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        let Some((_, m)) = self.by_base.range(..=addr).next_back() else { return false };
+        addr.checked_add(len.max(1)).is_some_and(|end| end <= m.base + m.len)
+    }
+
     /// Forget the mirror at `base` (the client freed the memory).
     pub fn remove(&mut self, backend: &dyn Backend, base: u64) {
         if let Some(m) = self.by_base.remove(&base) {

@@ -25,10 +25,12 @@ use chidori_protocol::messages::{
     NULL_LEN, Progress, Refuse, RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
 
+use crate::auth::Security;
 use crate::backend::Backend;
 use crate::cache::{self, ModuleCache};
 use crate::handles::Handles;
-use crate::io::{ReadError, Writer, read_frame};
+use crate::io::{ReadError, Sink, Writer, read_frame};
+use crate::memory::{self, Effect, Memory, Origin, Size};
 use crate::mirror::Mirrors;
 
 /// A kernel's parameters: (offset, size) each, in order.
@@ -42,6 +44,8 @@ pub struct Options {
     pub heartbeat: Duration,
     /// Where module images are kept across sessions (None: only in memory).
     pub module_cache: Option<ModuleCache>,
+    /// GPU memory the session may allocate, in bytes (None: no quota).
+    pub memory_quota: Option<u64>,
 }
 
 /// A module loaded in this session.
@@ -55,7 +59,7 @@ struct Loaded {
 struct Session {
     backend: Arc<dyn Backend>,
     handles: Mutex<Handles>,
-    writer: Writer<TcpStream>,
+    writer: Writer,
     /// Host callbacks waiting for the client: id → wake-up.
     callbacks: Mutex<HashMap<u64, mpsc::Sender<()>>>,
     next_callback: AtomicU64,
@@ -72,6 +76,8 @@ struct Session {
     timing: Option<Mutex<HashMap<&'static str, (u64, Duration)>>>,
     /// Mirrors of the client's pinned memory that kernels and libraries were handed.
     mirrors: Mutex<Mirrors>,
+    /// The session's device memory: every device address a call passes must lie in it.
+    memory: Mutex<Memory>,
 }
 
 /// Log target of the per-function time the session spent in the libraries.
@@ -81,13 +87,37 @@ const TIMING_TARGET: &str = "chidori::calls";
 #[derive(Debug)]
 struct Fatal(String);
 
-/// Run a session on an accepted connection until the client leaves.
-pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options: Options) -> Result<()> {
+/// How long a new connection has for the TLS handshake and its Hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Makes the session's backend: called once the client is authenticated, so that an
+/// unauthenticated peer never gets a CUDA context made for it.
+pub type MakeBackend = Box<dyn FnOnce() -> Result<Arc<dyn Backend>, String>>;
+
+/// Run a session on an accepted connection until the client leaves: the TLS handshake
+/// (with `security`), the Hello and its token, then (authenticated: `authenticated` is
+/// called) the backend and the calls.
+pub fn run(
+    mut stream: TcpStream,
+    security: Option<Security>,
+    make_backend: MakeBackend,
+    options: Options,
+    authenticated: Box<dyn FnOnce()>,
+) -> Result<()> {
     stream.set_nodelay(true).ok();
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut reader = stream.try_clone()?;
-    let writer = Writer::new(stream.try_clone()?);
-    let frame = read_frame(&mut reader).map_err(|e| anyhow::anyhow!("reading the client's hello: {e}"))?;
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let (mut reader, writer): (Box<dyn Read + Send>, Writer) = match &security {
+        Some(security) => {
+            let secure = chidori_tls::server_handshake(&mut stream, security.tls.clone())
+                .map_err(|e| anyhow::anyhow!("TLS handshake with the client: {e}"))?;
+            let reader = Box::new(secure.reader(stream.try_clone()?));
+            (reader, Writer::new(Sink::Tls { sock: stream.try_clone()?, secure }))
+        }
+        None => (Box::new(stream.try_clone()?), Writer::new(Sink::Plain(stream.try_clone()?))),
+    };
+    let frame =
+        read_frame(&mut reader, HANDSHAKE_TIMEOUT).map_err(|e| anyhow::anyhow!("reading the client's hello: {e}"))?;
     if frame.header.kind != Kind::Hello {
         bail!("first frame is {:?}, not Hello", frame.header.kind);
     }
@@ -95,8 +125,22 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
     let refuse = |reason, message: String| -> Result<()> {
         let msg = Refuse { reason, message: message.clone() };
         writer.send(Header::new(Kind::Refuse, 0, 0, 0), &messages::encode(&msg), &[])?;
+        writer.close();
         bail!("refused {} (pid {}): {message}", hello.host, hello.pid)
     };
+    if let Some(security) = &security
+        && !chidori_tls::token::matches(&security.token, &hello.token)
+    {
+        return refuse(
+            RefuseReason::Unauthorized,
+            format!(
+                "{}: use the one `chidori serve` printed at its start (it is kept in {} on the server), with \
+                 --token, --token-file or CHIDORI_TOKEN",
+                if hello.token.is_empty() { "this server requires a token" } else { "wrong token" },
+                security.token_file.display()
+            ),
+        );
+    }
     if hello.protocol != PROTOCOL_VERSION {
         return refuse(
             RefuseReason::Protocol,
@@ -115,7 +159,9 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
             ),
         );
     }
-    let backend = match backend {
+    authenticated();
+    stream.set_write_timeout(None)?;
+    let backend = match make_backend() {
         Ok(b) => b,
         Err(e) => return refuse(RefuseReason::NoGpu, e),
     };
@@ -143,11 +189,13 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
         owned: Mutex::new(HashMap::new()),
         timing: tracing::enabled!(target: TIMING_TARGET, tracing::Level::DEBUG).then(Default::default),
         mirrors: Mutex::new(Mirrors::default()),
+        memory: Mutex::new(Memory::new(options.memory_quota)),
     });
-    reader.set_read_timeout(Some(options.heartbeat))?;
+    stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
     let mut reader = std::io::BufReader::with_capacity(READ_BUFFER, reader);
-    let result = serve(&session, &mut reader);
+    let stall = frame_stall(options.heartbeat);
+    let result = serve(&session, &mut reader, stall);
     log_timing(&session);
     match &result {
         Ok(()) => tracing::info!("session for {} pid {} closed by the client", hello.host, hello.pid),
@@ -157,7 +205,14 @@ pub fn run(stream: TcpStream, backend: Result<Arc<dyn Backend>, String>, options
             let _ = session.writer.send(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]);
         }
     }
+    session.writer.close();
     result
+}
+
+/// How long a frame that has started may make no progress: twice the heartbeat, at least
+/// 2 s.
+pub fn frame_stall(heartbeat: Duration) -> Duration {
+    (heartbeat * 2).max(Duration::from_secs(2))
 }
 
 /// The functions the session spent most time in, longest first (CHIDORI_LOG=chidori::calls=debug).
@@ -237,7 +292,7 @@ fn only_waits(frame: &Frame) -> bool {
     frame.header.kind == Kind::Call && VARIANTS.get(frame.header.call as usize).is_some_and(|d| d.only_waits)
 }
 
-fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>) -> Result<()> {
+fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>, stall: Duration) -> Result<()> {
     let mut executors: HashMap<u32, mpsc::Sender<Batch>> = HashMap::new();
     // Consecutive frames of one client thread, handed to its executor together.
     let mut batch: Option<(u32, Batch)> = None;
@@ -257,7 +312,7 @@ fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>) ->
         {
             bail!("executor of client thread {thread} is gone");
         }
-        let frame = match read_frame(reader) {
+        let frame = match read_frame(reader, stall) {
             Ok(f) => f,
             Err(ReadError::Closed) => return Ok(()),
             Err(ReadError::Timeout) => {
@@ -434,6 +489,59 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     }
     let fail =
         |status: i64, message: String| -> Result<(), Fatal> { reply_error(session, &header, desc, status, message) };
+    let invalid = |message: String| fail(desc.codes.invalid_value, format!("{}: {message}", desc.name));
+    // A NULL the library would dereference: its invalid-value status, without a log line on
+    // either side (a program testing its error paths passes them on purpose).
+    let quiet = |message: String| {
+        tracing::debug!("{}: {message}", desc.name);
+        reply_status(session, &header, desc, desc.codes.invalid_value, None)
+    };
+
+    // What the call does to the session's memory: allocations within the quota, and never
+    // memory of another process.
+    let effect = memory::effect(desc.name);
+    match effect {
+        Effect::Foreign => {
+            return fail(
+                desc.codes.not_supported,
+                format!("{}: a session may not open memory of another process", desc.name),
+            );
+        }
+        Effect::Alloc { size, origin: Origin::Allocated, .. } => {
+            let bytes = match size {
+                Size::Param(p) => args.get(p).copied().unwrap_or(0),
+                // The pitch is known after the call; width × height is what it at least takes.
+                Size::Pitch { width, height, .. } => {
+                    args.get(width).copied().unwrap_or(0).saturating_mul(args.get(height).copied().unwrap_or(0))
+                }
+                Size::Out(_) => 0,
+            };
+            if !lock(&session.memory).fits(bytes) {
+                let status = status_named(desc, &["cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY"])
+                    .unwrap_or(desc.codes.invalid_value);
+                return fail(
+                    status,
+                    format!(
+                        "{}: {bytes} bytes more would exceed this session's memory quota ({} MiB, the server's \
+                         --memory-quota-mb)",
+                        desc.name,
+                        lock(&session.memory).quota.unwrap_or(0) >> 20
+                    ),
+                );
+            }
+        }
+        _ => {}
+    }
+    if let Effect::Alloc { out, origin: Origin::Allocated, .. } = effect
+        && lens.get(out) == Some(&NULL_LEN)
+    {
+        return reply_status(session, &header, desc, desc.codes.invalid_value, None);
+    }
+    let extents = memory::extents(desc.name);
+    // Whether `[addr, addr + len)` is memory of this session (NULL is left to the library).
+    let device_ok = |addr: u64, len: u64| {
+        addr == 0 || lock(&session.memory).contains(addr, len) || lock(&session.mirrors).contains(addr, len)
+    };
 
     // Lay out the host memory of the call.
     let mut bulk_at = 0usize;
@@ -448,10 +556,32 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut buffers: Vec<Option<Buffer>> = (0..n).map(|_| None).collect();
     let mut translations: Vec<Option<Translation>> = (0..n).map(|_| None).collect();
     let mut destroyed: Vec<(HandleKind, u64, u64)> = Vec::new();
+    // Outputs the caller passed as NULL: the library writes into a buffer no one reads.
+    let mut nulled = vec![false; n];
     for (i, wire) in desc.params.iter().enumerate() {
         let (a, len) = (args[i], lens[i]);
         match *wire {
-            Wire::Val { .. } | Wire::Device => raw[i] = a,
+            Wire::Val { .. } => raw[i] = a,
+            Wire::Device => {
+                let arg = |j: usize| args.get(j).copied().unwrap_or(0);
+                let extent = match (
+                    extents.iter().find(|(p, _, _)| *p == i),
+                    memory::extents_2d(desc.name).iter().find(|(p, _, _, _)| *p == i),
+                ) {
+                    (Some(&(_, count, unit)), _) => arg(count).checked_mul(unit),
+                    (None, Some(&(_, pitch, width, height))) => memory::span_2d(arg(pitch), arg(width), arg(height)),
+                    (None, None) => Some(1),
+                };
+                let Some(extent) = extent else {
+                    return invalid(format!("argument {i}: a length past the address space"));
+                };
+                if !device_ok(a, extent) {
+                    return invalid(format!(
+                        "argument {i}, {a:#x} ({extent} bytes), is not device memory of this session"
+                    ));
+                }
+                raw[i] = a;
+            }
             Wire::Null => raw[i] = 0,
             Wire::Scratch { bytes } => {
                 let mut b = Buffer::zeroed(bytes as usize);
@@ -480,24 +610,28 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 buffers[i] = Some(b);
             }
             Wire::OutHandle { kind, named } => {
-                if len != NULL_LEN {
-                    if named && !session.handles.lock().unwrap_or_else(|p| p.into_inner()).name_free(kind, a) {
-                        return fail(
-                            desc.codes.invalid_handle,
-                            format!("{}: the client named two {} handles {a:#x}", desc.name, Handles::name(kind)),
-                        );
-                    }
-                    let mut b = Buffer::zeroed(8);
-                    raw[i] = b.addr();
-                    buffers[i] = Some(b);
+                if len == NULL_LEN {
+                    return quiet(format!("argument {i}: NULL where the new handle is written"));
                 }
+                if named && !session.handles.lock().unwrap_or_else(|p| p.into_inner()).name_free(kind, a) {
+                    return fail(
+                        desc.codes.invalid_handle,
+                        format!("{}: the client named two {} handles {a:#x}", desc.name, Handles::name(kind)),
+                    );
+                }
+                let mut b = Buffer::zeroed(8);
+                raw[i] = b.addr();
+                buffers[i] = Some(b);
             }
             Wire::Scalar { dir, bytes, .. } => {
                 if len == NULL_LEN {
-                    continue;
+                    return quiet(format!("argument {i}: a NULL scalar"));
                 }
                 if len == DEVICE_LEN {
                     // Device pointer mode: a device address.
+                    if !device_ok(a, u64::from(bytes)) || a == 0 {
+                        return invalid(format!("scalar {i} at {a:#x} is not device memory of this session"));
+                    }
                     raw[i] = a;
                     continue;
                 }
@@ -521,11 +655,19 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 buffers[i] = Some(b);
             }
             Wire::Handles { kind, len: count } => {
+                let Some(count) = count.eval(&args) else {
+                    return invalid(format!("argument {i}: the arguments give no length"));
+                };
                 if len == NULL_LEN {
+                    if count > 0 {
+                        return quiet(format!("argument {i}: NULL for {count} handles"));
+                    }
                     continue;
                 }
-                let count = count.eval(&args).ok_or_else(|| Fatal(format!("{}: bad length", desc.name)))?;
-                if count.checked_mul(8).filter(|&b| b <= MAX_BUFFER) != Some(len) {
+                let Some(expected) = count.checked_mul(8).filter(|&b| b <= MAX_BUFFER) else {
+                    return invalid(format!("argument {i}: {count} handles are more than one call may carry"));
+                };
+                if expected != len {
                     return Err(Fatal(format!("{}: {len} bytes for {count} handles", desc.name)));
                 }
                 let mut b = Buffer::from(take(len)?);
@@ -550,21 +692,53 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                 buffers[i] = Some(b);
             }
             Wire::Buf { dir, elem, len: count, record } => {
-                if len == NULL_LEN {
-                    continue;
-                }
                 let count = match count {
-                    Some(expr) => expr.eval(&args).ok_or_else(|| Fatal(format!("{}: bad length", desc.name)))?,
+                    Some(expr) => match expr.eval(&args) {
+                        Some(c) => c,
+                        None => return invalid(format!("argument {i}: the arguments give no length")),
+                    },
                     None => 1,
                 };
                 let expected = count.checked_mul(u64::from(elem)).filter(|&b| b <= MAX_BUFFER);
-                if expected != Some(len) {
+                let t = translation(session, desc, record);
+                if len == NULL_LEN {
+                    let single = desc_len_is_single(wire);
+                    if count == 0 || (dir == Dir::In && single) {
+                        // An empty array, or an optional input (NULL meaning "none").
+                        continue;
+                    }
+                    if !single {
+                        // An array at NULL is read or written by the library, so it is
+                        // refused, except where the API makes a NULL output array ask for the
+                        // count only, whatever count the caller named.
+                        if dir == Dir::Out && counts_only_at_null(desc.name) {
+                            continue;
+                        }
+                        return quiet(format!("argument {i}: NULL for {count} elements"));
+                    }
+                    // A single value the library writes: it writes into a buffer no one
+                    // reads (libraries differ on whether NULL is allowed there; none may
+                    // crash the worker).
+                    let bytes = match (&t, expected) {
+                        (Some(t), _) => u64::from(t.server.size),
+                        (None, Some(b)) => b,
+                        (None, None) => return invalid(format!("argument {i}: {elem} bytes is too large")),
+                    };
+                    let mut b = Buffer::zeroed(bytes as usize);
+                    raw[i] = b.addr();
+                    buffers[i] = Some(b);
+                    nulled[i] = true;
+                    continue;
+                }
+                let Some(expected) = expected else {
+                    return invalid(format!("argument {i}: {count} × {elem} bytes is more than one call may carry"));
+                };
+                if expected != len {
                     return Err(Fatal(format!(
                         "{}: buffer {i} of {len} bytes, the arguments say {count} × {elem}",
                         desc.name
                     )));
                 }
-                let t = translation(session, desc, record);
                 if t.is_none() && dir == Dir::In {
                     // Read in place from the frame (copy payloads are most of the bytes).
                     let s = take(len)?;
@@ -609,6 +783,11 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
         let Some((pointers, values)) = host_value_pointers(records) else {
             return Err(Fatal(format!("{}: {} bytes of host value records", desc.name, lens[4])));
         };
+        // Device data pointers must be the session's; host scalars point at the kept copies.
+        let kept_range = values.as_ptr() as u64..values.as_ptr().wrapping_add(values.len()) as u64;
+        if let Some(bad) = pointers.iter().find(|&&p| !kept_range.contains(&p) && !device_ok(p, 1)) {
+            return invalid(format!("data pointer {bad:#x} is not device memory of this session"));
+        }
         data_pointers = pointers;
         raw[4] = data_pointers.as_ptr() as u64;
         kept = Some(values);
@@ -648,6 +827,25 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             }
         }
         drop(handles);
+        match effect {
+            Effect::Alloc { out, size, origin } => {
+                let word = |i: usize| {
+                    buffers.get(i).and_then(|b| b.as_ref()).and_then(|b| b.bytes().first_chunk::<8>().copied())
+                };
+                let base = word(out).map(u64::from_le_bytes).unwrap_or(0);
+                let bytes = match size {
+                    Size::Param(p) => args.get(p).copied().unwrap_or(0),
+                    Size::Pitch { pitch, height, .. } => word(pitch)
+                        .map(u64::from_le_bytes)
+                        .unwrap_or(0)
+                        .saturating_mul(args.get(height).copied().unwrap_or(0)),
+                    Size::Out(o) => word(o).map(u64::from_le_bytes).unwrap_or(0),
+                };
+                lock(&session.memory).insert(base, bytes, origin);
+            }
+            Effect::Free { ptr } => lock(&session.memory).remove(args.get(ptr).copied().unwrap_or(0)),
+            _ => {}
+        }
         if let Some(values) = kept {
             lock(&session.owned).insert(raw[0], values);
         }
@@ -674,12 +872,13 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     let mut translated: Vec<Option<Vec<u8>>> = (0..n).map(|_| None).collect();
     let mut is_out = vec![false; n];
     for (i, wire) in desc.params.iter().enumerate() {
-        is_out[i] = matches!(
-            wire,
-            Wire::OutHandle { named: false, .. }
-                | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
-                | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
-        );
+        is_out[i] = !nulled[i]
+            && matches!(
+                wire,
+                Wire::OutHandle { named: false, .. }
+                    | Wire::Buf { dir: Dir::Out | Dir::InOut, .. }
+                    | Wire::Scalar { dir: Dir::Out | Dir::InOut, .. }
+            );
         let Some(b) = buffers[i].as_ref().filter(|_| is_out[i]) else { continue };
         out_lens[i] = match &translations[i] {
             Some(t) => {
@@ -701,17 +900,55 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     session.writer.send(h, &messages::encode(&reply), &parts).map_err(|e| Fatal(format!("writing a reply: {e}")))
 }
 
-/// A call that could not run: a Reply with the status (sync) or an AsyncError (async).
+/// Functions whose output array may be NULL with a nonzero count, to ask for the count:
+/// cuDNN's `cudnnBackendGetAttribute`, and the graph queries of the runtime and the driver.
+fn counts_only_at_null(name: &str) -> bool {
+    let name = name.trim_end_matches("_ptsz").trim_end_matches("_ptds");
+    name == "cudnnBackendGetAttribute"
+        || (name.starts_with("cudaGraph") || name.starts_with("cuGraph"))
+            && ["GetNodes", "GetRootNodes", "GetEdges", "GetDependencies", "GetDependentNodes"]
+                .iter()
+                .any(|q| name.contains(q))
+        || name.starts_with("cudaStreamGetCaptureInfo")
+        || name.starts_with("cuStreamGetCaptureInfo")
+}
+
+/// Whether a buffer parameter is a single element (no length expression): NULL may mean
+/// "none" for such an input (cuBLASLt's optional algorithm, for one).
+fn desc_len_is_single(wire: &Wire) -> bool {
+    matches!(wire, Wire::Buf { len: None, .. })
+}
+
+/// The value of the first status named `names` in `desc`'s library, from the headers of
+/// the newest CUDA version the variant serves.
+fn status_named(desc: &CallDesc, names: &[&str]) -> Option<i64> {
+    let version = desc.versions.last()?;
+    let table = chidori_cuda::status::table(version, desc.library)?;
+    names.iter().find_map(|name| table.iter().find(|s| s.name.trim_end_matches('\0') == *name).map(|s| s.value))
+}
+
+/// A call that could not run: a Reply with the status (sync) or an AsyncError (async); the
+/// message is logged once by the client.
 fn reply_error(session: &Session, header: &Header, desc: &CallDesc, status: i64, message: String) -> Result<(), Fatal> {
+    reply_status(session, header, desc, status, Some(message))
+}
+
+fn reply_status(
+    session: &Session,
+    header: &Header,
+    desc: &CallDesc,
+    status: i64,
+    message: Option<String>,
+) -> Result<(), Fatal> {
     let result = if desc.waits() {
-        let reply = Reply { ret: status as u64, lens: vec![0; desc.params.len()], error: Some(message) };
+        let reply = Reply { ret: status as u64, lens: vec![0; desc.params.len()], error: message };
         session.writer.send(
             Header::new(Kind::Reply, header.call, header.thread, header.seq),
             &messages::encode(&reply),
             &[],
         )
     } else {
-        let err = AsyncError { status, message: Some(message) };
+        let err = AsyncError { status, message };
         session.writer.send(
             Header::new(Kind::AsyncError, header.call, header.thread, header.seq),
             &messages::encode(&err),
@@ -736,7 +973,7 @@ fn host_function(session: &Arc<Session>, desc: &'static CallDesc, raw: &[u64]) -
         owner.callbacks.lock().unwrap_or_else(|p| p.into_inner()).insert(token, tx);
         let msg = HostCallback { id: client_id, token, status, keep };
         let h = Header::new(Kind::HostCallback, 0, 0, 0);
-        if owner.writer.send(h, &messages::encode(&msg), &[]).is_ok() {
+        if owner.writer.send(h, &messages::encode(&msg), &[]).is_ok() && !owner.writer.is_detached() {
             drop(owner);
             // Until the client ran the function; a lost client ends the process anyway.
             let _ = rx.recv();
@@ -745,12 +982,84 @@ fn host_function(session: &Arc<Session>, desc: &'static CallDesc, raw: &[u64]) -
     session.backend.host_fn(desc, stream, host)
 }
 
+/// A session without a connection (replies are counted, not sent), for fuzz targets and
+/// property tests: [`Harness::run`] runs one frame exactly as the session's executor does,
+/// every argument check included.
+pub struct Harness {
+    session: Arc<Session>,
+}
+
+impl Harness {
+    pub fn new(backend: Arc<dyn Backend>, memory_quota: Option<u64>) -> Harness {
+        let session = Arc::new(Session {
+            backend,
+            handles: Mutex::new(Handles::new()),
+            writer: Writer::new(Sink::Discard(0, Vec::new())),
+            callbacks: Mutex::new(HashMap::new()),
+            next_callback: AtomicU64::new(1),
+            module_cache: None,
+            modules: Mutex::new(HashMap::new()),
+            libraries: Mutex::new(std::collections::HashSet::new()),
+            layouts: Mutex::new(HashMap::new()),
+            owned: Mutex::new(HashMap::new()),
+            timing: None,
+            mirrors: Mutex::new(Mirrors::default()),
+            memory: Mutex::new(Memory::new(memory_quota)),
+        });
+        Harness { session }
+    }
+
+    /// Run one Call, Launch or Service frame. Err: the frame breaks the protocol and would
+    /// end the session (with this reason logged), which is a refusal, not a crash.
+    pub fn run(&self, frame: &Frame) -> Result<(), String> {
+        let result = match frame.header.kind {
+            Kind::Call => execute(&self.session, frame),
+            Kind::Launch => launch(&self.session, frame),
+            Kind::Service => service(&self.session, frame),
+            other => Err(Fatal(format!("unexpected {other:?} frame from the client"))),
+        };
+        result.map_err(|Fatal(reason)| reason)
+    }
+
+    /// Run a frame given as bytes (the fuzz targets' input).
+    pub fn run_bytes(&self, bytes: &[u8]) -> Result<(), String> {
+        let (frame, _) = Frame::decode(bytes).map_err(|e| e.to_string())?;
+        self.run(&frame)
+    }
+
+    /// Bytes of replies written so far.
+    pub fn replied(&self) -> u64 {
+        self.session.writer.discarded().0
+    }
+
+    /// The last frame the session wrote (a Reply, an AsyncError, ...).
+    pub fn last_reply(&self) -> Option<Frame> {
+        Frame::decode(&self.session.writer.discarded().1).ok().map(|(f, _)| f)
+    }
+
+    /// A live handle of `kind` of this session (the `n`-th, modulo their number).
+    pub fn live_handle(&self, kind: HandleKind, n: u64) -> Option<u64> {
+        lock(&self.session.handles).pick(kind, n)
+    }
+
+    /// An address inside the session's memory (chosen by `n`).
+    pub fn live_address(&self, n: u64) -> Option<u64> {
+        lock(&self.session.memory).pick(n)
+    }
+}
+
 /// Open a session on the connection inherited as file descriptor `fd`.
-pub fn run_on_fd(fd: i32, backend: Result<Arc<dyn Backend>, String>, options: Options) -> Result<()> {
+pub fn run_on_fd(
+    fd: i32,
+    security: Option<Security>,
+    make_backend: MakeBackend,
+    options: Options,
+    authenticated: Box<dyn FnOnce()>,
+) -> Result<()> {
     use std::os::fd::FromRawFd;
     // SAFETY: the supervisor passes an open connected socket at `fd` and nothing else owns it.
     let stream = unsafe { TcpStream::from_raw_fd(fd) };
-    run(stream, backend, options).context("session")
+    run(stream, security, make_backend, options, authenticated).context("session")
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -855,17 +1164,22 @@ fn service(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
             if cache::sha256(&frame.bulk) != hash {
                 return Err(Fatal("uploaded module does not match its hash".into()));
             }
-            if let Some(c) = &session.module_cache {
+            let reply = load(session, hash, &frame.bulk);
+            // Only an image the driver loaded is kept for later sessions.
+            if let (Some(c), ServiceReply::Module { .. }) = (&session.module_cache, &reply) {
                 c.put(&hash, &frame.bulk);
             }
-            load(session, hash, &frame.bulk)
+            reply
         }
         Service::Global { module, name } => {
             if !lock(&session.libraries).contains(&module) {
                 ServiceReply::Error { status: 400, message: format!("{module:#x} is no module of this session") }
             } else {
                 match session.backend.global(module, &name) {
-                    Ok((address, size)) => ServiceReply::Global { address, size },
+                    Ok((address, size)) => {
+                        lock(&session.memory).insert(address, size, Origin::Global);
+                        ServiceReply::Global { address, size }
+                    }
                     Err((status, message)) => ServiceReply::Error { status, message },
                 }
             }
@@ -904,6 +1218,21 @@ fn graph_loop(session: &Arc<Session>, frame: &Frame, mut request: GraphLoop) -> 
     };
     if request.bytes_per_step as u64 * u64::from(request.check_every.max(1)) > MAX_BUFFER {
         return ServiceReply::Error { status: 1, message: "graph loop: output per check larger than a frame".into() };
+    }
+    // The flag and the output must be the session's memory (cudaErrorInvalidValue).
+    let output_len = u64::from(request.bytes_per_step).saturating_mul(u64::from(request.max_steps));
+    let memory = lock(&session.memory);
+    let flag_ok = request.stop_flag == 0 || memory.contains(request.stop_flag, 4);
+    let output_ok = request.output == 0 || output_len == 0 || memory.contains(request.output, output_len);
+    drop(memory);
+    if !flag_ok || !output_ok {
+        return ServiceReply::Error {
+            status: 1,
+            message: format!(
+                "graph loop: the stop flag {:#x} or the output {:#x} ({output_len} bytes) is not device memory of this session",
+                request.stop_flag, request.output
+            ),
+        };
     }
     request.exec = exec;
     request.stream = stream;

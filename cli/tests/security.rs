@@ -1,0 +1,457 @@
+//! End-to-end tests of what makes a server safe to expose, on the emulated backend: TLS and
+//! the token, pinned certificates, --max-sessions, frames that stall or announce more than
+//! they send, and hostile calls (NULL and out-of-range arguments for every descriptor,
+//! device addresses that are not the session's). No worker may crash; refusals carry the
+//! library's status or a message that says what to do.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chidori_cuda::calls::VARIANTS;
+use chidori_protocol::desc::Wire;
+use chidori_protocol::frame::{self, Frame, HEADER_LEN, Header, Kind, MAX_BULK};
+use chidori_protocol::messages::{self, Call, Goodbye, Hello, NULL_LEN};
+
+fn chidori() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_chidori"))
+}
+
+fn profile() -> PathBuf {
+    chidori_tests::root().join("worker/profiles/nvidia-h200.json")
+}
+
+/// A `chidori serve --backend emulated` with extra flags, and what it printed before
+/// listening.
+struct Server {
+    child: Child,
+    address: String,
+    lines: Vec<String>,
+}
+
+impl Server {
+    fn start(extra: &[&str], envs: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(chidori());
+        cmd.args(["serve", "--backend", "emulated", "--bind", "127.0.0.1", "--port", "0", "--profile"])
+            .arg(profile())
+            .args(extra)
+            .env("CHIDORI_LOG", "warn")
+            .stderr(Stdio::piped());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("starting chidori serve");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = Vec::new();
+        let address = loop {
+            let line = lines.next().expect("chidori serve exited before listening").unwrap();
+            if let Some(rest) = line.strip_prefix("chidori serve: listening on ") {
+                break rest.split(';').next().unwrap().trim().to_owned();
+            }
+            seen.push(line);
+        };
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Server { child, address, lines: seen }
+    }
+
+    /// The value after `flag` in the "clients connect with" line.
+    fn printed(&self, flag: &str) -> String {
+        let line = self.lines.iter().find(|l| l.contains("clients connect with")).expect("a connect line");
+        let mut words = line.split_whitespace();
+        words.find(|w| *w == flag).unwrap_or_else(|| panic!("{flag} in {line}"));
+        words.next().unwrap().to_owned()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Session workers (children) of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let ppid: u32 = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == pid && !rest.trim_start().starts_with('Z') {
+            out.push(child);
+        }
+    }
+    out
+}
+
+fn program(name: &str, source: &str) -> PathBuf {
+    let dir = chidori_tests::scratch(name);
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let exe = dir.join(name);
+    let include = chidori_tests::runtime_headers("13.0");
+    let stub = chidori_tests::root().join("headers/stub");
+    let flags = [
+        format!("-I{}", include.display()),
+        format!("-I{}", stub.display()),
+        format!("-L{}", chidori_tests::shim_dir().display()),
+        "-l:libcudart.so.13".to_owned(),
+        "-l:libcuda.so.1".to_owned(),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    chidori_tests::cc(&src, &exe, &flags);
+    exe
+}
+
+/// `chidori run -s ADDRESS ARGS -- exe`, with its own config directory (pins).
+fn run(address: &str, config: &Path, args: &[&str], exe: &Path) -> (bool, String, String) {
+    let out = Command::new(chidori())
+        .args(["run", "-s", address, "--lib-dir"])
+        .arg(chidori_tests::shim_dir())
+        .args(args)
+        .arg("--")
+        .arg(exe)
+        .env("XDG_CONFIG_HOME", config)
+        .env_remove("CHIDORI_TOKEN")
+        .env_remove("CHIDORI_FINGERPRINT")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Copies a program makes through the server, and ones it must not be able to make.
+const COPIES: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  char in[4096], out[4096];
+  for (int i = 0; i < 4096; ++i) in[i] = (char)i;
+  void *d; int e = cudaMalloc(&d, sizeof in);
+  if (e) { printf("malloc %d\n", e); return 2; }
+  e = cudaMemcpy(d, in, sizeof in, cudaMemcpyHostToDevice);
+  e |= cudaMemcpy(out, d, sizeof out, cudaMemcpyDeviceToHost);
+  if (e || memcmp(in, out, sizeof in)) { printf("round trip %d\n", e); return 3; }
+  /* Many TLS records each way, and an asynchronous copy queued before a waiting one. */
+  size_t big = 24u << 20;
+  char *a = malloc(big), *b = malloc(big);
+  for (size_t i = 0; i < big; ++i) a[i] = (char)(i * 7);
+  void *db; if (cudaMalloc(&db, big)) return 4;
+  e = cudaMemcpyAsync(db, a, big, cudaMemcpyHostToDevice, 0);
+  e |= cudaMemcpy(b, db, big, cudaMemcpyDeviceToHost);
+  if (e || memcmp(a, b, big)) { printf("big round trip %d\n", e); return 5; }
+  /* A made-up device address, and a stream handle's value (a pointer on the server). */
+  cudaStream_t s; cudaStreamCreate(&s);
+  CUresult made_up = cuMemcpyDtoH_v2(out, (CUdeviceptr)0x7e00dead0000ull, 16);
+  CUresult handle = cuMemcpyDtoH_v2(out, (CUdeviceptr)s, 16);
+  CUresult past_end = cuMemcpyDtoH_v2(out, (CUdeviceptr)d + 4000, 200);
+  printf("OK made_up=%d handle=%d past_end=%d\n", (int)made_up, (int)handle, (int)past_end);
+  return 0;
+}
+"#;
+
+#[test]
+fn tls_with_a_token_and_a_pinned_certificate() {
+    let dir = chidori_tests::scratch("tls");
+    let server_config = dir.join("server");
+    let server = Server::start(&["--secure"], &[("XDG_CONFIG_HOME", server_config.to_str().unwrap())]);
+    let token = server.printed("--token");
+    let fingerprint = server.printed("--fingerprint");
+    assert_eq!(token, std::fs::read_to_string(server_config.join("chidori/token")).unwrap().trim());
+    let exe = program("tls-copies", COPIES);
+    let client = dir.join("client");
+
+    // No token: the server wants TLS and says how to connect.
+    let (ok, _, err) = run(&server.address, &client, &[], &exe);
+    assert!(!ok && err.contains("requires TLS and a token") && err.contains("--token"), "{err}");
+    // A wrong token: Unauthorized, with what to do (the TLS handshake before it pinned the
+    // certificate: the first TLS connection to a server does).
+    let (ok, _, err) = run(&server.address, &client, &["--token", "0123"], &exe);
+    assert!(!ok && err.contains("wrong token") && err.contains("--token"), "{err}");
+    assert!(err.contains("pinned its certificate"), "{err}");
+    // The right token: copies work.
+    let (ok, out, err) = run(&server.address, &client, &["--token", &token], &exe);
+    assert!(ok && out.contains("OK made_up=1 handle=1 past_end=1"), "{out}\n{err}");
+    let known = std::fs::read_to_string(client.join("chidori/known_servers")).unwrap();
+    assert_eq!(known.trim(), format!("{} {fingerprint}", server.address));
+    // The explicit fingerprint printed by the server works from a fresh client too.
+    let (ok, out, err) =
+        run(&server.address, &dir.join("client2"), &["--token", &token, "--fingerprint", &fingerprint], &exe);
+    assert!(ok && out.contains("OK"), "{out}\n{err}");
+
+    // A changed certificate (here: a changed pin) is refused, saying what to do.
+    let other = format!("sha256:{}", "ab".repeat(32));
+    std::fs::write(client.join("chidori/known_servers"), format!("{} {other}\n", server.address)).unwrap();
+    let (ok, _, err) = run(&server.address, &client, &["--token", &token], &exe);
+    assert!(!ok && err.contains(&fingerprint) && err.contains("delete that line"), "{err}");
+    let (ok, _, err) = run(&server.address, &dir.join("client3"), &["--token", &token, "--fingerprint", &other], &exe);
+    assert!(!ok && err.contains("intercepting"), "{err}");
+}
+
+#[test]
+fn copies_from_addresses_that_are_not_the_sessions_are_refused() {
+    let dir = chidori_tests::scratch("made-up");
+    let server = Server::start(&[], &[]);
+    let exe = program("made-up-copies", COPIES);
+    let (ok, out, err) = run(&server.address, &dir, &[], &exe);
+    assert!(ok, "{out}\n{err}");
+    // CUDA_ERROR_INVALID_VALUE for each, and the session lives on.
+    assert!(out.contains("OK made_up=1 handle=1 past_end=1"), "{out}\n{err}");
+}
+
+/// A program that connects and then waits for a line on stdin.
+const WAITER: &str = r#"
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+int main(void) {
+  void *d; int e = cudaMalloc(&d, 1 << 20);
+  printf("READY %d\n", e); fflush(stdout);
+  char line[16]; if (!fgets(line, sizeof line, stdin)) return 3;
+  return 0;
+}
+"#;
+
+#[test]
+fn sessions_beyond_max_sessions_are_busy() {
+    let dir = chidori_tests::scratch("busy");
+    let server = Server::start(&["--max-sessions", "2"], &[]);
+    let exe = program("busy-waiter", WAITER);
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let mut child = Command::new(chidori())
+            .args(["run", "-s", &server.address, "--lib-dir"])
+            .arg(chidori_tests::shim_dir())
+            .arg("--")
+            .arg(&exe)
+            .env("XDG_CONFIG_HOME", &dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "READY 0");
+        waiters.push(child);
+    }
+    let (ok, _, err) = run(&server.address, &dir, &[], &exe);
+    assert!(!ok && err.contains("busy") && err.contains("--max-sessions"), "{err}");
+    for mut w in waiters {
+        w.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        w.wait().unwrap();
+    }
+    // Once they are gone, there is room again.
+    let supervisor = server.child.id();
+    let start = Instant::now();
+    while !children(supervisor).is_empty() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut child = Command::new(chidori())
+        .args(["run", "-s", &server.address, "--lib-dir"])
+        .arg(chidori_tests::shim_dir())
+        .arg("--")
+        .arg(&exe)
+        .env("XDG_CONFIG_HOME", &dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut out = String::new();
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    assert!(child.wait().unwrap().success() && out.contains("READY 0"), "{out}");
+}
+
+fn hello() -> Vec<u8> {
+    let hello = Hello {
+        protocol: chidori_protocol::PROTOCOL_VERSION,
+        schema: chidori_cuda::calls::SCHEMA_HASH,
+        client_version: "test".into(),
+        pid: 1,
+        host: "hostile".into(),
+        program: "test".into(),
+        token: String::new(),
+    };
+    frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).unwrap()
+}
+
+/// Connect, say hello and read the Welcome.
+fn session(address: &str) -> TcpStream {
+    let mut s = TcpStream::connect(address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(&hello()).unwrap();
+    let welcome = read_frame(&mut s).expect("a welcome");
+    assert_eq!(welcome.header.kind, Kind::Welcome);
+    s
+}
+
+fn read_frame(s: &mut TcpStream) -> Option<Frame> {
+    chidori_tls::read_plain_frame(s).ok()
+}
+
+/// The resident and data sizes (KiB) of process `pid`.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmData:"))
+}
+
+#[test]
+fn stalled_and_oversized_frames_end_only_their_session() {
+    // The server's heartbeat is 1 s: a frame that stops for 2 s ends its session.
+    let server = Server::start(&["--heartbeat-secs", "1"], &[]);
+    let supervisor = server.child.id();
+
+    // A frame announcing the largest bulk section, of which 1 KiB arrives.
+    let mut big = session(&server.address);
+    let worker = *children(supervisor).first().expect("a session worker");
+    let before = memory_kib(worker);
+    let mut h = Header::new(Kind::Call, 0, 1, 1);
+    h.bulk_len = MAX_BULK as u32;
+    big.write_all(&h.encode()).unwrap();
+    big.write_all(&[0u8; 1024]).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let during = memory_kib(worker);
+    assert!(
+        during.1 < before.1 + (32 << 10),
+        "the worker reserved {} KiB for a frame that sent 1 KiB (data size {} → {} KiB)",
+        during.1 - before.1,
+        before.1,
+        during.1
+    );
+
+    // A stalled partial frame ends the session within seconds, with a Goodbye saying why.
+    let start = Instant::now();
+    let mut reason = String::new();
+    while let Some(f) = read_frame(&mut big) {
+        if f.header.kind == Kind::Goodbye {
+            reason = messages::decode::<Goodbye>(&f, "goodbye").unwrap().reason;
+            break;
+        }
+    }
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(6), "the stalled session lasted {took:?}");
+    assert!(reason.contains("stopped sending"), "{reason}");
+
+    // The server still serves others.
+    let mut s = session(&server.address);
+    s.write_all(&frame::to_vec(Header::new(Kind::Ping, 0, 0, 9), &[], &[]).unwrap()).unwrap();
+    assert_eq!(read_frame(&mut s).map(|f| f.header.kind), Some(Kind::Pong));
+}
+
+/// The arguments of a hostile call: every pointer NULL, values zero, small, huge or a
+/// made-up device address (by-value records get their size in zeros).
+fn hostile_calls() -> Vec<(u32, Call, Vec<u8>)> {
+    let mut out = Vec::new();
+    for desc in VARIANTS {
+        let n = desc.params.len();
+        for value in [0u64, 3, u64::MAX, 0x7e00_dead_0000] {
+            let lens = desc
+                .params
+                .iter()
+                .map(|w| match w {
+                    Wire::Buf { .. }
+                    | Wire::Handles { .. }
+                    | Wire::Scalar { .. }
+                    | Wire::Str
+                    | Wire::OutHandle { .. } => NULL_LEN,
+                    Wire::ByValRecord { bytes } => u64::from(*bytes),
+                    _ => 0,
+                })
+                .collect::<Vec<u64>>();
+            let records: u64 = desc
+                .params
+                .iter()
+                .map(|w| if let Wire::ByValRecord { bytes } = w { u64::from(*bytes) } else { 0 })
+                .sum();
+            out.push((desc.wire, Call { args: vec![value; n], lens }, vec![0u8; records as usize]));
+        }
+    }
+    out
+}
+
+#[test]
+fn hostile_calls_for_every_descriptor_crash_no_worker() {
+    let server = Server::start(&[], &[]);
+    let calls = hostile_calls();
+    let marker = VARIANTS
+        .iter()
+        .rev()
+        .find(|d| d.name == "cudaDeviceSynchronize" && d.waits() && d.params.is_empty())
+        .expect("cudaDeviceSynchronize");
+    let (mut answered, mut ended, mut crashed) = (0usize, 0usize, Vec::new());
+    let mut next = 0;
+    while next < calls.len() {
+        let mut s = session(&server.address);
+        // A batch, then a device synchronize: it runs after every call of the batch (one
+        // client thread, one executor), so its reply says the session lived through them.
+        let batch = &calls[next..calls.len().min(next + 256)];
+        let mut bytes = Vec::new();
+        for (i, (wire, call, bulk)) in batch.iter().enumerate() {
+            let h = Header::new(Kind::Call, *wire, 1, (next + i) as u64);
+            bytes.extend(frame::to_vec(h, &messages::encode(call), &[bulk]).unwrap());
+        }
+        let sync = Call { args: vec![], lens: vec![] };
+        let h = Header::new(Kind::Call, marker.wire, 1, u64::MAX);
+        bytes.extend(frame::to_vec(h, &messages::encode(&sync), &[]).unwrap());
+        let _ = s.write_all(&bytes);
+        let mut last_seq = next as u64;
+        loop {
+            match read_frame(&mut s) {
+                // A host function of a stream: run (nothing) and say so.
+                Some(f) if f.header.kind == Kind::HostCallback => {
+                    let cb: messages::HostCallback = messages::decode(&f, "host callback").unwrap();
+                    let done = messages::HostCallbackDone { token: cb.token };
+                    let h = Header::new(Kind::HostCallbackDone, 0, 0, 0);
+                    let _ = s.write_all(&frame::to_vec(h, &messages::encode(&done), &[]).unwrap());
+                }
+                Some(f) if f.header.kind == Kind::Ping => {
+                    let _ = s.write_all(&frame::to_vec(Header::new(Kind::Pong, 0, 0, f.header.seq), &[], &[]).unwrap());
+                }
+                Some(f) if f.header.seq == u64::MAX => {
+                    next += batch.len();
+                    break;
+                }
+                Some(f) if f.header.kind == Kind::Goodbye => {
+                    // A call broke the protocol (a refusal, logged): go on after it.
+                    let reason = messages::decode::<Goodbye>(&f, "goodbye").map(|g| g.reason).unwrap_or_default();
+                    if ended < 5 {
+                        eprintln!("session refused a frame: {reason}");
+                    }
+                    ended += 1;
+                    next = (last_seq as usize + 1).max(next + 1);
+                    break;
+                }
+                Some(f) => {
+                    answered += 1;
+                    last_seq = last_seq.max(f.header.seq);
+                }
+                None => {
+                    // Closed without a Goodbye: the worker died.
+                    let (wire, _, _) = &calls[(last_seq as usize + 1).min(calls.len() - 1)];
+                    crashed.push(VARIANTS[*wire as usize].name);
+                    next = (last_seq as usize + 2).max(next + 1);
+                    break;
+                }
+            }
+        }
+    }
+    eprintln!("{} hostile calls: {answered} answered, {ended} sessions refused a frame", calls.len());
+    assert!(crashed.is_empty(), "workers died after: {crashed:?}");
+    let _ = HEADER_LEN;
+}

@@ -1,0 +1,239 @@
+//! The session's device memory, as the worker saw it made: every device address a call
+//! passes is checked against it before the library sees it, so a client can name only
+//! memory of its own session (a made-up address, or a handle's value, which is a pointer
+//! into the worker's heap, gets the library's invalid-value status, never a copy).
+//!
+//! What counts: the results of the allocation calls ([`effect`]: `cudaMalloc*`,
+//! `cuMemAlloc*`, pools, `cuMemAddressReserve` for `cuMemMap`), module globals the session
+//! looked up (`cuModuleGetGlobal`, the runtime's symbols), and the mirrors of the client's
+//! pinned memory (checked by the caller). The quota counts the allocation calls that
+//! return addresses; CUDA arrays (`cudaMallocArray`) are not counted.
+//! Freed ranges stop counting. A per-session quota bounds what the allocation calls may
+//! take.
+//!
+//! What is not checked: kernel parameters (their bytes are not typed; the GPU's per-process
+//! address spaces keep sessions apart), device pointers stored inside host records (a
+//! texture's resource descriptor, a graph node's parameters) and inside device arrays.
+
+use std::collections::BTreeMap;
+
+/// Where a range came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// An allocation call: counts against the quota, and is freed by a free call.
+    Allocated,
+    /// Address space reserved for `cuMemMap` (not memory by itself: not counted).
+    Reserved,
+    /// A module's global variable.
+    Global,
+}
+
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// base → (length, origin).
+    ranges: BTreeMap<u64, (u64, Origin)>,
+    /// Bytes allocated now.
+    pub used: u64,
+    /// Most bytes the allocation calls may hold at once (None: no quota).
+    pub quota: Option<u64>,
+}
+
+impl Memory {
+    pub fn new(quota: Option<u64>) -> Memory {
+        Memory { quota, ..Memory::default() }
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one known range (`len` 0 counts as 1).
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        let Some((&base, &(size, _))) = self.ranges.range(..=addr).next_back() else { return false };
+        let Some(end) = addr.checked_add(len.max(1)) else { return false };
+        end <= base.saturating_add(size)
+    }
+
+    /// Whether an allocation of `bytes` more stays within the quota.
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.quota.is_none_or(|q| self.used.saturating_add(bytes) <= q)
+    }
+
+    pub fn insert(&mut self, base: u64, len: u64, origin: Origin) {
+        if base == 0 || len == 0 {
+            return;
+        }
+        if origin == Origin::Allocated {
+            self.used = self.used.saturating_add(len);
+        }
+        if let Some((old, o)) = self.ranges.insert(base, (len, origin))
+            && o == Origin::Allocated
+        {
+            self.used = self.used.saturating_sub(old);
+        }
+    }
+
+    /// An address inside the `n`-th known range (modulo their number), for fuzzing.
+    pub fn pick(&self, n: u64) -> Option<u64> {
+        if self.ranges.is_empty() {
+            return None;
+        }
+        let (&base, &(len, _)) = self.ranges.iter().nth((n % self.ranges.len() as u64) as usize)?;
+        Some(base + (n >> 32) % len.max(1))
+    }
+
+    /// Forget the range starting at `base` (a free); its bytes leave the quota.
+    pub fn remove(&mut self, base: u64) {
+        if let Some((len, origin)) = self.ranges.remove(&base)
+            && origin == Origin::Allocated
+        {
+            self.used = self.used.saturating_sub(len);
+        }
+    }
+}
+
+/// How the size of an allocation is found: argument `Param(i)` in bytes, or a pitched
+/// allocation's pitch (an output, known after the call) times its height.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    Param(usize),
+    Pitch {
+        pitch: usize,
+        width: usize,
+        height: usize,
+    },
+    /// An output (a module global's size).
+    Out(usize),
+}
+
+/// What a call does to the session's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Writes a new range's base through output parameter `out`.
+    Alloc {
+        out: usize,
+        size: Size,
+        origin: Origin,
+    },
+    /// Frees the range whose base is argument `ptr`.
+    Free {
+        ptr: usize,
+    },
+    /// Opens memory of another process: refused (a session sees only its own memory).
+    Foreign,
+    None,
+}
+
+/// The effect of the function `name` (per-thread-stream suffixes ignored).
+pub fn effect(name: &str) -> Effect {
+    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
+    let alloc = |size| Effect::Alloc { out: 0, size, origin: Origin::Allocated };
+    match name {
+        "cudaMalloc"
+        | "cudaMallocAsync"
+        | "cudaMallocManaged"
+        | "cudaMallocFromPoolAsync"
+        | "cuMemAlloc"
+        | "cuMemAlloc_v2"
+        | "cuMemAllocAsync"
+        | "cuMemAllocManaged"
+        | "cuMemAllocFromPoolAsync" => alloc(Size::Param(1)),
+        "cudaMallocPitch" | "cuMemAllocPitch" | "cuMemAllocPitch_v2" => {
+            alloc(Size::Pitch { pitch: 1, width: 2, height: 3 })
+        }
+        "cuMemAddressReserve" => Effect::Alloc { out: 0, size: Size::Param(1), origin: Origin::Reserved },
+        "cuModuleGetGlobal" | "cuModuleGetGlobal_v2" | "cuLibraryGetGlobal" => {
+            Effect::Alloc { out: 0, size: Size::Out(1), origin: Origin::Global }
+        }
+        "cudaFree" | "cudaFreeAsync" | "cuMemFree" | "cuMemFree_v2" | "cuMemFreeAsync" | "cuMemAddressFree" => {
+            Effect::Free { ptr: 0 }
+        }
+        "cudaIpcOpenMemHandle"
+        | "cuIpcOpenMemHandle"
+        | "cuIpcOpenMemHandle_v2"
+        | "cuMemImportFromShareableHandle"
+        | "cudaMemPoolImportPointer"
+        | "cuMemPoolImportPointer" => Effect::Foreign,
+        _ => Effect::None,
+    }
+}
+
+/// Byte ranges of the device arguments of copies and memsets: (device parameter, length
+/// parameter, bytes per unit). Other device arguments are checked at their address only.
+pub fn extents(name: &str) -> &'static [(usize, usize, u64)] {
+    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
+    match name {
+        // (dst, src, count, kind[, stream]): whichever of the two is a device address.
+        "cudaMemcpy" | "cudaMemcpyAsync" => &[(0, 2, 1), (1, 2, 1)],
+        "cudaMemset" | "cudaMemsetAsync" => &[(0, 2, 1)],
+        "cuMemcpy"
+        | "cuMemcpyAsync"
+        | "cuMemcpyHtoD_v2"
+        | "cuMemcpyHtoDAsync_v2"
+        | "cuMemcpyDtoH_v2"
+        | "cuMemcpyDtoHAsync_v2"
+        | "cuMemcpyDtoD_v2"
+        | "cuMemcpyDtoDAsync_v2"
+        | "cuMemcpyHtoD"
+        | "cuMemcpyDtoH"
+        | "cuMemcpyDtoD" => &[(0, 2, 1), (1, 2, 1)],
+        "cuMemsetD8_v2" | "cuMemsetD8Async" | "cuMemsetD8" => &[(0, 2, 1)],
+        "cuMemsetD16_v2" | "cuMemsetD16Async" | "cuMemsetD16" => &[(0, 2, 2)],
+        "cuMemsetD32_v2" | "cuMemsetD32Async" | "cuMemsetD32" => &[(0, 2, 4)],
+        "cuMemcpyPeer" | "cuMemcpyPeerAsync" => &[(0, 4, 1), (2, 4, 1)],
+        "cudaMemPrefetchAsync" | "cuMemPrefetchAsync" | "cuMemPrefetchAsync_v2" => &[(0, 1, 1)],
+        _ => &[],
+    }
+}
+
+/// Pitched device arguments of 2D copies and memsets: (device parameter, its pitch, the
+/// width in bytes, the height), for the range `(height - 1) × pitch + width`.
+pub fn extents_2d(name: &str) -> &'static [(usize, usize, usize, usize)] {
+    let name = name.trim_end_matches("_ptds").trim_end_matches("_ptsz");
+    match name {
+        // (dst, dpitch, src, spitch, width, height, kind[, stream])
+        "cudaMemcpy2D" | "cudaMemcpy2DAsync" => &[(0, 1, 4, 5), (2, 3, 4, 5)],
+        // (devPtr, pitch, value, width, height[, stream])
+        "cudaMemset2D" | "cudaMemset2DAsync" => &[(0, 1, 3, 4)],
+        _ => &[],
+    }
+}
+
+/// The bytes a pitched range spans: `(height - 1) × pitch + width` (None: past the address
+/// space).
+pub fn span_2d(pitch: u64, width: u64, height: u64) -> Option<u64> {
+    if height == 0 || width == 0 {
+        return Some(0);
+    }
+    (height - 1).checked_mul(pitch)?.checked_add(width)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_addresses_inside_known_ranges_pass() {
+        let mut m = Memory::new(Some(1000));
+        m.insert(0x1000, 256, Origin::Allocated);
+        assert!(m.contains(0x1000, 256) && m.contains(0x10ff, 1) && m.contains(0x1080, 0));
+        assert!(!m.contains(0x1000, 257), "one byte past the end");
+        assert!(!m.contains(0xfff, 1) && !m.contains(0x1100, 1) && !m.contains(u64::MAX, 2));
+        assert_eq!(m.used, 256);
+        assert!(m.fits(744) && !m.fits(745));
+        m.insert(0x9000, 4096, Origin::Reserved);
+        assert_eq!(m.used, 256, "a reservation is not memory");
+        m.remove(0x1000);
+        assert!(!m.contains(0x1000, 1));
+        assert_eq!(m.used, 0);
+    }
+
+    #[test]
+    fn allocation_calls_are_known_by_name() {
+        assert!(matches!(effect("cudaMalloc"), Effect::Alloc { out: 0, size: Size::Param(1), .. }));
+        assert!(matches!(effect("cuMemAllocAsync_ptsz"), Effect::Alloc { .. }));
+        assert_eq!(effect("cudaFreeAsync"), Effect::Free { ptr: 0 });
+        assert_eq!(effect("cudaIpcOpenMemHandle"), Effect::Foreign);
+        assert_eq!(effect("cudaMemcpy"), Effect::None);
+        assert_eq!(extents("cuMemsetD32Async_ptsz"), &[(0, 2, 4)]);
+        assert_eq!(span_2d(512, 100, 3), Some(1124));
+        assert_eq!(span_2d(0, 0, u64::MAX), Some(0));
+        assert_eq!(span_2d(u64::MAX, 1, 3), None);
+    }
+}

@@ -1,0 +1,298 @@
+//! Hostile calls against a session without a socket ([`Harness`], the emulated backend):
+//! every generated descriptor with NULL pointers, random and mutated arguments, frames in
+//! pieces. None may panic or raise a signal; refusals carry the library's status.
+//!
+//! The long run: `CHIDORI_FUZZ_CASES=1000000 cargo test --release -p chidori-worker --test
+//! hostile random_calls -- --nocapture` (the default is a few thousand, for CI).
+
+use std::panic::AssertUnwindSafe;
+
+use chidori_cuda::calls::VARIANTS;
+use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Wire};
+use chidori_protocol::frame::{self, Frame, Header, Kind};
+use chidori_protocol::messages::{self, Call, NULL_LEN, Reply};
+use chidori_worker::fuzz;
+use chidori_worker::session::Harness;
+
+/// Cases of the random run: `CHIDORI_FUZZ_CASES`, else `default`.
+fn cases(default: u64) -> u64 {
+    std::env::var("CHIDORI_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// xorshift64*: a seeded generator, so a failing case can be run again.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+fn frame_of(desc: &CallDesc, args: Vec<u64>, lens: Vec<u64>, bulk: &[u8]) -> Frame {
+    let call = Call { args, lens };
+    let bytes = frame::to_vec(Header::new(Kind::Call, desc.wire, 1, 1), &messages::encode(&call), &[bulk]).unwrap();
+    Frame::decode(&bytes).unwrap().0
+}
+
+/// Run a frame; a panic is a failure naming the descriptor.
+fn survive(harness: &Harness, desc: &CallDesc, frame: &Frame) -> Result<(), String> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| harness.run(frame))) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!("{} (wire {}, form {:?}) panicked", desc.name, desc.wire, desc.form)),
+    }
+}
+
+#[test]
+fn every_descriptor_survives_null_pointers() {
+    let harness = fuzz::emulated_harness();
+    let (_, base) = malloc(&harness, 1 << 20);
+    let mut failures = Vec::new();
+    for desc in VARIANTS {
+        // Small counts (so lengths evaluate), then large ones; every host pointer NULL, and
+        // device addresses NULL, made up, or the session's own (so the call gets past the
+        // device checks to the NULLs).
+        for value in [0u64, 1, 7, u64::MAX, 0x7e00_dead_0000] {
+            for device in [0, value, base] {
+                let args = desc.params.iter().map(|w| if *w == Wire::Device { device } else { value }).collect();
+                let lens = desc
+                    .params
+                    .iter()
+                    .map(|w| match w {
+                        Wire::Buf { .. }
+                        | Wire::Handles { .. }
+                        | Wire::Scalar { .. }
+                        | Wire::Str
+                        | Wire::OutHandle { .. } => NULL_LEN,
+                        _ => 0,
+                    })
+                    .collect();
+                if let Err(e) = survive(&harness, desc, &frame_of(desc, args, lens, &[])) {
+                    failures.push(e);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} descriptors failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn random_calls_never_crash_the_worker() {
+    let total = cases(4000);
+    let mut rng = Rng(0x5eed_c41d_0123_4567);
+    let mut harness = fuzz::emulated_harness();
+    let started = std::time::Instant::now();
+    // Outcomes: refused as malformed (would end the session), answered with a status.
+    let (mut refused, mut answered, mut succeeded) = (0u64, 0u64, 0u64);
+    for case in 0..total {
+        // A fresh session now and then: state (handles, memory) accumulates within one.
+        if case % 20_000 == 19_999 {
+            harness = fuzz::emulated_harness();
+        }
+        let len = (rng.next() % 160) as usize + 2;
+        let data = rng.bytes(len);
+        let Some(frame) = fuzz::call_frame(&harness, &data) else { continue };
+        let desc = VARIANTS[frame.header.call as usize];
+        let before = harness.replied();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| harness.run(&frame))) {
+            Err(_) => panic!("case {case}: {} (wire {}) panicked; input {data:02x?}", desc.name, desc.wire),
+            Ok(Err(_)) => refused += 1,
+            Ok(Ok(())) => {
+                answered += 1;
+                let status = harness.last_reply().filter(|_| harness.replied() > before).and_then(|r| {
+                    (r.header.kind == Kind::Reply).then(|| messages::decode::<Reply>(&r, "reply").ok()).flatten()
+                });
+                if status.is_some_and(|r| r.ret as i64 == desc.codes.success) || harness.replied() == before {
+                    succeeded += 1;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{total} random calls in {:.1} s, no crash: {refused} refused as malformed, {answered} answered \
+         ({succeeded} of them successfully)",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn frames_in_pieces_never_crash_the_reader() {
+    let mut rng = Rng(0xf00d_1234_abcd_ef01);
+    for _ in 0..cases(4000) {
+        let len = (rng.next() % 300) as usize;
+        let mut data = rng.bytes(len);
+        // Half of them start with a valid header, so the archive and bulk paths run too.
+        if rng.next().is_multiple_of(2) {
+            let mut h = Header::new(Kind::Call, 1, 1, 1);
+            h.archive_len = (rng.next() % 64) as u32;
+            h.bulk_len = (rng.next() % (1 << 28)) as u32;
+            let mut framed = h.encode().to_vec();
+            framed.append(&mut data);
+            data = framed;
+        }
+        fuzz::frame_reader(&data);
+        chidori_protocol::fuzz::server_messages(&data);
+        chidori_protocol::fuzz::client_messages(&data);
+        fuzz::raw_frame(&data);
+    }
+}
+
+fn newest(name: &str, form: Option<&str>) -> &'static CallDesc {
+    VARIANTS.iter().rev().find(|d| d.name == name && d.form == form).copied().unwrap_or_else(|| panic!("{name}"))
+}
+
+fn ret_of(harness: &Harness, desc: &CallDesc, args: Vec<u64>, lens: Vec<u64>, bulk: &[u8]) -> i64 {
+    harness.run(&frame_of(desc, args, lens, bulk)).unwrap();
+    let reply = harness.last_reply().expect("a reply");
+    assert_eq!(reply.header.kind, Kind::Reply);
+    messages::decode::<Reply>(&reply, "reply").unwrap().ret as i64
+}
+
+/// Allocate `bytes` with cudaMalloc: the device address.
+fn malloc(harness: &Harness, bytes: u64) -> (i64, u64) {
+    let desc = newest("cudaMalloc", Some("call"));
+    harness.run(&frame_of(desc, vec![0, bytes], vec![8, 0], &[])).unwrap();
+    let reply = harness.last_reply().unwrap();
+    let r: Reply = messages::decode(&reply, "reply").unwrap();
+    let address = reply.bulk.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).unwrap_or(0);
+    (r.ret as i64, address)
+}
+
+#[test]
+fn device_addresses_must_be_the_sessions_own() {
+    let harness = fuzz::emulated_harness();
+    let d2h = newest("cudaMemcpy", Some("d2h"));
+    let invalid = d2h.codes.invalid_value;
+    let copy = |src: u64, n: u64| ret_of(&harness, d2h, vec![0, src, n, 2], vec![n, 0, 0, 0], &[]);
+    // A made-up address, and one a handle's value would be (worker heap).
+    assert_eq!(copy(0x7e00_dead_0000, 16), invalid);
+    let heap = Box::new(0u64);
+    assert_eq!(copy(&*heap as *const u64 as u64, 8), invalid, "a pointer into the worker's heap");
+    let (status, base) = malloc(&harness, 4096);
+    assert_eq!(status, 0);
+    assert_eq!(copy(base, 4096), 0, "inside the allocation");
+    assert_eq!(copy(base + 4000, 96), 0);
+    assert_eq!(copy(base + 4000, 97), invalid, "one byte past its end");
+    // A driver copy between device addresses, and a device-mode scalar, likewise.
+    let dtod = newest("cuMemcpyDtoD_v2", None);
+    harness.run(&frame_of(dtod, vec![base, 0x1000, 16], vec![0, 0, 0], &[])).unwrap();
+    let err = harness.last_reply().unwrap();
+    assert_eq!(err.header.kind, Kind::AsyncError, "an async call's refusal comes back as an AsyncError");
+    let e: messages::AsyncError = messages::decode(&err, "async error").unwrap();
+    assert_eq!(e.status, dtod.codes.invalid_value);
+    let _ = DEVICE_LEN;
+}
+
+#[test]
+fn allocations_beyond_the_quota_are_out_of_memory() {
+    let harness = Harness::new(fuzz::emulated_harness_backend(), Some(1 << 20));
+    assert_eq!(malloc(&harness, 600 << 10).0, 0);
+    assert_eq!(malloc(&harness, 600 << 10).0, 2, "cudaErrorMemoryAllocation past the quota");
+    assert_eq!(malloc(&harness, 400 << 10).0, 0, "what is left still fits");
+    // A NULL where the address would go is refused, not allocated for no one.
+    let desc = newest("cudaMalloc", Some("call"));
+    assert_eq!(ret_of(&harness, desc, vec![0, 16], vec![NULL_LEN, 0], &[]), desc.codes.invalid_value);
+}
+
+/// The NULL-pointer run against the real libraries, on a GPU machine:
+/// `CHIDORI_HOSTILE_REAL=1 hostile real_libraries_survive_null_pointers --exact --nocapture`.
+/// Each descriptor runs (every pointer NULL, counts 0, 1 and 7, device addresses NULL or
+/// the session's) in a child process; a child that dies by a signal names the descriptor
+/// it was at, and the next child goes on after it. Without the variable (CI, no GPU) the
+/// test only says how to run it.
+#[test]
+fn real_libraries_survive_null_pointers() {
+    use std::io::Write as _;
+    const FROM: &str = "CHIDORI_HOSTILE_FROM";
+    let Some(progress) = std::env::var_os("CHIDORI_HOSTILE_REAL") else {
+        eprintln!(
+            "set CHIDORI_HOSTILE_REAL=1 on a GPU machine to run the NULL-pointer calls against the real libraries"
+        );
+        return;
+    };
+    let progress =
+        std::path::PathBuf::from(if progress == "1" { "/tmp/chidori-hostile-progress".into() } else { progress });
+    if let Ok(from) = std::env::var(FROM) {
+        // The child: run descriptors from `from` on, writing where it is before each.
+        let from: usize = from.parse().unwrap();
+        let backend: std::sync::Arc<dyn chidori_worker::backend::Backend> =
+            std::sync::Arc::new(chidori_worker::real::Real::new(&[]).expect("the real backend"));
+        backend.thread_init();
+        let harness = Harness::new(backend, Some(1 << 30));
+        let (_, base) = malloc(&harness, 1 << 20);
+        for (index, desc) in VARIANTS.iter().enumerate().skip(from) {
+            std::fs::write(&progress, index.to_string()).unwrap();
+            for value in [0u64, 1, 7] {
+                for device in [0, base] {
+                    let args = desc.params.iter().map(|w| if *w == Wire::Device { device } else { value }).collect();
+                    let lens = desc
+                        .params
+                        .iter()
+                        .map(|w| match w {
+                            Wire::Buf { .. }
+                            | Wire::Handles { .. }
+                            | Wire::Scalar { .. }
+                            | Wire::Str
+                            | Wire::OutHandle { .. } => NULL_LEN,
+                            Wire::ByValRecord { bytes } => u64::from(*bytes),
+                            _ => 0,
+                        })
+                        .collect();
+                    let records: usize = desc
+                        .params
+                        .iter()
+                        .map(|w| if let Wire::ByValRecord { bytes } = w { *bytes as usize } else { 0 })
+                        .sum();
+                    let _ = harness.run(&frame_of(desc, args, lens, &vec![0u8; records]));
+                }
+            }
+        }
+        std::fs::write(&progress, "done").unwrap();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut from = 0usize;
+    let mut died = Vec::new();
+    while from < VARIANTS.len() {
+        let _ = std::fs::remove_file(&progress);
+        let mut child = std::process::Command::new(&exe)
+            .args(["real_libraries_survive_null_pointers", "--exact", "--nocapture", "--test-threads", "1"])
+            .env(FROM, from.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // A child that makes no progress for a minute is stuck in a call: it is killed.
+        let mut last = (String::new(), std::time::Instant::now());
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            let now = std::fs::read_to_string(&progress).unwrap_or_default();
+            if now != last.0 {
+                last = (now, std::time::Instant::now());
+            } else if last.1.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                break child.wait().unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let at = std::fs::read_to_string(&progress).unwrap_or_default();
+        if at == "done" {
+            break;
+        }
+        let Ok(index) = at.parse::<usize>() else { panic!("the child ended ({status}) before its first call") };
+        let desc = VARIANTS[index];
+        died.push(format!("{} ({}, form {:?}): {status}", desc.name, desc.library, desc.form));
+        let _ = std::io::stderr().flush();
+        eprintln!("died at {index}: {}", died.last().unwrap());
+        from = index + 1;
+    }
+    assert!(died.is_empty(), "{} descriptors killed the worker:\n{}", died.len(), died.join("\n"));
+}
