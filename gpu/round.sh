@@ -33,6 +33,10 @@
 #            chidori.optimize() (loopback and 70 ms) and with `chidori run --optimize`
 #            (loopback); $DECODE_CASES narrows the cases, $DECODE_RUNS the runs (native
 #            lo-api lo-cli wan-api)
+#   resume   the training workload natively, then remotely through gpu/tools/cut_relay.py,
+#            which cuts the connection $RESUME_CUTS times (every $RESUME_EVERY s): a
+#            resumable session must give the native losses (RESUME_WAN=1: through the 70 ms
+#            relay behind the cutting one)
 #   opinfo   PyTorch's operator database natively and remotely, compared (gpu/opinfo/):
 #            $OPINFO_JOBS processes per run, $OPINFO_TOTAL seconds, $OPINFO_OPS or
 #            $OPINFO_FIRST to narrow it, OPINFO_TWICE=1 for a second native run
@@ -254,6 +258,32 @@ if want repro; then
   done
   kill $DBG_PID 2>/dev/null
   grep -E "WARN|ERROR|status [1-9]" "$LOGS/serve-debug.log" | head -20
+fi
+
+if want resume; then
+  # Sessions that survive a dropped connection: the same training natively and through a
+  # relay that cuts every connection (reset) a few times; the losses must be the same.
+  CUT_PORT=43310
+  target=$SERVER; [[ ${RESUME_WAN:-0} == 1 ]] && target=127.0.0.1:$WAN_PORT
+  args=("$SHARED/workloads/train.py" --steps ${RESUME_STEPS:-1500} --log-every 10)
+  timeout ${RUN_TIMEOUT:-300} python3 "${args[@]}" > "$LOGS/resume-native.out" 2> "$LOGS/resume-native.err"
+  python3 gpu/tools/cut_relay.py --listen 127.0.0.1:$CUT_PORT --target $target --cut-every ${RESUME_EVERY:-3} \
+    --cuts ${RESUME_CUTS:-3} --max-seconds 900 > "$LOGS/cut-relay.log" 2>&1 &
+  CUT_PID=$!
+  sleep 0.5
+  CHIDORI_RESUME=1 timeout ${RUN_TIMEOUT:-300} "$CHIDORI" run -s 127.0.0.1:$CUT_PORT -- python3 "${args[@]}" \
+    > "$LOGS/resume-remote.out" 2> "$LOGS/resume-remote.err"
+  rc=$?
+  kill $CUT_PID 2>/dev/null
+  losses() { grep -o '"losses": \[[^]]*\]' "$1"; }
+  cuts=$(grep -c " cut " "$LOGS/cut-relay.log")
+  resumed=$(grep -c "resumed the session" "$LOGS/resume-remote.err")
+  if [[ $rc == 0 && -n $(losses "$LOGS/resume-native.out") && $(losses "$LOGS/resume-native.out") == $(losses "$LOGS/resume-remote.out") ]]; then
+    verdict="native losses"
+  else
+    verdict="DIFFERENT or failed rc=$rc (resume-*.out)"
+  fi
+  row "resume (cut $cuts times)" "$verdict; resumed $resumed times; native $(grep -o '"seconds": [0-9.]*' "$LOGS/resume-native.out") remote $(grep -o '"seconds": [0-9.]*' "$LOGS/resume-remote.out")"
 fi
 
 if want wheel; then

@@ -96,6 +96,9 @@ pub struct SessionArgs {
     /// Where to write one byte once the client is authenticated.
     #[arg(long)]
     pub auth_fd: Option<i32>,
+    /// A Unix socket the supervisor passes a reconnecting client's connection on.
+    #[arg(long)]
+    pub resume_fd: Option<i32>,
     /// TLS and token: all three or none.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
@@ -224,6 +227,12 @@ pub fn session(args: SessionArgs) -> Result<()> {
         heartbeat: Duration::from_secs(args.heartbeat_secs.max(1)),
         module_cache,
         memory_quota: args.memory_quota_mb.map(|mb| mb << 20),
+        resume: args.resume_fd.map(|fd| {
+            use std::os::fd::FromRawFd;
+            // SAFETY: the supervisor passes one end of a Unix socket pair at this descriptor,
+            // which nothing else in this process uses.
+            unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) }
+        }),
     };
     let auth_fd = args.auth_fd;
     let authenticated = Box::new(move || {

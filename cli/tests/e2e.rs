@@ -231,6 +231,7 @@ fn hello() -> Vec<u8> {
         host: "test".into(),
         program: "test".into(),
         token: String::new(),
+        resume: false,
     };
     frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &chidori_protocol::messages::encode(&hello), &[]).unwrap()
 }

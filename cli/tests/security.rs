@@ -279,6 +279,7 @@ fn hello() -> Vec<u8> {
         host: "hostile".into(),
         program: "test".into(),
         token: String::new(),
+        resume: false,
     };
     frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).unwrap()
 }

@@ -10,19 +10,28 @@
 //! With a token (`CHIDORI_TOKEN`, `CHIDORI_TOKEN_FILE`) the connection is TLS
 //! (`chidori_tls::Secure`): writers encrypt under their usual lock, the I/O thread decrypts;
 //! without one the plain path is what it always was.
+//!
+//! A resumable session ([`chidori_protocol::resume`]; on by default for a server that is not
+//! on loopback, `CHIDORI_RESUME`) keeps every byte written until the server acknowledges
+//! it. When the connection breaks, writers only keep what they write, and the I/O thread
+//! connects again (for the grace period), presents the session's secret, and sends what the
+//! server missed; the program sees a pause. The I/O thread never waits for the write lock:
+//! its Pongs and acknowledgements go out with the next frame when a writer holds it.
 
 use std::collections::HashMap;
-use std::io::{IoSlice, Read, Write};
+use std::io::{IoSlice, Read};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use chidori_protocol::frame::{self, Frame, FrameError, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
-    self, AsyncError, Goodbye, Hello, HostCallback, Progress, Refuse, Reply, Service, ServiceReply, Welcome,
+    self, AsyncError, Goodbye, Hello, HostCallback, Progress, Refuse, Reply, ResumeRequest, Service, ServiceReply,
+    Welcome,
 };
+use chidori_protocol::resume::{ACK_EVERY, Replay};
 use chidori_protocol::{PROTOCOL_VERSION, env};
 
 /// Where a reply's output bytes go: the caller's memory.
@@ -110,12 +119,23 @@ pub struct Conn {
     pub profile: crate::state::Profile,
     /// The fork generation the connection was made in (a forked child makes its own).
     forks: u64,
-    writer: Mutex<TcpStream>,
-    /// TLS over the socket (None: plain TCP).
-    secure: Option<Arc<chidori_tls::Secure>>,
+    writer: Mutex<Link>,
     /// The TLS reading half used during the handshake, for the I/O thread to continue with
     /// (it may hold bytes that came after the Welcome).
     secure_reader: Mutex<Option<chidori_tls::SecureReader<TcpStream>>>,
+    /// The connection is up: while it is not (a resumable session reconnecting), writes are
+    /// only kept.
+    up: AtomicBool,
+    /// A second handle on the current socket: shutting it down wakes a reader or writer
+    /// blocked on a dead connection.
+    breaker: Mutex<Option<TcpStream>>,
+    /// Frames without archive (Pong, Ack) the I/O thread could not write at once: the next
+    /// writer sends them.
+    control: Mutex<Vec<[u8; HEADER_LEN]>>,
+    /// What a resumable session needs to reconnect (None: it ends with its connection).
+    resume: Option<Resume>,
+    /// The program is exiting and said goodbye: the end of the connection is expected.
+    closing: AtomicBool,
     /// Frames sent without waiting, not yet written (lock order: `writer`, then `outbox`).
     outbox: Mutex<Outbox>,
     /// Wakes the flusher thread when the outbox fills while it sleeps.
@@ -139,6 +159,35 @@ pub struct Conn {
     ran: Condvar,
     callback_queue: Mutex<std::sync::mpsc::Sender<CallbackRun>>,
     last_heard: Mutex<Instant>,
+}
+
+/// The socket frames are written to, replaced when a resumable session reconnects.
+struct Link {
+    stream: TcpStream,
+    /// TLS over the socket (None: plain TCP).
+    secure: Option<Arc<chidori_tls::Secure>>,
+    /// In a resumable session, what was written and not yet acknowledged.
+    replay: Option<Replay>,
+}
+
+/// A resumable session's identity and what reconnecting needs.
+struct Resume {
+    session: u64,
+    secret: Vec<u8>,
+    token: Option<String>,
+    grace: Duration,
+    /// The stream offset the server acknowledged.
+    peer_acked: AtomicU64,
+}
+
+/// Whether to ask for a session that survives a dropped connection: CHIDORI_RESUME, else
+/// yes unless the server is on a loopback address.
+fn wants_resume(addr: &std::net::SocketAddr) -> bool {
+    match std::env::var(env::RESUME).ok().as_deref().map(str::trim) {
+        Some("1") | Some("yes") | Some("on") | Some("true") => true,
+        Some("0") | Some("no") | Some("off") | Some("false") => false,
+        _ => !addr.ip().is_loopback(),
+    }
 }
 
 #[derive(Default)]
@@ -221,48 +270,64 @@ fn heartbeat() -> Duration {
     Duration::from_secs(secs.max(1))
 }
 
-fn connect() -> Result<Conn, String> {
-    let server = server_address()?;
+/// Open a TCP connection to `server` (the first of its addresses that answers).
+fn dial(server: &str) -> Result<TcpStream, String> {
     let addrs: Vec<_> =
         server.to_socket_addrs().map_err(|e| format!("cannot resolve Chidori server {server}: {e}"))?.collect();
     let mut last = None;
-    let mut stream = None;
     for a in addrs {
         match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
             Ok(s) => {
-                stream = Some(s);
-                break;
+                s.set_nodelay(true).ok();
+                return Ok(s);
             }
             Err(e) => last = Some(e),
         }
     }
-    let mut stream = stream.ok_or_else(|| {
-        format!(
-            "cannot reach Chidori server {server}: {} (is `chidori serve` running there, and the port open?)",
-            last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())
-        )
-    })?;
-    stream.set_nodelay(true).ok();
+    Err(format!(
+        "cannot reach Chidori server {server}: {} (is `chidori serve` running there, and the port open?)",
+        last.map(|e| e.to_string()).unwrap_or_else(|| "no address".into())
+    ))
+}
+
+/// TLS over `stream` when there is a token: the connection and its reading half.
+type Tls = (Arc<chidori_tls::Secure>, chidori_tls::SecureReader<TcpStream>);
+
+fn start_tls(stream: &mut TcpStream, server: &str) -> Result<Tls, String> {
+    let pins = chidori_tls::pin::Pins::from_env()?;
+    match chidori_tls::client_handshake(stream, server, &pins) {
+        Ok(s) => {
+            let reader = s.reader(stream.try_clone().map_err(|e| e.to_string())?);
+            Ok((s, reader))
+        }
+        Err(chidori_tls::HandshakeError::Refused(frame)) => {
+            let refuse: Refuse =
+                messages::decode(&frame, "refusal").map_err(|e| format!("Chidori server {server}: {e}"))?;
+            Err(format!("Chidori server {server} refused the session: {}", refuse.message))
+        }
+        Err(chidori_tls::HandshakeError::Pin(mismatch)) => Err(mismatch.to_string()),
+        Err(e) => Err(format!("Chidori server {server}: {e}")),
+    }
+}
+
+/// Write one whole frame during a handshake (through TLS where there is TLS).
+fn send_plain(stream: &TcpStream, tls: Option<&Tls>, bytes: &[u8]) -> std::io::Result<()> {
+    match tls {
+        Some((s, _)) => s.send(stream, &[IoSlice::new(bytes)]),
+        None => write_vectored_all(stream, &mut [IoSlice::new(bytes)]),
+    }
+}
+
+fn connect() -> Result<Conn, String> {
+    let server = server_address()?;
+    let mut stream = dial(&server)?;
+    let resume_wanted = stream.peer_addr().map(|a| wants_resume(&a)).unwrap_or(false);
     stream.set_read_timeout(Some(Duration::from_secs(60))).ok();
     let token = chidori_tls::token::from_env()?;
-    let mut secure = None;
-    let mut secure_reader = None;
-    if token.is_some() {
-        let pins = chidori_tls::pin::Pins::from_env()?;
-        match chidori_tls::client_handshake(&mut stream, &server, &pins) {
-            Ok(s) => {
-                secure_reader = Some(s.reader(stream.try_clone().map_err(|e| e.to_string())?));
-                secure = Some(s);
-            }
-            Err(chidori_tls::HandshakeError::Refused(frame)) => {
-                let refuse: Refuse =
-                    messages::decode(&frame, "refusal").map_err(|e| format!("Chidori server {server}: {e}"))?;
-                return Err(format!("Chidori server {server} refused the session: {}", refuse.message));
-            }
-            Err(chidori_tls::HandshakeError::Pin(mismatch)) => return Err(mismatch.to_string()),
-            Err(e) => return Err(format!("Chidori server {server}: {e}")),
-        }
-    }
+    let mut tls = match token {
+        Some(_) => Some(start_tls(&mut stream, &server)?),
+        None => None,
+    };
     let hello = Hello {
         protocol: PROTOCOL_VERSION,
         schema: chidori_cuda::calls::SCHEMA_HASH,
@@ -270,17 +335,14 @@ fn connect() -> Result<Conn, String> {
         pid: std::process::id(),
         host: hostname(),
         program: std::env::args().collect::<Vec<_>>().join(" "),
-        token: token.unwrap_or_default(),
+        token: token.clone().unwrap_or_default(),
+        resume: resume_wanted,
     };
     let bytes =
         frame::to_vec(Header::new(Kind::Hello, 0, 0, 0), &messages::encode(&hello), &[]).map_err(|e| e.to_string())?;
-    let sent = match &secure {
-        Some(s) => s.send(&stream, &[IoSlice::new(&bytes)]),
-        None => (&stream).write_all(&bytes),
-    };
-    sent.map_err(|e| format!("Chidori server {server}: {e}"))?;
-    let answer = match secure_reader.as_mut() {
-        Some(r) => read_blocking(r),
+    send_plain(&stream, tls.as_ref(), &bytes).map_err(|e| format!("Chidori server {server}: {e}"))?;
+    let answer = match tls.as_mut() {
+        Some((_, r)) => read_blocking(r),
         None => read_blocking(&mut &stream),
     };
     let frame = answer.map_err(|e| match e {
@@ -301,23 +363,40 @@ fn connect() -> Result<Conn, String> {
     if welcome.devices.is_empty() {
         return Err(format!("Chidori server {server} has no GPU"));
     }
+    let resume = (!welcome.resume_secret.is_empty()).then(|| Resume {
+        session: welcome.session,
+        secret: welcome.resume_secret.clone(),
+        token: token.clone(),
+        grace: chidori_protocol::resume::grace(),
+        peer_acked: AtomicU64::new(0),
+    });
     tracing::info!(
-        "connected to Chidori server {server} ({} backend, {}, driver {})",
+        "connected to Chidori server {server} ({} backend, {}, driver {}{})",
         welcome.backend,
         welcome.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", "),
-        welcome.driver_version
+        welcome.driver_version,
+        if resume.is_some() { "; the session survives a dropped connection" } else { "" }
     );
     stream.set_read_timeout(None).ok();
     stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let (tx, rx) = std::sync::mpsc::channel();
+    let (secure, secure_reader) = match tls {
+        Some((s, r)) => (Some(s), Some(r)),
+        None => (None, None),
+    };
+    let breaker = stream.try_clone().ok();
     let conn = Conn {
         server,
         profile: crate::state::Profile::from_welcome(&welcome),
         welcome,
         forks: FORKS.load(Ordering::Relaxed),
-        writer: Mutex::new(stream),
-        secure,
+        writer: Mutex::new(Link { stream, secure, replay: resume.as_ref().map(|_| Replay::default()) }),
         secure_reader: Mutex::new(secure_reader),
+        up: AtomicBool::new(true),
+        breaker: Mutex::new(breaker),
+        control: Mutex::new(Vec::new()),
+        resume,
+        closing: AtomicBool::new(false),
         outbox: Mutex::new(Outbox::default()),
         flush_wanted: Condvar::new(),
         pending: Mutex::new(HashMap::new()),
@@ -335,6 +414,57 @@ fn connect() -> Result<Conn, String> {
     };
     start_callback_thread(rx);
     Ok(conn)
+}
+
+/// Why a reconnection did not work: worth another try, or never (the session is gone).
+enum Retry {
+    Again(String),
+    Never(String),
+}
+
+/// One attempt to reconnect a resumable session: a new connection, the plaintext
+/// preamble naming the session, TLS where there is a token, the request with the secret
+/// and the bytes received. Returns the connection, its TLS, and the bytes the server
+/// received.
+fn reconnect_once(server: &str, resume: &Resume, received: u64) -> Result<(TcpStream, Option<Tls>, u64), Retry> {
+    let mut stream = dial(server).map_err(Retry::Again)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    stream.set_write_timeout(Some(Duration::from_secs(10))).ok();
+    let preamble = Header::new(Kind::Resume, 0, 0, resume.session).encode();
+    write_vectored_all(&stream, &mut [IoSlice::new(&preamble)]).map_err(|e| Retry::Again(e.to_string()))?;
+    let mut tls = match resume.token {
+        // A refusal before TLS (the session is gone) is final.
+        Some(_) => Some(
+            start_tls(&mut stream, server)
+                .map_err(|e| if e.contains("refused the session") { Retry::Never(e) } else { Retry::Again(e) })?,
+        ),
+        None => None,
+    };
+    let request =
+        ResumeRequest { token: resume.token.clone().unwrap_or_default(), secret: resume.secret.clone(), received };
+    let bytes = frame::to_vec(Header::new(Kind::Resume, 0, 0, resume.session), &messages::encode(&request), &[])
+        .map_err(|e| Retry::Never(e.to_string()))?;
+    send_plain(&stream, tls.as_ref(), &bytes).map_err(|e| Retry::Again(e.to_string()))?;
+    let answer = match tls.as_mut() {
+        Some((_, r)) => read_blocking(r),
+        None => read_blocking(&mut &stream),
+    };
+    let frame = answer.map_err(|e| Retry::Again(e.to_string()))?;
+    match frame.header.kind {
+        Kind::Resumed => {}
+        Kind::Refuse => {
+            let refuse: Refuse = messages::decode(&frame, "refusal").map_err(|e| Retry::Never(e.to_string()))?;
+            return Err(Retry::Never(format!(
+                "Chidori server {server} refused to resume the session: {}",
+                refuse.message
+            )));
+        }
+        other => return Err(Retry::Never(format!("Chidori server {server} answered {other:?} to a resume request"))),
+    }
+    stream.set_read_timeout(None).ok();
+    stream.set_write_timeout(None).ok();
+    stream.set_nonblocking(true).map_err(|e| Retry::Again(e.to_string()))?;
+    Ok((stream, tls, frame.header.seq))
 }
 
 fn hostname() -> String {
@@ -360,7 +490,10 @@ impl Conn {
 
     fn fail(&self, reason: String) {
         self.report.call_once(|| {
-            tracing::error!("{reason}; CUDA calls fail from now on");
+            // After the goodbye at exit, the server closing is what was asked for.
+            if !self.closing.load(Ordering::Acquire) {
+                tracing::error!("{reason}; CUDA calls fail from now on");
+            }
             let _ = self.broken.set(reason.clone());
         });
         let pending: Vec<Pending> =
@@ -405,17 +538,51 @@ impl Conn {
         let total: usize = bulk.iter().map(|b| b.len()).sum();
         // A frame over the limits is this call's error, not the connection's.
         let head = frame::assemble(header, archive, total).map_err(|e| e.to_string())?;
-        let stream = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut link = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let queued = self.take_outbox();
         let mut slices = Vec::with_capacity(3 + bulk.len());
         slices.push(IoSlice::new(&queued));
         slices.push(IoSlice::new(&head));
         slices.push(IoSlice::new(archive));
         slices.extend(bulk.iter().map(|b| IoSlice::new(b)));
-        let result = self.write_locked(&stream, &mut slices);
-        drop(stream);
+        let result = self.write_locked(&mut link, &mut slices);
+        drop(link);
         self.return_spare(queued);
+        self.send_control_queued();
         result.map_err(|e| self.lost(e))
+    }
+
+    /// Write a frame without archive or bulk (Pong, Ack) from the I/O thread, which must
+    /// never wait for the write lock: now if no writer holds it, else by that writer.
+    fn send_control(&self, header: Header) {
+        let Ok(head) = frame::assemble(header, &[], 0) else { return };
+        self.control.lock().unwrap_or_else(|p| p.into_inner()).push(head);
+        if let Ok(mut link) = self.writer.try_lock() {
+            let heads = std::mem::take(&mut *self.control.lock().unwrap_or_else(|p| p.into_inner()));
+            for head in heads {
+                if let Err(e) = self.write_locked(&mut link, &mut [IoSlice::new(&head)]) {
+                    drop(link);
+                    self.lost(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Control frames the I/O thread queued while this thread wrote.
+    fn send_control_queued(&self) {
+        if self.control.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            return;
+        }
+        let mut link = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let heads = std::mem::take(&mut *self.control.lock().unwrap_or_else(|p| p.into_inner()));
+        for head in heads {
+            if let Err(e) = self.write_locked(&mut link, &mut [IoSlice::new(&head)]) {
+                drop(link);
+                self.lost(e);
+                return;
+            }
+        }
     }
 
     /// Queue one frame nobody waits for: its bytes (the caller's host buffers included) are
@@ -470,22 +637,56 @@ impl Conn {
 
     /// Write the outbox (the flusher's work; also before the process exits).
     pub fn flush(&self) -> Result<(), String> {
-        let stream = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut link = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let queued = self.take_outbox();
         if queued.is_empty() {
             return Ok(());
         }
-        let result = self.write_locked(&stream, &mut [IoSlice::new(&queued)]);
-        drop(stream);
+        let result = self.write_locked(&mut link, &mut [IoSlice::new(&queued)]);
+        drop(link);
         self.return_spare(queued);
+        self.send_control_queued();
         result.map_err(|e| self.lost(e))
     }
 
-    /// Write under the `writer` lock: straight to the socket, or through TLS.
-    fn write_locked(&self, stream: &TcpStream, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-        match &self.secure {
+    /// Write under the `writer` lock: straight to the socket, or through TLS. In a
+    /// resumable session the bytes are kept first, and a failed write only marks the
+    /// connection down (the I/O thread reconnects and sends them again).
+    fn write_locked(&self, link: &mut Link, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        let Link { stream, secure, replay } = link;
+        let (stream, secure) = (&*stream, secure.as_deref());
+        let write = |slices: &mut [IoSlice<'_>]| match secure {
             None => write_vectored_all(stream, slices),
             Some(secure) => secure.send(stream, slices),
+        };
+        let (Some(replay), Some(resume)) = (replay.as_mut(), self.resume.as_ref()) else { return write(slices) };
+        replay.acked(resume.peer_acked.load(Ordering::Acquire));
+        replay.record(slices);
+        if self.up.load(Ordering::Acquire)
+            && let Err(e) = write(slices)
+        {
+            tracing::warn!("writing to Chidori server {} failed ({e}): reconnecting", self.server);
+            self.link_down();
+        }
+        Ok(())
+    }
+
+    /// The connection is broken: writes are kept only, and the I/O thread (blocked on the
+    /// socket, or not) learns it.
+    fn link_down(&self) {
+        self.up.store(false, Ordering::Release);
+        if let Some(sock) = self.breaker.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Say goodbye to the server (at exit): a resumable session then ends at once instead
+    /// of waiting for the client to come back.
+    fn goodbye(&self) {
+        if self.broken().is_none() {
+            self.closing.store(true, Ordering::Release);
+            let bye = Goodbye { reason: "the program exited".to_owned() };
+            let _ = self.send(Header::new(Kind::Goodbye, 0, 0, 0), &messages::encode(&bye), &[]);
         }
     }
 
@@ -587,23 +788,42 @@ impl Conn {
     }
 }
 
-/// Write every slice; on a full socket buffer wait until it has room.
-fn write_vectored_all(mut stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+/// Write every slice; on a full socket buffer wait until it has room. A connection the
+/// peer reset is an error, never a SIGPIPE (the program's handler is the program's own:
+/// the write uses MSG_NOSIGNAL).
+fn write_vectored_all(stream: &TcpStream, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
     IoSlice::advance_slices(&mut slices, 0);
     while !slices.is_empty() {
-        match stream.write_vectored(slices) {
-            Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "connection closed")),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
-                // SAFETY: one valid pollfd; a timeout bounds the wait.
-                let rc = unsafe { libc::poll(&mut pfd, 1, 30_000) };
-                if rc == 0 {
-                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the server accepts no data"));
+        let iov = slices.len().min(64);
+        // SAFETY: a zeroed msghdr is valid; it points at `slices`, whose IoSlices are
+        // ABI-compatible with iovec and stay alive during the call.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iov as _;
+            libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+        };
+        match n {
+            0 => return Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "connection closed")),
+            n if n > 0 => IoSlice::advance_slices(&mut slices, n as usize),
+            _ => {
+                let e = std::io::Error::last_os_error();
+                match e.kind() {
+                    std::io::ErrorKind::WouldBlock => {
+                        let mut pfd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLOUT, revents: 0 };
+                        // SAFETY: one valid pollfd; a timeout bounds the wait.
+                        let rc = unsafe { libc::poll(&mut pfd, 1, 30_000) };
+                        if rc == 0 {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "the server accepts no data",
+                            ));
+                        }
+                    }
+                    std::io::ErrorKind::Interrupted => {}
+                    _ => return Err(e),
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
         }
     }
     Ok(())
@@ -618,6 +838,7 @@ fn register_exit_flush() {
             // parent's outbox and socket, which it must not write.
             if let Some(conn) = existing().filter(|c| c.forks == FORKS.load(Ordering::Relaxed)) {
                 let _ = conn.flush();
+                conn.goodbye();
             }
         });
     }
@@ -664,15 +885,54 @@ fn start_io_thread(conn: Arc<Conn>) {
 
 const SOCKET: mio::Token = mio::Token(0);
 
+/// Why reading stopped: the connection broke (a resumable session reconnects), or the
+/// session is over.
+enum Stop {
+    Broken(String),
+    Fatal(String),
+}
+
+/// The I/O thread: reads the server's frames; in a resumable session, replaces a broken
+/// connection and goes on where it stopped (the decoder keeps a frame cut in the middle).
 fn io_loop(conn: &Arc<Conn>) -> Result<(), String> {
-    let std_stream = conn.writer.lock().unwrap_or_else(|p| p.into_inner()).try_clone().map_err(|e| e.to_string())?;
-    let mut stream = mio::net::TcpStream::from_std(std_stream);
-    let mut poll = mio::Poll::new().map_err(|e| e.to_string())?;
-    poll.registry().register(&mut stream, SOCKET, mio::Interest::READABLE).map_err(|e| e.to_string())?;
-    let mut events = mio::Events::with_capacity(16);
     let mut decoder = Decoder::default();
     // With TLS the I/O thread reads through the handshake's reader (it decrypts).
     let mut tls_reader = conn.secure_reader.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let mut sock =
+        conn.writer.lock().unwrap_or_else(|p| p.into_inner()).stream.try_clone().map_err(|e| e.to_string())?;
+    let mut received = 0u64;
+    let mut acked = 0u64;
+    loop {
+        let why = match read_link(conn, sock, tls_reader.as_mut(), &mut decoder, &mut received, &mut acked) {
+            Stop::Fatal(reason) => return Err(reason),
+            Stop::Broken(why) => why,
+        };
+        let resume = match conn.resume.as_ref() {
+            Some(resume) if !conn.closing.load(Ordering::Acquire) => resume,
+            _ => return Err(format!("lost the connection to Chidori server {}: {why}", conn.server)),
+        };
+        (sock, tls_reader) = reconnect(conn, resume, &why, received)?;
+    }
+}
+
+/// Read frames from one connection until it breaks or the session ends.
+fn read_link(
+    conn: &Arc<Conn>,
+    std_stream: TcpStream,
+    mut tls_reader: Option<&mut chidori_tls::SecureReader<TcpStream>>,
+    decoder: &mut Decoder,
+    received: &mut u64,
+    acked: &mut u64,
+) -> Stop {
+    let mut stream = mio::net::TcpStream::from_std(std_stream);
+    let mut poll = match mio::Poll::new() {
+        Ok(p) => p,
+        Err(e) => return Stop::Fatal(e.to_string()),
+    };
+    if let Err(e) = poll.registry().register(&mut stream, SOCKET, mio::Interest::READABLE) {
+        return Stop::Fatal(e.to_string());
+    }
+    let mut events = mio::Events::with_capacity(16);
     let mut plain_reader = &stream;
     let heartbeat = heartbeat();
     let mut pinged = 0;
@@ -681,7 +941,7 @@ fn io_loop(conn: &Arc<Conn>) -> Result<(), String> {
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(e.to_string());
+            return Stop::Fatal(e.to_string());
         }
         if events.is_empty() {
             // Silence: ask whether the server is alive; three unanswered pings end it.
@@ -689,35 +949,153 @@ fn io_loop(conn: &Arc<Conn>) -> Result<(), String> {
             if silent >= heartbeat {
                 pinged += 1;
                 if pinged > 3 {
-                    return Err(format!(
-                        "Chidori server {} stopped answering (no heartbeat for {} s)",
-                        conn.server,
-                        silent.as_secs()
-                    ));
+                    let why = format!("no heartbeat for {} s", silent.as_secs());
+                    if conn.resume.is_some() {
+                        return Stop::Broken(why);
+                    }
+                    return Stop::Fatal(format!("Chidori server {} stopped answering ({why})", conn.server));
                 }
-                conn.send(Header::new(Kind::Ping, 0, 0, 0), &[], &[])?;
+                conn.send_control(Header::new(Kind::Ping, 0, 0, 0));
+            }
+            if conn.resume.is_some() && *received > *acked {
+                *acked = *received;
+                conn.send_control(Header::new(Kind::Ack, 0, 0, *received));
+            }
+            if let Some(reason) = conn.broken() {
+                return Stop::Fatal(reason.to_owned());
             }
             continue;
         }
         loop {
             let source: &mut dyn Read = match tls_reader.as_mut() {
-                Some(r) => r,
+                Some(r) => *r,
                 None => &mut plain_reader,
             };
             match decoder.fill(source) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => return Err(format!("lost the connection to Chidori server {}: {e}", conn.server)),
+                Ok(Some(n)) => *received += n as u64,
+                Ok(None) => break,
+                Err(e) => return Stop::Broken(e.to_string()),
             }
-            while let Some(frame) =
-                decoder.next().map_err(|e| format!("Chidori server {} sent a bad frame: {e}", conn.server))?
-            {
+            loop {
+                let frame = match decoder.next() {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(e) => return Stop::Fatal(format!("Chidori server {} sent a bad frame: {e}", conn.server)),
+                };
                 pinged = 0;
                 *conn.last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
-                handle(conn, frame)?;
+                if let Err(reason) = handle(conn, frame) {
+                    return Stop::Fatal(reason);
+                }
+            }
+            if conn.resume.is_some() && *received - *acked >= ACK_EVERY {
+                *acked = *received;
+                conn.send_control(Header::new(Kind::Ack, 0, 0, *received));
             }
         }
     }
+}
+
+/// Connect again (for the grace period), then install the new connection: the server gets
+/// what it missed on a thread of its own while this one goes back to reading.
+fn reconnect(
+    conn: &Arc<Conn>,
+    resume: &Resume,
+    why: &str,
+    received: u64,
+) -> Result<(TcpStream, Option<chidori_tls::SecureReader<TcpStream>>), String> {
+    conn.link_down();
+    let started = Instant::now();
+    let deadline = started + resume.grace;
+    tracing::warn!(
+        "the connection to Chidori server {} broke ({why}): reconnecting for up to {} s",
+        conn.server,
+        resume.grace.as_secs()
+    );
+    let mut last = why.to_owned();
+    let mut tries = 0u32;
+    loop {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "lost the connection to Chidori server {} and could not resume the session within {} s ({tries} tries): {last}",
+                conn.server,
+                resume.grace.as_secs()
+            ));
+        }
+        tries += 1;
+        match reconnect_once(&conn.server, resume, received) {
+            Ok((stream, tls, server_received)) => {
+                let reader_sock = stream.try_clone().map_err(|e| e.to_string())?;
+                let (secure, tls_reader) = match tls {
+                    Some((s, r)) => (Some(s), Some(r)),
+                    None => (None, None),
+                };
+                install(conn, stream, secure, server_received)?;
+                *conn.last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                tracing::warn!(
+                    "resumed the session with Chidori server {} after {:.1} s",
+                    conn.server,
+                    started.elapsed().as_secs_f64()
+                );
+                return Ok((reader_sock, tls_reader));
+            }
+            Err(Retry::Never(reason)) => return Err(reason),
+            Err(Retry::Again(e)) => {
+                last = e;
+                let pause = Duration::from_millis(200 * u64::from(tries.min(5)));
+                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+            }
+        }
+    }
+}
+
+/// Make `stream` the connection, and send the server every byte after `server_received`
+/// from a thread of its own (holding the write lock, so later frames follow them).
+fn install(
+    conn: &Arc<Conn>,
+    stream: TcpStream,
+    secure: Option<Arc<chidori_tls::Secure>>,
+    server_received: u64,
+) -> Result<(), String> {
+    let mut link = conn.writer.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(replay) = &link.replay {
+        replay.since(server_received).map_err(|gap| format!("Chidori server {}: {gap}", conn.server))?;
+    }
+    *conn.breaker.lock().unwrap_or_else(|p| p.into_inner()) = stream.try_clone().ok();
+    link.stream = stream;
+    link.secure = secure;
+    drop(link);
+    let conn = conn.clone();
+    let resend = move || {
+        let mut link = conn.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let Link { stream, secure, replay } = &mut *link;
+        let result = match replay.as_ref().map(|r| r.since(server_received)) {
+            Some(Ok((a, b))) => {
+                let mut slices = [IoSlice::new(a), IoSlice::new(b)];
+                match secure {
+                    None => write_vectored_all(stream, &mut slices),
+                    Some(secure) => secure.send(&*stream, &slices),
+                }
+            }
+            _ => Ok(()),
+        };
+        match result {
+            Ok(()) => conn.up.store(true, Ordering::Release),
+            Err(e) => {
+                tracing::warn!("sending Chidori server {} what it missed failed: {e}", conn.server);
+                drop(link);
+                conn.link_down();
+                return;
+            }
+        }
+        drop(link);
+        conn.send_control_queued();
+    };
+    std::thread::Builder::new()
+        .name("chidori-resend".into())
+        .spawn(resend)
+        .map(|_| ())
+        .map_err(|e| format!("cannot start a thread to resend what the server missed: {e}"))
 }
 
 fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
@@ -781,8 +1159,13 @@ fn handle(conn: &Arc<Conn>, frame: Frame) -> Result<(), String> {
             // The receiver may have given up waiting; the request's answer still comes.
             let _ = tx.send((p.steps, frame.bulk.to_vec()));
         }
-        Kind::Ping => conn.send(Header::new(Kind::Pong, 0, 0, frame.header.seq), &[], &[])?,
+        Kind::Ping => conn.send_control(Header::new(Kind::Pong, 0, 0, frame.header.seq)),
         Kind::Pong => {}
+        Kind::Ack => {
+            if let Some(resume) = &conn.resume {
+                resume.peer_acked.fetch_max(frame.header.seq, Ordering::AcqRel);
+            }
+        }
         Kind::HostCallback => {
             let cb: HostCallback = messages::decode(&frame, "host callback").map_err(|e| e.to_string())?;
             let queue = conn.callback_queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -832,8 +1215,8 @@ impl Default for Decoder {
 }
 
 impl Decoder {
-    /// Read what is available. Ok(false): nothing more right now.
-    fn fill(&mut self, stream: &mut dyn Read) -> std::io::Result<bool> {
+    /// Read what is available: the bytes read, or None when nothing more is there now.
+    fn fill(&mut self, stream: &mut dyn Read) -> std::io::Result<Option<usize>> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -849,13 +1232,13 @@ impl Decoder {
             }
         }
         match stream.read(&mut self.buf[self.end..]) {
-            Ok(0) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the server closed the connection")),
+            Ok(0) => Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the connection was closed")),
             Ok(n) => {
                 self.end += n;
-                Ok(true)
+                Ok(Some(n))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(Some(0)),
             Err(e) => Err(e),
         }
     }

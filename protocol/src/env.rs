@@ -71,3 +71,12 @@ pub const MAX_SESSIONS: &str = "CHIDORI_MAX_SESSIONS";
 
 /// `chidori serve`: GPU memory one session may allocate, in MiB (default: no quota).
 pub const MEMORY_QUOTA_MB: &str = "CHIDORI_MEMORY_QUOTA_MB";
+
+/// Client: `1` makes the session survive a dropped connection (the client keeps what it
+/// sends until acknowledged and reconnects), `0` not. Default: on, except for a server on
+/// a loopback address (where connections do not drop and copies cost most).
+pub const RESUME: &str = "CHIDORI_RESUME";
+
+/// Seconds a session whose connection broke waits for its client to reconnect (the client
+/// tries as long), default 60.
+pub const RESUME_GRACE_SECS: &str = "CHIDORI_RESUME_GRACE_SECS";

@@ -50,6 +50,16 @@ pub enum Kind {
     /// Server → client, while a long request runs: [`crate::messages::Progress`] + bytes,
     /// with the request's `seq`.
     Progress = 15,
+    /// Either way, in a resumable session: `seq` is the bytes of the stream received so far
+    /// (the sender may forget them). No archive.
+    Ack = 16,
+    /// Client → server, reconnecting a resumable session ([`crate::resume`]): first a
+    /// plaintext preamble whose `seq` is the session id (no archive), read by the
+    /// supervisor; then, inside TLS where there is TLS, one with a
+    /// [`crate::messages::ResumeRequest`].
+    Resume = 17,
+    /// Server → client: the session is resumed; `seq` is the bytes it received. No archive.
+    Resumed = 18,
 }
 
 impl Kind {
@@ -70,6 +80,9 @@ impl Kind {
             13 => Kind::Service,
             14 => Kind::ServiceReply,
             15 => Kind::Progress,
+            16 => Kind::Ack,
+            17 => Kind::Resume,
+            18 => Kind::Resumed,
             _ => return None,
         })
     }
@@ -240,7 +253,7 @@ mod tests {
     use super::*;
 
     fn kinds() -> impl Strategy<Value = Kind> {
-        (1u8..=14).prop_map(|k| Kind::from_u8(k).unwrap())
+        (1u8..=18).prop_map(|k| Kind::from_u8(k).unwrap())
     }
 
     proptest! {

@@ -15,9 +15,10 @@ pub mod frame;
 pub mod fuzz;
 pub mod messages;
 pub mod mirror;
+pub mod resume;
 
 /// Re-exported so both sides use the same rkyv.
 pub use rkyv;
 
 /// Bumped on any incompatible change to frames or messages.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;

@@ -20,6 +20,9 @@ pub struct Hello {
     /// The server's token (empty: none). Sent only inside TLS: a server that requires a
     /// token accepts only TLS connections.
     pub token: String,
+    /// The client keeps what it sends until acknowledged and reconnects when the connection
+    /// breaks ([`crate::resume`]); the server grants it with a secret in the Welcome.
+    pub resume: bool,
 }
 
 /// Server → client: the session is open.
@@ -34,6 +37,21 @@ pub struct Welcome {
     /// CUDA version ("13.0") of each library the server loaded, by Chidori library name.
     pub libraries: Vec<(String, String)>,
     pub devices: Vec<Device>,
+    /// The secret a reconnecting client presents with the session id (empty: the session
+    /// ends with its connection).
+    pub resume_secret: Vec<u8>,
+}
+
+/// Client → server, inside TLS where there is TLS: reconnecting the session whose id the
+/// preamble named ([`crate::resume`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ResumeRequest {
+    /// The server's token (empty: none), as in the Hello.
+    pub token: String,
+    /// The Welcome's `resume_secret`.
+    pub secret: Vec<u8>,
+    /// Bytes of the server's stream the client received.
+    pub received: u64,
 }
 
 /// A GPU as the server sees it: everything the client answers device queries from.
@@ -68,6 +86,8 @@ pub enum RefuseReason {
     Unauthorized,
     Busy,
     Internal,
+    /// A reconnecting client named a session that has ended (or a wrong secret).
+    Gone,
 }
 
 /// Server → client: the session cannot open; the client reports `message` and gives up.
@@ -381,6 +401,7 @@ mod tests {
                 ],
                 props_version: "13.0".into(),
             }],
+            resume_secret: vec![9; 32],
         };
         let bytes = to_vec(Header::new(Kind::Welcome, 0, 0, 0), &encode(&w), &[]).unwrap();
         let (frame, _) = Frame::decode(&bytes).unwrap();

@@ -77,11 +77,16 @@ impl SecretFiles {
     }
 }
 
-/// `n` random bytes as lowercase hex, from the TLS provider's secure random source.
-fn random_hex(n: usize) -> Result<String> {
+/// `n` random bytes from the TLS provider's secure random source.
+pub fn random_bytes(n: usize) -> Result<Vec<u8>> {
     let mut bytes = vec![0u8; n];
     chidori_tls::provider().secure_random.fill(&mut bytes).map_err(|_| anyhow::anyhow!("no secure random source"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(bytes)
+}
+
+/// `n` random bytes as lowercase hex.
+fn random_hex(n: usize) -> Result<String> {
+    Ok(random_bytes(n)?.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Write a file only its owner can read (made 0600 before anything is in it).
@@ -109,6 +114,7 @@ pub fn load_identity(cert: &Path, key: &Path) -> Result<(Vec<CertificateDer<'sta
 }
 
 /// What a secure session worker needs: its TLS configuration and the expected token.
+#[derive(Clone)]
 pub struct Security {
     pub tls: Arc<rustls::ServerConfig>,
     pub token: String,

@@ -27,5 +27,6 @@ pub mod mirror;
 pub mod nvrtc;
 pub mod profile;
 pub mod real;
+pub mod resume;
 pub mod session;
 pub mod supervisor;

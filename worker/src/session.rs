@@ -24,6 +24,7 @@ use chidori_protocol::messages::{
     self, Api, AsyncError, Call, Goodbye, GraphLoop, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch,
     NULL_LEN, Progress, Refuse, RefuseReason, Reply, Service, ServiceReply, Welcome,
 };
+use chidori_protocol::resume::SECRET_LEN;
 
 use crate::auth::Security;
 use crate::backend::Backend;
@@ -32,6 +33,7 @@ use crate::handles::Handles;
 use crate::io::{ReadError, Sink, Writer, read_frame};
 use crate::memory::{self, Effect, Memory, Origin, Size};
 use crate::mirror::Mirrors;
+use crate::resume::{Acceptor, Resumable, spawn_acceptor};
 
 /// A kernel's parameters: (offset, size) each, in order.
 type ParamLayout = Arc<Vec<(u32, u32)>>;
@@ -46,6 +48,9 @@ pub struct Options {
     pub module_cache: Option<ModuleCache>,
     /// GPU memory the session may allocate, in bytes (None: no quota).
     pub memory_quota: Option<u64>,
+    /// Where the supervisor passes a reconnecting client's connection (None: the session
+    /// ends with its connection).
+    pub resume: Option<std::os::unix::net::UnixStream>,
 }
 
 /// A module loaded in this session.
@@ -59,7 +64,7 @@ struct Loaded {
 struct Session {
     backend: Arc<dyn Backend>,
     handles: Mutex<Handles>,
-    writer: Writer,
+    writer: Arc<Writer>,
     /// Host callbacks waiting for the client: id → wake-up.
     callbacks: Mutex<HashMap<u64, mpsc::Sender<()>>>,
     next_callback: AtomicU64,
@@ -116,6 +121,7 @@ pub fn run(
         }
         None => (Box::new(stream.try_clone()?), Writer::new(Sink::Plain(stream.try_clone()?))),
     };
+    let writer = Arc::new(writer);
     let frame =
         read_frame(&mut reader, HANDSHAKE_TIMEOUT).map_err(|e| anyhow::anyhow!("reading the client's hello: {e}"))?;
     if frame.header.kind != Kind::Hello {
@@ -165,6 +171,11 @@ pub fn run(
         Ok(b) => b,
         Err(e) => return refuse(RefuseReason::NoGpu, e),
     };
+    // A resumable session: the client asked, and the supervisor can pass its next connection.
+    let resume = match (hello.resume, options.resume) {
+        (true, Some(control)) => Some((control, crate::auth::random_bytes(SECRET_LEN)?)),
+        _ => None,
+    };
     let welcome = Welcome {
         server_version: env!("CARGO_PKG_VERSION").to_owned(),
         backend: backend.name().to_owned(),
@@ -172,9 +183,27 @@ pub fn run(
         driver_version: backend.driver_version(),
         libraries: backend.libraries(),
         devices: backend.devices(),
+        resume_secret: resume.as_ref().map(|(_, secret)| secret.clone()).unwrap_or_default(),
     };
     writer.send(Header::new(Kind::Welcome, 0, 0, 0), &messages::encode(&welcome), &[])?;
-    tracing::info!("session for {} pid {} ({}) open, backend {}", hello.host, hello.pid, hello.program, backend.name());
+    tracing::info!(
+        "session for {} pid {} ({}) open, backend {}{}",
+        hello.host,
+        hello.pid,
+        hello.program,
+        backend.name(),
+        if resume.is_some() { "; it survives a dropped connection" } else { "" }
+    );
+    // The stream of a resumable session starts after the Welcome.
+    let reader = match resume {
+        Some((control, secret)) => {
+            writer.keep_for_resume();
+            let acceptor = Acceptor { control, security: security.clone(), secret, heartbeat: options.heartbeat };
+            let links = spawn_acceptor(acceptor, writer.clone());
+            Resumable::surviving(reader, writer.clone(), links, chidori_protocol::resume::grace())
+        }
+        None => Resumable::plain(reader, writer.clone()),
+    };
 
     let session = Arc::new(Session {
         backend,
@@ -194,7 +223,13 @@ pub fn run(
     stream.set_read_timeout(Some(options.heartbeat))?;
     // Buffered: a burst of small frames (the client's outbox) arrives in one read.
     let mut reader = std::io::BufReader::with_capacity(READ_BUFFER, reader);
-    let stall = frame_stall(options.heartbeat);
+    // A resumable session's reader replaces a connection silent for a few heartbeats before
+    // a frame's stall limit would end the session.
+    let stall = if reader.get_ref().is_resumable() {
+        options.heartbeat * (RESUMABLE_STALL_HEARTBEATS)
+    } else {
+        frame_stall(options.heartbeat)
+    };
     let result = serve(&session, &mut reader, stall);
     log_timing(&session);
     match &result {
@@ -208,6 +243,10 @@ pub fn run(
     session.writer.close();
     result
 }
+
+/// Heartbeats a frame of a resumable session may make no progress (its reader reconnects
+/// after fewer).
+const RESUMABLE_STALL_HEARTBEATS: u32 = 8;
 
 /// How long a frame that has started may make no progress: twice the heartbeat, at least
 /// 2 s.
@@ -292,7 +331,7 @@ fn only_waits(frame: &Frame) -> bool {
     frame.header.kind == Kind::Call && VARIANTS.get(frame.header.call as usize).is_some_and(|d| d.only_waits)
 }
 
-fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>, stall: Duration) -> Result<()> {
+fn serve(session: &Arc<Session>, reader: &mut std::io::BufReader<Resumable>, stall: Duration) -> Result<()> {
     let mut executors: HashMap<u32, mpsc::Sender<Batch>> = HashMap::new();
     // Consecutive frames of one client thread, handed to its executor together.
     let mut batch: Option<(u32, Batch)> = None;
@@ -317,10 +356,12 @@ fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>, st
             Err(ReadError::Closed) => return Ok(()),
             Err(ReadError::Timeout) => {
                 silent += 1;
-                if silent > 3 {
+                // A resumable session's reader reconnects instead (after as many heartbeats).
+                if silent > 3 && !reader.get_ref().is_resumable() {
                     bail!("the client stopped answering heartbeats");
                 }
-                session.writer.send(Header::new(Kind::Ping, 0, 0, 0), &[], &[])?;
+                session.writer.send_control(Header::new(Kind::Ping, 0, 0, 0));
+                reader.get_mut().acknowledge();
                 continue;
             }
             Err(e) => bail!("malformed frame: {e}"),
@@ -346,8 +387,9 @@ fn serve<R: Read>(session: &Arc<Session>, reader: &mut std::io::BufReader<R>, st
                     }
                 }
             }
-            Kind::Ping => session.writer.send(Header::new(Kind::Pong, 0, 0, frame.header.seq), &[], &[])?,
+            Kind::Ping => session.writer.send_control(Header::new(Kind::Pong, 0, 0, frame.header.seq)),
             Kind::Pong => {}
+            Kind::Ack => session.writer.acked(frame.header.seq),
             Kind::HostCallbackDone => {
                 let done: HostCallbackDone = messages::decode(&frame, "callback done")?;
                 let waiter = session.callbacks.lock().unwrap_or_else(|p| p.into_inner()).remove(&done.token);
@@ -994,7 +1036,7 @@ impl Harness {
         let session = Arc::new(Session {
             backend,
             handles: Mutex::new(Handles::new()),
-            writer: Writer::new(Sink::Discard(0, Vec::new())),
+            writer: Arc::new(Writer::new(Sink::Discard(0, Vec::new()))),
             callbacks: Mutex::new(HashMap::new()),
             next_callback: AtomicU64::new(1),
             module_cache: None,

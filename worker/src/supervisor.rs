@@ -10,13 +10,15 @@
 //! not). A worker that has not authenticated its client within [`AUTH_DEADLINE`] is
 //! killed.
 
+use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -31,6 +33,10 @@ pub const SESSION_FD: i32 = 3;
 /// The file descriptor a session worker writes one byte to once its client is
 /// authenticated (then closes).
 pub const AUTH_FD: i32 = 4;
+
+/// The file descriptor of a session worker's end of a Unix socket on which the supervisor
+/// passes a reconnecting client's connection.
+pub const RESUME_FD: i32 = 5;
 
 /// How long a connection may take from accept to an authenticated Hello (TLS handshake
 /// included) before its worker is killed.
@@ -87,6 +93,8 @@ impl ServeOptions {
             self.module_cache_mb.to_string(),
             "--auth-fd".to_owned(),
             AUTH_FD.to_string(),
+            "--resume-fd".to_owned(),
+            RESUME_FD.to_string(),
         ];
         if let Some(files) = &self.secure {
             for (flag, path) in [("--token-file", &files.token), ("--tls-cert", &files.cert), ("--tls-key", &files.key)]
@@ -150,11 +158,13 @@ fn gpus_found(probe: &str) -> usize {
         .unwrap_or(1)
 }
 
-/// Sessions running and connections not yet authenticated.
+/// Sessions running and connections not yet authenticated; the running workers by
+/// session id (their pid), with the socket that passes them a reconnecting client.
 #[derive(Default)]
 struct Counts {
     sessions: AtomicUsize,
     unauthenticated: AtomicUsize,
+    workers: Mutex<HashMap<u32, UnixStream>>,
 }
 
 /// One unit of a count, given back when dropped.
@@ -288,6 +298,23 @@ const TLS_HANDSHAKE: u8 = 0x16;
 fn hand_over(stream: TcpStream, options: &ServeOptions, counts: &Counts, max_sessions: usize) -> Result<()> {
     let accepted = Instant::now();
     let peer = stream.peer_addr()?;
+    // A client reconnecting to its session starts with a plaintext Resume header.
+    let deadline = Instant::now() + FIRST_BYTES_DEADLINE;
+    let mut head = [0u8; HEADER_LEN];
+    let mut first = [0u8; 4];
+    if !peek_exact(&stream, &mut first, deadline)? {
+        return Ok(());
+    }
+    if u32::from_le_bytes(first) == MAGIC {
+        if !peek_exact(&stream, &mut head, deadline)? {
+            return Ok(());
+        }
+        if let Ok(h) = Header::decode(&head)
+            && h.kind == Kind::Resume
+        {
+            return pass_to_session(stream, h.seq, counts);
+        }
+    }
     let Some(_session) = Held::take(&counts.sessions, max_sessions) else {
         refuse_plain(
             &stream,
@@ -304,11 +331,6 @@ fn hand_over(stream: TcpStream, options: &ServeOptions, counts: &Counts, max_ses
         );
         bail!("refused: {MAX_UNAUTHENTICATED} connections are still authenticating");
     };
-    let deadline = Instant::now() + FIRST_BYTES_DEADLINE;
-    let mut first = [0u8; 4];
-    if !peek_exact(&stream, &mut first, deadline)? {
-        return Ok(());
-    }
     let tls = first[0] == TLS_HANDSHAKE;
     let plain = u32::from_le_bytes(first) == MAGIC;
     match (&options.secure, tls, plain) {
@@ -339,7 +361,6 @@ fn hand_over(stream: TcpStream, options: &ServeOptions, counts: &Counts, max_ses
     }
     if !tls {
         // Plain text: check the version in the first frame's header.
-        let mut head = [0u8; HEADER_LEN];
         if !peek_exact(&stream, &mut head, deadline)? {
             return Ok(());
         }
@@ -356,12 +377,15 @@ fn hand_over(stream: TcpStream, options: &ServeOptions, counts: &Counts, max_ses
     let fd = stream.as_raw_fd();
     let (auth_read, auth_write) = pipe()?;
     let auth_fd = auth_write.as_raw_fd();
+    // std's Unix sockets are made close-on-exec: the child gets its end by dup2 below.
+    let (resume_ours, resume_theirs) = UnixStream::pair().context("making the worker's resume socket")?;
+    let resume_fd = resume_theirs.as_raw_fd();
     let mut cmd = options.command();
     // SAFETY: the closure runs in the child between fork and exec and only calls
     // async-signal-safe functions (dup2, fcntl).
     unsafe {
         cmd.pre_exec(move || {
-            for (from, to) in [(fd, SESSION_FD), (auth_fd, AUTH_FD)] {
+            for (from, to) in [(fd, SESSION_FD), (auth_fd, AUTH_FD), (resume_fd, RESUME_FD)] {
                 if from != to && libc::dup2(from, to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -377,7 +401,9 @@ fn hand_over(stream: TcpStream, options: &ServeOptions, counts: &Counts, max_ses
     // The child owns the connection now; ours closes with `stream`.
     drop(stream);
     drop(auth_write);
+    drop(resume_theirs);
     let pid = child.id();
+    lock(&counts.workers).insert(pid, resume_ours);
     tracing::info!("session for {peer}: worker pid {pid}");
     // Until the worker says its client is authenticated: at most AUTH_DEADLINE.
     let left = AUTH_DEADLINE.saturating_sub(accepted.elapsed());
@@ -393,13 +419,49 @@ fn hand_over(stream: TcpStream, options: &ServeOptions, counts: &Counts, max_ses
             AUTH_DEADLINE.as_secs()
         );
     }
-    let status = child.wait()?;
+    let status = child.wait();
+    lock(&counts.workers).remove(&pid);
+    let status = status?;
     if status.success() {
         tracing::info!("session for {peer}: worker pid {pid} exited ({status})");
     } else {
         tracing::warn!("session for {peer}: worker pid {pid} failed ({status}); its log above says why");
     }
     Ok(())
+}
+
+/// Pass a reconnecting client's connection to its session's worker, after reading the
+/// plaintext Resume header (the worker continues with what follows: TLS, or the request).
+fn pass_to_session(mut stream: TcpStream, session: u64, counts: &Counts) -> Result<()> {
+    let mut head = [0u8; HEADER_LEN];
+    std::io::Read::read_exact(&mut stream, &mut head).context("reading the resume header")?;
+    let passed = {
+        let workers = lock(&counts.workers);
+        let worker = u32::try_from(session).ok().and_then(|pid| workers.get(&pid));
+        worker.map(|w| crate::resume::send_fd(w, stream.as_raw_fd()))
+    };
+    match passed {
+        Some(Ok(())) => {
+            tracing::info!("a client reconnects to session {session}");
+            Ok(())
+        }
+        Some(Err(e)) => bail!("passing a reconnection to session {session}: {e}"),
+        None => {
+            refuse_plain(
+                &stream,
+                RefuseReason::Gone,
+                format!(
+                    "session {session} is not running on this server any more (it ended, its client was away \
+                     longer than its grace period, or the server restarted)"
+                ),
+            );
+            bail!("refused a reconnection to session {session}, which is not running");
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn hostname() -> String {
