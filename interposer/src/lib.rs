@@ -7,6 +7,7 @@
 
 pub mod ahead;
 pub mod conn;
+pub mod content;
 pub mod custom;
 pub mod fatbin;
 pub mod guard;

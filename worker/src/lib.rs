@@ -17,6 +17,7 @@
 pub mod auth;
 pub mod backend;
 pub mod cache;
+pub mod content;
 pub mod emulated;
 pub mod fuzz;
 pub mod handles;
