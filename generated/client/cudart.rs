@@ -212,6 +212,44 @@ pub unsafe extern "C" fn __chidori_cudart___cudaUnregisterFatBinary(
 ) {
     unsafe { crate::custom::cudart::__cudaUnregisterFatBinary(fatCubinHandle) }
 }
+///`cudaArrayGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetInfo(
+    desc: *mut c_void,
+    extent: *mut c_void,
+    flags: *mut c_void,
+    array: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaArrayGetInfo,
+            &[
+                (desc) as usize as u64,
+                (extent) as usize as u64,
+                (flags) as usize as u64,
+                (array) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetMemoryRequirements(
+    memoryRequirements: *mut c_void,
+    array: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaArrayGetMemoryRequirements,
+            &[
+                (memoryRequirements) as usize as u64,
+                (array) as usize as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaArrayGetPlane` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetPlane(
@@ -223,6 +261,19 @@ pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetPlane(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaArrayGetPlane,
             &[(pPlaneArray) as usize as u64, (hArray) as usize as u64, (planeIdx) as u64],
+        ) as u32
+    }
+}
+///`cudaArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaArrayGetSparseProperties(
+    sparseProperties: *mut c_void,
+    array: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaArrayGetSparseProperties,
+            &[(sparseProperties) as usize as u64, (array) as usize as u64],
         ) as u32
     }
 }
@@ -485,6 +536,40 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetExecutionCtx(
         ) as u32
     }
 }
+///`cudaDeviceGetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetGraphMemAttribute(
+    device: i32,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetGraphMemAttribute,
+            &[(device) as i64 as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaDeviceGetHostAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetHostAtomicCapabilities(
+    capabilities: *mut c_void,
+    operations: *mut c_void,
+    count: u32,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetHostAtomicCapabilities,
+            &[
+                (capabilities) as usize as u64,
+                (operations) as usize as u64,
+                (count) as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaDeviceGetLimit` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetLimit(
@@ -508,6 +593,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetMemPool(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaDeviceGetMemPool,
             &[(memPool) as usize as u64, (device) as i64 as u64],
+        ) as u32
+    }
+}
+///`cudaDeviceGetP2PAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceGetP2PAtomicCapabilities(
+    capabilities: *mut c_void,
+    operations: *mut c_void,
+    count: u32,
+    srcDevice: i32,
+    dstDevice: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceGetP2PAtomicCapabilities,
+            &[
+                (capabilities) as usize as u64,
+                (operations) as usize as u64,
+                (count) as u64,
+                (srcDevice) as i64 as u64,
+                (dstDevice) as i64 as u64,
+            ],
         ) as u32
     }
 }
@@ -612,6 +719,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetCacheConfig(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaDeviceSetCacheConfig,
             &[(cacheConfig) as u64],
+        ) as u32
+    }
+}
+///`cudaDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaDeviceSetGraphMemAttribute(
+    device: i32,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaDeviceSetGraphMemAttribute,
+            &[(device) as i64 as u64, (attr) as u64, (value) as usize as u64],
         ) as u32
     }
 }
@@ -1091,6 +1212,19 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetCacheConfig(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaFuncSetCacheConfig(func, cacheConfig) }
 }
+///`cudaGetChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetChannelDesc(
+    desc: *mut c_void,
+    array: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetChannelDesc,
+            &[(desc) as usize as u64, (array) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetDevice(device: *mut c_void) -> u32 {
@@ -1355,6 +1489,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetMipmappedArrayLevel(
         ) as u32
     }
 }
+///`cudaGetSurfaceObjectResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu118(
+    pResDesc: *mut c_void,
+    surfObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetSurfaceObjectResourceDesc__cu118,
+            &[(pResDesc) as usize as u64, (surfObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetSurfaceObjectResourceDesc` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu130(
+    pResDesc: *mut c_void,
+    surfObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetSurfaceObjectResourceDesc__cu130,
+            &[(pResDesc) as usize as u64, (surfObject) as u64],
+        ) as u32
+    }
+}
 ///`cudaGetSymbolAddress` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGetSymbolAddress(
@@ -1381,6 +1541,256 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureAlignmentOffset(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaGetTextureAlignmentOffset,
             &[(offset) as usize as u64, (texref) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceDesc__cu118(
+    pResDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectResourceDesc__cu118,
+            &[(pResDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectResourceDesc` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceDesc__cu130(
+    pResDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectResourceDesc__cu130,
+            &[(pResDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectResourceViewDesc` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu118(
+    pResViewDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectResourceViewDesc__cu118,
+            &[(pResViewDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectResourceViewDesc` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu130(
+    pResViewDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectResourceViewDesc__cu130,
+            &[(pResViewDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectTextureDesc` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc__cu118(
+    pTexDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectTextureDesc__cu118,
+            &[(pTexDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGetTextureObjectTextureDesc` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetTextureObjectTextureDesc__cu121(
+    pTexDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGetTextureObjectTextureDesc__cu121,
+            &[(pTexDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cudaGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddChildGraphNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    childGraph: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddChildGraphNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (childGraph) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies__cu118(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddDependencies__cu118,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddDependencies` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddDependencies__cu130(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddDependencies__cu130,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddEmptyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEmptyNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddEmptyNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddEventRecordNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventRecordNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddEventRecordNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (event) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddEventWaitNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventWaitNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddEventWaitNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (event) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemFreeNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    dptr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddMemFreeNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (dptr) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemsetNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    pMemsetParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphAddMemsetNode,
+            &[
+                (pGraphNode) as usize as u64,
+                (graph) as usize as u64,
+                (pDependencies) as usize as u64,
+                (numDependencies) as u64,
+                (pMemsetParams) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -1631,6 +2041,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecGetId(
         ) as u32
     }
 }
+///`cudaGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemsetNodeSetParams(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphExecMemsetNodeSetParams,
+            &[
+                (hGraphExec) as usize as u64,
+                (node) as usize as u64,
+                (pNodeParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaGraphExecUpdate` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu118(
@@ -1647,6 +2075,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu118(
                 (hGraph) as usize as u64,
                 (hErrorNode_out) as usize as u64,
                 (updateResult_out) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphExecUpdate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu121(
+    hGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    resultInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphExecUpdate__cu121,
+            &[
+                (hGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (resultInfo) as usize as u64,
             ],
         ) as u32
     }
@@ -1752,6 +2198,76 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeCopyAttributes(
         ) as u32
     }
 }
+///`cudaGraphKernelNodeGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu118(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu118,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu121(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu121,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu126(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu126,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu128(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu128,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu130(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeGetAttribute__cu130,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch(
@@ -1775,6 +2291,45 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch_ptsz(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaGraphLaunch_ptsz,
             &[(graphExec) as usize as u64, (stream) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemFreeNodeGetParams(
+    node: *mut c_void,
+    dptr_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphMemFreeNodeGetParams,
+            &[(node) as usize as u64, (dptr_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemsetNodeGetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphMemsetNodeGetParams,
+            &[(node) as usize as u64, (pNodeParams) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemsetNodeSetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphMemsetNodeSetParams,
+            &[(node) as usize as u64, (pNodeParams) as usize as u64],
         ) as u32
     }
 }
@@ -1806,6 +2361,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetContainingGraph(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaGraphNodeGetContainingGraph,
             &[(hNode) as usize as u64, (phGraph) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu118(
+    node: *mut c_void,
+    pDependencies: *mut c_void,
+    pNumDependencies: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphNodeGetDependencies__cu118,
+            &[
+                (node) as usize as u64,
+                (pDependencies) as usize as u64,
+                (pNumDependencies) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -1909,6 +2482,48 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphReleaseUserObject(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaGraphReleaseUserObject,
             &[(graph) as usize as u64, (object) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cudaGraphRemoveDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies__cu118(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphRemoveDependencies__cu118,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphRemoveDependencies` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphRemoveDependencies__cu130(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphRemoveDependencies__cu130,
+            &[
+                (graph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
         ) as u32
     }
 }
@@ -2569,6 +3184,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocHost(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMallocHost(ptr, size) }
 }
+///`cudaMallocMipmappedArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocMipmappedArray(
+    mipmappedArray: *mut c_void,
+    desc: *mut c_void,
+    extent: chidori_cuda::types::cudaExtent,
+    numLevels: u32,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMallocMipmappedArray,
+            &[
+                (mipmappedArray) as usize as u64,
+                (desc) as usize as u64,
+                &(extent) as *const _ as usize as u64,
+                (numLevels) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaMallocPitch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMallocPitch(
@@ -2578,6 +3215,160 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocPitch(
     height: usize,
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMallocPitch(devPtr, pitch, width, height) }
+}
+///`cudaMemAdvise` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise__cu118(
+    devPtr: *mut c_void,
+    count: usize,
+    advice: u32,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemAdvise__cu118,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (advice) as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemAdvise` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemAdvise__cu130(
+    devPtr: *mut c_void,
+    count: usize,
+    advice: u32,
+    location: chidori_cuda::types::cudaMemLocation,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemAdvise__cu130,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (advice) as u64,
+                &(location) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardAndPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardAndPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardAndPrefetchBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemDiscardBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemDiscardBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemDiscardBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemGetDefaultMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemGetDefaultMemPool(
+    memPool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemGetDefaultMemPool,
+            &[(memPool) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
 }
 ///`cudaMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2592,6 +3383,20 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemGetInfo(
         ) as u32
     }
 }
+///`cudaMemGetMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemGetMemPool(
+    memPool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemGetMemPool,
+            &[(memPool) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cudaMemPoolDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
@@ -2601,6 +3406,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaMemPoolDestroy,
             &[(memPool) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolGetAccess(
+    flags: *mut c_void,
+    memPool: *mut c_void,
+    location: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolGetAccess,
+            &[
+                (flags) as usize as u64,
+                (memPool) as usize as u64,
+                (location) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2656,6 +3479,182 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolTrimTo(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaMemPoolTrimTo,
             &[(memPool) as usize as u64, (minBytesToKeep) as u64],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync__cu118(
+    devPtr: *mut c_void,
+    count: usize,
+    dstDevice: i32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync__cu118,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (dstDevice) as i64 as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync__cu130(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync__cu130,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu118(
+    devPtr: *mut c_void,
+    count: usize,
+    dstDevice: i32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_ptsz__cu118,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                (dstDevice) as i64 as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu130(
+    devPtr: *mut c_void,
+    count: usize,
+    location: chidori_cuda::types::cudaMemLocation,
+    flags: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchAsync_ptsz__cu130,
+            &[
+                (devPtr) as usize as u64,
+                (count) as u64,
+                &(location) as *const _ as usize as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPrefetchBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemRangeGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttribute(
+    data: *mut c_void,
+    dataSize: usize,
+    attribute: u32,
+    devPtr: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemRangeGetAttribute,
+            &[
+                (data) as usize as u64,
+                (dataSize) as u64,
+                (attribute) as u64,
+                (devPtr) as usize as u64,
+                (count) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemSetMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemSetMemPool(
+    location: *mut c_void,
+    r#type: u32,
+    memPool: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemSetMemPool,
+            &[(location) as usize as u64, (r#type) as u64, (memPool) as usize as u64],
         ) as u32
     }
 }
@@ -3034,6 +4033,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromSymbol_ptds(
         )
     }
 }
+///`cudaMemcpyPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeer(
+    dst: *mut c_void,
+    dstDevice: i32,
+    src: *mut c_void,
+    srcDevice: i32,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpyPeer,
+            &[
+                (dst) as usize as u64,
+                (dstDevice) as i64 as u64,
+                (src) as usize as u64,
+                (srcDevice) as i64 as u64,
+                (count) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaMemcpyPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeerAsync(
@@ -3315,6 +4336,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset_ptds(
         ) as u32
     }
 }
+///`cudaMipmappedArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetMemoryRequirements(
+    memoryRequirements: *mut c_void,
+    mipmap: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMipmappedArrayGetMemoryRequirements,
+            &[
+                (memoryRequirements) as usize as u64,
+                (mipmap) as usize as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMipmappedArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetSparseProperties(
+    sparseProperties: *mut c_void,
+    mipmap: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMipmappedArrayGetSparseProperties,
+            &[(sparseProperties) as usize as u64, (mipmap) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -3453,6 +4505,19 @@ pub unsafe extern "C" fn __chidori_cudart_cudaSetDoubleForHost(d: *mut c_void) -
         ) as u32
     }
 }
+///`cudaSetValidDevices` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaSetValidDevices(
+    device_arr: *mut c_void,
+    len: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaSetValidDevices,
+            &[(device_arr) as usize as u64, (len) as i64 as u64],
+        ) as u32
+    }
+}
 ///`cudaStreamAddCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback(
@@ -3501,6 +4566,46 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamAddCallback_ptsz(
             },
         };
         crate::custom::cudart::stream_callback(&CTX, stream, callback, userData, flags)
+    }
+}
+///`cudaStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamAttachMemAsync(
+    stream: *mut c_void,
+    devPtr: *mut c_void,
+    length: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamAttachMemAsync,
+            &[
+                (stream) as usize as u64,
+                (devPtr) as usize as u64,
+                (length) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaStreamAttachMemAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamAttachMemAsync_ptsz(
+    stream: *mut c_void,
+    devPtr: *mut c_void,
+    length: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamAttachMemAsync_ptsz,
+            &[
+                (stream) as usize as u64,
+                (devPtr) as usize as u64,
+                (length) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
     }
 }
 ///`cudaStreamBeginCapture` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -3663,6 +4768,146 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamEndCapture_ptsz(
             },
         };
         crate::custom::capture::end_capture(&CTX, stream, pGraph)
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamGetAttribute_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamGetAttribute_ptsz__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamGetAttribute_ptsz__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
     }
 }
 ///`cudaStreamGetCaptureInfo` for CUDA 11.8 (custom).

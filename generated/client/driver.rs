@@ -30,6 +30,32 @@ pub unsafe extern "C" fn __chidori_driver_cuArray3DCreate_v2(
         ) as u32
     }
 }
+///`cuArray3DGetDescriptor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArray3DGetDescriptor(
+    pArrayDescriptor: *mut c_void,
+    hArray: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArray3DGetDescriptor,
+            &[(pArrayDescriptor) as usize as u64, (hArray) as usize as u64],
+        ) as u32
+    }
+}
+///`cuArray3DGetDescriptor_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArray3DGetDescriptor_v2(
+    pArrayDescriptor: *mut c_void,
+    hArray: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArray3DGetDescriptor_v2,
+            &[(pArrayDescriptor) as usize as u64, (hArray) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuArrayCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayCreate(
@@ -66,6 +92,50 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayDestroy(hArray: *mut c_void) ->
         ) as u32
     }
 }
+///`cuArrayGetDescriptor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArrayGetDescriptor(
+    pArrayDescriptor: *mut c_void,
+    hArray: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArrayGetDescriptor,
+            &[(pArrayDescriptor) as usize as u64, (hArray) as usize as u64],
+        ) as u32
+    }
+}
+///`cuArrayGetDescriptor_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArrayGetDescriptor_v2(
+    pArrayDescriptor: *mut c_void,
+    hArray: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArrayGetDescriptor_v2,
+            &[(pArrayDescriptor) as usize as u64, (hArray) as usize as u64],
+        ) as u32
+    }
+}
+///`cuArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArrayGetMemoryRequirements(
+    memoryRequirements: *mut c_void,
+    array: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArrayGetMemoryRequirements,
+            &[
+                (memoryRequirements) as usize as u64,
+                (array) as usize as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuArrayGetPlane` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuArrayGetPlane(
@@ -77,6 +147,19 @@ pub unsafe extern "C" fn __chidori_driver_cuArrayGetPlane(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuArrayGetPlane,
             &[(pPlaneArray) as usize as u64, (hArray) as usize as u64, (planeIdx) as u64],
+        ) as u32
+    }
+}
+///`cuArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuArrayGetSparseProperties(
+    sparseProperties: *mut c_void,
+    array: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuArrayGetSparseProperties,
+            &[(sparseProperties) as usize as u64, (array) as usize as u64],
         ) as u32
     }
 }
@@ -240,6 +323,34 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetCacheConfig(
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetCurrent(pctx: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuCtxGetCurrent(pctx) }
 }
+///`cuCtxGetDevResource` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevResource__cu126(
+    hCtx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuCtxGetDevResource__cu126,
+            &[(hCtx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuCtxGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevResource__cu131(
+    hCtx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuCtxGetDevResource__cu131,
+            &[(hCtx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cuCtxGetDevice` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevice(device: *mut c_void) -> u32 {
@@ -260,6 +371,19 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxGetDevice_v2(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuCtxGetDevice_v2,
             &[(device) as usize as u64, (ctx) as usize as u64],
+        ) as u32
+    }
+}
+///`cuCtxGetExecAffinity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxGetExecAffinity(
+    pExecAffinity: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuCtxGetExecAffinity,
+            &[(pExecAffinity) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
@@ -479,6 +603,42 @@ pub unsafe extern "C" fn __chidori_driver_cuDestroyExternalSemaphore(
         ) as u32
     }
 }
+///`cuDevResourceGenerateDesc` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevResourceGenerateDesc__cu126(
+    phDesc: *mut c_void,
+    resources: *mut c_void,
+    nbResources: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevResourceGenerateDesc__cu126,
+            &[
+                (phDesc) as usize as u64,
+                (resources) as usize as u64,
+                (nbResources) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDevResourceGenerateDesc` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDevResourceGenerateDesc__cu131(
+    phDesc: *mut c_void,
+    resources: *mut c_void,
+    nbResources: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDevResourceGenerateDesc__cu131,
+            &[
+                (phDesc) as usize as u64,
+                (resources) as usize as u64,
+                (nbResources) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuDeviceCanAccessPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceCanAccessPeer(
@@ -554,6 +714,34 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDefaultMemPool(
         ) as u32
     }
 }
+///`cuDeviceGetDevResource` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDevResource__cu126(
+    device: i32,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetDevResource__cu126,
+            &[(device) as i64 as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetDevResource__cu131(
+    device: i32,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetDevResource__cu131,
+            &[(device) as i64 as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cuDeviceGetExecAffinitySupport` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetExecAffinitySupport(
@@ -565,6 +753,58 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetExecAffinitySupport(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuDeviceGetExecAffinitySupport,
             &[(pi) as usize as u64, (r#type) as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetGraphMemAttribute(
+    device: i32,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetGraphMemAttribute,
+            &[(device) as i64 as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetHostAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetHostAtomicCapabilities(
+    capabilities: *mut c_void,
+    operations: *mut c_void,
+    count: u32,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetHostAtomicCapabilities,
+            &[
+                (capabilities) as usize as u64,
+                (operations) as usize as u64,
+                (count) as u64,
+                (dev) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDeviceGetLuid` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetLuid(
+    luid: *mut c_void,
+    deviceNodeMask: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetLuid,
+            &[
+                (luid) as usize as u64,
+                (deviceNodeMask) as usize as u64,
+                (dev) as i64 as u64,
+            ],
         ) as u32
     }
 }
@@ -590,6 +830,28 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetName(
 ) -> u32 {
     unsafe { crate::custom::driver::cuDeviceGetName(name, len, dev) }
 }
+///`cuDeviceGetP2PAtomicCapabilities` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAtomicCapabilities(
+    capabilities: *mut c_void,
+    operations: *mut c_void,
+    count: u32,
+    srcDevice: i32,
+    dstDevice: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetP2PAtomicCapabilities,
+            &[
+                (capabilities) as usize as u64,
+                (operations) as usize as u64,
+                (count) as u64,
+                (srcDevice) as i64 as u64,
+                (dstDevice) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuDeviceGetP2PAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAttribute(
@@ -606,6 +868,53 @@ pub unsafe extern "C" fn __chidori_driver_cuDeviceGetP2PAttribute(
                 (attrib) as u64,
                 (srcDevice) as i64 as u64,
                 (dstDevice) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuDeviceGetPCIBusId` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetPCIBusId(
+    pciBusId: *mut c_void,
+    len: i32,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetPCIBusId,
+            &[(pciBusId) as usize as u64, (len) as i64 as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetProperties(
+    prop: *mut c_void,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetProperties,
+            &[(prop) as usize as u64, (dev) as i64 as u64],
+        ) as u32
+    }
+}
+///`cuDeviceGetTexture1DLinearMaxWidth` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceGetTexture1DLinearMaxWidth(
+    maxWidthInElements: *mut c_void,
+    format: u32,
+    numChannels: u32,
+    dev: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceGetTexture1DLinearMaxWidth,
+            &[
+                (maxWidthInElements) as usize as u64,
+                (format) as u64,
+                (numChannels) as u64,
+                (dev) as i64 as u64,
             ],
         ) as u32
     }
@@ -703,6 +1012,20 @@ pub unsafe extern "C" fn __chidori_driver_cuDevicePrimaryCtxSetFlags_v2(
     flags: u32,
 ) -> u32 {
     unsafe { crate::custom::driver::cuDevicePrimaryCtxSetFlags_v2(dev, flags) }
+}
+///`cuDeviceSetGraphMemAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuDeviceSetGraphMemAttribute(
+    device: i32,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuDeviceSetGraphMemAttribute,
+            &[(device) as i64 as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
 }
 ///`cuDeviceSetMemPool` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -979,6 +1302,26 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetModule(
         ) as u32
     }
 }
+///`cuFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuFuncGetParamInfo(
+    func: *mut c_void,
+    paramIndex: usize,
+    paramOffset: *mut c_void,
+    paramSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuFuncGetParamInfo,
+            &[
+                (func) as usize as u64,
+                (paramIndex) as u64,
+                (paramOffset) as usize as u64,
+                (paramSize) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuFuncIsLoaded` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncIsLoaded(
@@ -1113,6 +1456,180 @@ pub unsafe extern "C" fn __chidori_driver_cuGetProcAddress_v2(
             flags,
             symbolStatus,
         )
+    }
+}
+///`cuGraphAddChildGraphNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddChildGraphNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    childGraph: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddChildGraphNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (childGraph) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddDependencies(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddDependencies,
+            &[
+                (hGraph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddDependencies_v2(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddDependencies_v2,
+            &[
+                (hGraph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddEmptyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddEmptyNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddEmptyNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddEventRecordNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventRecordNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddEventRecordNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (event) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddEventWaitNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventWaitNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    event: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddEventWaitNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (event) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemFreeNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    dptr: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddMemFreeNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (dptr) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemsetNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    memsetParams: *mut c_void,
+    ctx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddMemsetNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (memsetParams) as usize as u64,
+                (ctx) as usize as u64,
+            ],
+        ) as u32
     }
 }
 ///`cuGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1380,6 +1897,24 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecUpdate(
         ) as u32
     }
 }
+///`cuGraphExecUpdate_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecUpdate_v2(
+    hGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    resultInfo: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphExecUpdate_v2,
+            &[
+                (hGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (resultInfo) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges(
@@ -1449,6 +1984,28 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
         ) as u32
     }
 }
+///`cuGraphInstantiate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate(
+    phGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    phErrorNode: *mut c_void,
+    logBuffer: *mut c_void,
+    bufferSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphInstantiate,
+            &[
+                (phGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (phErrorNode) as usize as u64,
+                (logBuffer) as usize as u64,
+                (bufferSize) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuGraphInstantiateWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
@@ -1463,6 +2020,28 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
         ) as u32
     }
 }
+///`cuGraphInstantiate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiate_v2(
+    phGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    phErrorNode: *mut c_void,
+    logBuffer: *mut c_void,
+    bufferSize: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphInstantiate_v2,
+            &[
+                (phGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (phErrorNode) as usize as u64,
+                (logBuffer) as usize as u64,
+                (bufferSize) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuGraphKernelNodeCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeCopyAttributes(
@@ -1473,6 +2052,76 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeCopyAttributes(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuGraphKernelNodeCopyAttributes,
             &[(dst) as usize as u64, (src) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu118(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu118,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu121(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu121,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu126(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu126,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu128(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu128,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu130(
+    hNode: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeGetAttribute__cu130,
+            &[(hNode) as usize as u64, (attr) as u64, (value_out) as usize as u64],
         ) as u32
     }
 }
@@ -1512,6 +2161,19 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemFreeNodeGetParams(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuGraphMemFreeNodeGetParams,
             &[(hNode) as usize as u64, (dptr_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemsetNodeGetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphMemsetNodeGetParams,
+            &[(hNode) as usize as u64, (nodeParams) as usize as u64],
         ) as u32
     }
 }
@@ -1677,6 +2339,48 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphReleaseUserObject(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuGraphReleaseUserObject,
             &[(graph) as usize as u64, (object) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuGraphRemoveDependencies` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphRemoveDependencies(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphRemoveDependencies,
+            &[
+                (hGraph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (numDependencies) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphRemoveDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphRemoveDependencies_v2(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphRemoveDependencies_v2,
+            &[
+                (hGraph) as usize as u64,
+                (from) as usize as u64,
+                (to) as usize as u64,
+                (edgeData) as usize as u64,
+                (numDependencies) as u64,
+            ],
         ) as u32
     }
 }
@@ -1883,6 +2587,34 @@ pub unsafe extern "C" fn __chidori_driver_cuGreenCtxDestroy(hCtx: *mut c_void) -
         ) as u32
     }
 }
+///`cuGreenCtxGetDevResource` for CUDA 12.6, 12.8, 13.0 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetDevResource__cu126(
+    hCtx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGreenCtxGetDevResource__cu126,
+            &[(hCtx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
+///`cuGreenCtxGetDevResource` for CUDA 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetDevResource__cu131(
+    hCtx: *mut c_void,
+    resource: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGreenCtxGetDevResource__cu131,
+            &[(hCtx) as usize as u64, (resource) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cuGreenCtxGetId` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGreenCtxGetId(
@@ -2052,6 +2784,26 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetLibrary(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuKernelGetLibrary,
             &[(pLib) as usize as u64, (kernel) as usize as u64],
+        ) as u32
+    }
+}
+///`cuKernelGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuKernelGetParamInfo(
+    kernel: *mut c_void,
+    paramIndex: usize,
+    paramOffset: *mut c_void,
+    paramSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuKernelGetParamInfo,
+            &[
+                (kernel) as usize as u64,
+                (paramIndex) as u64,
+                (paramOffset) as usize as u64,
+                (paramSize) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2576,6 +3328,28 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAddressFree(
         ) as u32
     }
 }
+///`cuMemAddressReserve` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAddressReserve(
+    ptr: *mut c_void,
+    size: usize,
+    alignment: usize,
+    addr: u64,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemAddressReserve,
+            &[
+                (ptr) as usize as u64,
+                (size) as u64,
+                (alignment) as u64,
+                (addr) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuMemAdvise` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAdvise(
@@ -2626,6 +3400,106 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAlloc_v2(
     bytesize: usize,
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAlloc_v2(dptr, bytesize) }
+}
+///`cuMemDiscardAndPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardAndPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardAndPrefetchBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemDiscardBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemDiscardBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemDiscardBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
 }
 ///`cuMemFree` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -2685,6 +3559,33 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetAccess(
         ) as u32
     }
 }
+///`cuMemGetAllocationPropertiesFromHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut c_void,
+    handle: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetAllocationPropertiesFromHandle,
+            &[(prop) as usize as u64, (handle) as u64],
+        ) as u32
+    }
+}
+///`cuMemGetDefaultMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetDefaultMemPool(
+    pool_out: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetDefaultMemPool,
+            &[(pool_out) as usize as u64, (location) as usize as u64, (r#type) as u64],
+        ) as u32
+    }
+}
 ///`cuMemGetInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo(
@@ -2708,6 +3609,20 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetInfo_v2(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuMemGetInfo_v2,
             &[(free) as usize as u64, (total) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemGetMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetMemPool(
+    pool: *mut c_void,
+    location: *mut c_void,
+    r#type: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetMemPool,
+            &[(pool) as usize as u64, (location) as usize as u64, (r#type) as u64],
         ) as u32
     }
 }
@@ -2780,6 +3695,66 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPoolDestroy(pool: *mut c_void) ->
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuMemPoolDestroy,
             &[(pool) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolGetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAccess(
+    flags: *mut c_void,
+    memPool: *mut c_void,
+    location: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolGetAccess,
+            &[
+                (flags) as usize as u64,
+                (memPool) as usize as u64,
+                (location) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemPoolGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolGetAttribute(
+    pool: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolGetAttribute,
+            &[(pool) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAccess(
+    pool: *mut c_void,
+    map: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolSetAccess,
+            &[(pool) as usize as u64, (map) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolSetAttribute(
+    pool: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolSetAttribute,
+            &[(pool) as usize as u64, (attr) as u64, (value) as usize as u64],
         ) as u32
     }
 }
@@ -2880,6 +3855,84 @@ pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchAsync_v2_ptsz(
         ) as u32
     }
 }
+///`cuMemPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemPrefetchBatchAsync_ptsz` for CUDA 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPrefetchBatchAsync_ptsz(
+    dptrs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    prefetchLocs: *mut c_void,
+    prefetchLocIdxs: *mut c_void,
+    numPrefetchLocs: usize,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPrefetchBatchAsync_ptsz,
+            &[
+                (dptrs) as usize as u64,
+                (sizes) as usize as u64,
+                (count) as u64,
+                (prefetchLocs) as usize as u64,
+                (prefetchLocIdxs) as usize as u64,
+                (numPrefetchLocs) as u64,
+                (flags) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemRangeGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttribute(
+    data: *mut c_void,
+    dataSize: usize,
+    attribute: u32,
+    devPtr: u64,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemRangeGetAttribute,
+            &[
+                (data) as usize as u64,
+                (dataSize) as u64,
+                (attribute) as u64,
+                (devPtr) as u64,
+                (count) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuMemRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemRelease(handle: u64) -> u32 {
@@ -2887,6 +3940,48 @@ pub unsafe extern "C" fn __chidori_driver_cuMemRelease(handle: u64) -> u32 {
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuMemRelease,
             &[(handle) as u64],
+        ) as u32
+    }
+}
+///`cuMemRetainAllocationHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemRetainAllocationHandle(
+    handle: *mut c_void,
+    addr: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemRetainAllocationHandle,
+            &[(handle) as usize as u64, (addr) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemSetAccess` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemSetAccess(
+    ptr: u64,
+    size: usize,
+    desc: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemSetAccess,
+            &[(ptr) as u64, (size) as u64, (desc) as usize as u64, (count) as u64],
+        ) as u32
+    }
+}
+///`cuMemSetMemPool` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemSetMemPool(
+    location: *mut c_void,
+    r#type: u32,
+    pool: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemSetMemPool,
+            &[(location) as usize as u64, (r#type) as u64, (pool) as usize as u64],
         ) as u32
     }
 }
@@ -4000,6 +5095,24 @@ pub unsafe extern "C" fn __chidori_driver_cuMemsetD8_v2_ptds(
         ) as u32
     }
 }
+///`cuMipmappedArrayCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayCreate(
+    pHandle: *mut c_void,
+    pMipmappedArrayDesc: *mut c_void,
+    numMipmapLevels: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMipmappedArrayCreate,
+            &[
+                (pHandle) as usize as u64,
+                (pMipmappedArrayDesc) as usize as u64,
+                (numMipmapLevels) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuMipmappedArrayDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayDestroy(
@@ -4027,6 +5140,37 @@ pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetLevel(
                 (hMipmappedArray) as usize as u64,
                 (level) as u64,
             ],
+        ) as u32
+    }
+}
+///`cuMipmappedArrayGetMemoryRequirements` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetMemoryRequirements(
+    memoryRequirements: *mut c_void,
+    mipmap: *mut c_void,
+    device: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMipmappedArrayGetMemoryRequirements,
+            &[
+                (memoryRequirements) as usize as u64,
+                (mipmap) as usize as u64,
+                (device) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMipmappedArrayGetSparseProperties` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMipmappedArrayGetSparseProperties(
+    sparseProperties: *mut c_void,
+    mipmap: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMipmappedArrayGetSparseProperties,
+            &[(sparseProperties) as usize as u64, (mipmap) as usize as u64],
         ) as u32
     }
 }
@@ -4354,6 +5498,26 @@ pub unsafe extern "C" fn __chidori_driver_cuMulticastUnbind(
         ) as u32
     }
 }
+///`cuOccupancyAvailableDynamicSMemPerBlock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyAvailableDynamicSMemPerBlock(
+    dynamicSmemSize: *mut c_void,
+    func: *mut c_void,
+    numBlocks: i32,
+    blockSize: i32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuOccupancyAvailableDynamicSMemPerBlock,
+            &[
+                (dynamicSmemSize) as usize as u64,
+                (func) as usize as u64,
+                (numBlocks) as i64 as u64,
+                (blockSize) as i64 as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -4464,6 +5628,20 @@ pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttribute(
 ) -> u32 {
     unsafe { crate::custom::driver::cuPointerGetAttribute(data, attribute, ptr) }
 }
+///`cuPointerSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuPointerSetAttribute(
+    value: *mut c_void,
+    attribute: u32,
+    ptr: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuPointerSetAttribute,
+            &[(value) as usize as u64, (attribute) as u64, (ptr) as u64],
+        ) as u32
+    }
+}
 ///`cuStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync(
@@ -4491,6 +5669,166 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync_ptsz(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuStreamAttachMemAsync_ptsz,
             &[(hStream) as usize as u64, (dptr) as u64, (length) as u64, (flags) as u64],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp__cu118(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp__cu118,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp__cu131(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp__cu131,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_ptsz__cu118(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_ptsz__cu118,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_ptsz` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_ptsz__cu131(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_ptsz__cu131,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2__cu118(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_v2__cu118,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_v2` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2__cu131(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_v2__cu131,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu118(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_v2_ptsz__cu118,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamBatchMemOp_v2_ptsz` for CUDA 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu131(
+    stream: *mut c_void,
+    count: u32,
+    paramArray: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamBatchMemOp_v2_ptsz__cu131,
+            &[
+                (stream) as usize as u64,
+                (count) as u64,
+                (paramArray) as usize as u64,
+                (flags) as u64,
+            ],
         ) as u32
     }
 }
@@ -4703,6 +6041,146 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamEndCapture_ptsz(
             },
         };
         crate::custom::capture::end_capture(&CTX, hStream, phGraph)
+    }
+}
+///`cuStreamGetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamGetAttribute_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetAttribute_ptsz__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamGetAttribute_ptsz__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value_out) as usize as u64],
+        ) as u32
     }
 }
 ///`cuStreamGetCaptureInfo` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -5330,6 +6808,19 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfObjectDestroy(surfObject: u64) -
         ) as u32
     }
 }
+///`cuSurfObjectGetResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuSurfObjectGetResourceDesc(
+    pResDesc: *mut c_void,
+    surfObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuSurfObjectGetResourceDesc,
+            &[(pResDesc) as usize as u64, (surfObject) as u64],
+        ) as u32
+    }
+}
 ///`cuSurfRefGetArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuSurfRefGetArray(
@@ -5364,6 +6855,45 @@ pub unsafe extern "C" fn __chidori_driver_cuTexObjectDestroy(texObject: u64) -> 
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuTexObjectDestroy,
             &[(texObject) as u64],
+        ) as u32
+    }
+}
+///`cuTexObjectGetResourceDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetResourceDesc(
+    pResDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexObjectGetResourceDesc,
+            &[(pResDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cuTexObjectGetResourceViewDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetResourceViewDesc(
+    pResViewDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexObjectGetResourceViewDesc,
+            &[(pResViewDesc) as usize as u64, (texObject) as u64],
+        ) as u32
+    }
+}
+///`cuTexObjectGetTextureDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexObjectGetTextureDesc(
+    pTexDesc: *mut c_void,
+    texObject: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexObjectGetTextureDesc,
+            &[(pTexDesc) as usize as u64, (texObject) as u64],
         ) as u32
     }
 }
@@ -5476,6 +7006,24 @@ pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFlags(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuTexRefGetFlags,
             &[(pFlags) as usize as u64, (hTexRef) as usize as u64],
+        ) as u32
+    }
+}
+///`cuTexRefGetFormat` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexRefGetFormat(
+    pFormat: *mut c_void,
+    pNumChannels: *mut c_void,
+    hTexRef: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexRefGetFormat,
+            &[
+                (pFormat) as usize as u64,
+                (pNumChannels) as usize as u64,
+                (hTexRef) as usize as u64,
+            ],
         ) as u32
     }
 }

@@ -37,6 +37,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuArray3DCreate_v2" => {
             Some(driver::__chidori_driver_cuArray3DCreate_v2 as *const c_void)
         }
+        "cuArray3DGetDescriptor" => {
+            Some(driver::__chidori_driver_cuArray3DGetDescriptor as *const c_void)
+        }
+        "cuArray3DGetDescriptor_v2" => {
+            Some(driver::__chidori_driver_cuArray3DGetDescriptor_v2 as *const c_void)
+        }
         "cuArrayCreate" => Some(driver::__chidori_driver_cuArrayCreate as *const c_void),
         "cuArrayCreate_v2" => {
             Some(driver::__chidori_driver_cuArrayCreate_v2 as *const c_void)
@@ -44,8 +50,20 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuArrayDestroy" => {
             Some(driver::__chidori_driver_cuArrayDestroy as *const c_void)
         }
+        "cuArrayGetDescriptor" => {
+            Some(driver::__chidori_driver_cuArrayGetDescriptor as *const c_void)
+        }
+        "cuArrayGetDescriptor_v2" => {
+            Some(driver::__chidori_driver_cuArrayGetDescriptor_v2 as *const c_void)
+        }
+        "cuArrayGetMemoryRequirements" => {
+            Some(driver::__chidori_driver_cuArrayGetMemoryRequirements as *const c_void)
+        }
         "cuArrayGetPlane" => {
             Some(driver::__chidori_driver_cuArrayGetPlane as *const c_void)
+        }
+        "cuArrayGetSparseProperties" => {
+            Some(driver::__chidori_driver_cuArrayGetSparseProperties as *const c_void)
         }
         "cuCheckpointProcessGetRestoreThreadId" => {
             Some(
@@ -84,11 +102,17 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuCtxGetCurrent" => {
             Some(driver::__chidori_driver_cuCtxGetCurrent as *const c_void)
         }
+        "cuCtxGetDevResource" => {
+            Some(driver::__chidori_driver_cuCtxGetDevResource__cu131 as *const c_void)
+        }
         "cuCtxGetDevice" => {
             Some(driver::__chidori_driver_cuCtxGetDevice as *const c_void)
         }
         "cuCtxGetDevice_v2" => {
             Some(driver::__chidori_driver_cuCtxGetDevice_v2 as *const c_void)
+        }
+        "cuCtxGetExecAffinity" => {
+            Some(driver::__chidori_driver_cuCtxGetExecAffinity as *const c_void)
         }
         "cuCtxGetFlags" => Some(driver::__chidori_driver_cuCtxGetFlags as *const c_void),
         "cuCtxGetId" => Some(driver::__chidori_driver_cuCtxGetId as *const c_void),
@@ -143,6 +167,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDestroyExternalSemaphore" => {
             Some(driver::__chidori_driver_cuDestroyExternalSemaphore as *const c_void)
         }
+        "cuDevResourceGenerateDesc" => {
+            Some(
+                driver::__chidori_driver_cuDevResourceGenerateDesc__cu131
+                    as *const c_void,
+            )
+        }
         "cuDeviceCanAccessPeer" => {
             Some(driver::__chidori_driver_cuDeviceCanAccessPeer as *const c_void)
         }
@@ -162,10 +192,25 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDeviceGetDefaultMemPool" => {
             Some(driver::__chidori_driver_cuDeviceGetDefaultMemPool as *const c_void)
         }
+        "cuDeviceGetDevResource" => {
+            Some(driver::__chidori_driver_cuDeviceGetDevResource__cu131 as *const c_void)
+        }
         "cuDeviceGetExecAffinitySupport" => {
             Some(
                 driver::__chidori_driver_cuDeviceGetExecAffinitySupport as *const c_void,
             )
+        }
+        "cuDeviceGetGraphMemAttribute" => {
+            Some(driver::__chidori_driver_cuDeviceGetGraphMemAttribute as *const c_void)
+        }
+        "cuDeviceGetHostAtomicCapabilities" => {
+            Some(
+                driver::__chidori_driver_cuDeviceGetHostAtomicCapabilities
+                    as *const c_void,
+            )
+        }
+        "cuDeviceGetLuid" => {
+            Some(driver::__chidori_driver_cuDeviceGetLuid as *const c_void)
         }
         "cuDeviceGetMemPool" => {
             Some(driver::__chidori_driver_cuDeviceGetMemPool as *const c_void)
@@ -173,8 +218,26 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuDeviceGetName" => {
             Some(driver::__chidori_driver_cuDeviceGetName as *const c_void)
         }
+        "cuDeviceGetP2PAtomicCapabilities" => {
+            Some(
+                driver::__chidori_driver_cuDeviceGetP2PAtomicCapabilities
+                    as *const c_void,
+            )
+        }
         "cuDeviceGetP2PAttribute" => {
             Some(driver::__chidori_driver_cuDeviceGetP2PAttribute as *const c_void)
+        }
+        "cuDeviceGetPCIBusId" => {
+            Some(driver::__chidori_driver_cuDeviceGetPCIBusId as *const c_void)
+        }
+        "cuDeviceGetProperties" => {
+            Some(driver::__chidori_driver_cuDeviceGetProperties as *const c_void)
+        }
+        "cuDeviceGetTexture1DLinearMaxWidth" => {
+            Some(
+                driver::__chidori_driver_cuDeviceGetTexture1DLinearMaxWidth
+                    as *const c_void,
+            )
         }
         "cuDeviceGetUuid" => {
             Some(driver::__chidori_driver_cuDeviceGetUuid as *const c_void)
@@ -208,6 +271,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuDevicePrimaryCtxSetFlags_v2" => {
             Some(driver::__chidori_driver_cuDevicePrimaryCtxSetFlags_v2 as *const c_void)
+        }
+        "cuDeviceSetGraphMemAttribute" => {
+            Some(driver::__chidori_driver_cuDeviceSetGraphMemAttribute as *const c_void)
         }
         "cuDeviceSetMemPool" => {
             Some(driver::__chidori_driver_cuDeviceSetMemPool as *const c_void)
@@ -274,6 +340,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuFuncGetModule" => {
             Some(driver::__chidori_driver_cuFuncGetModule as *const c_void)
         }
+        "cuFuncGetParamInfo" => {
+            Some(driver::__chidori_driver_cuFuncGetParamInfo as *const c_void)
+        }
         "cuFuncIsLoaded" => {
             Some(driver::__chidori_driver_cuFuncIsLoaded as *const c_void)
         }
@@ -304,6 +373,30 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGetProcAddress_v2" => {
             Some(driver::__chidori_driver_cuGetProcAddress_v2 as *const c_void)
+        }
+        "cuGraphAddChildGraphNode" => {
+            Some(driver::__chidori_driver_cuGraphAddChildGraphNode as *const c_void)
+        }
+        "cuGraphAddDependencies" => {
+            Some(driver::__chidori_driver_cuGraphAddDependencies as *const c_void)
+        }
+        "cuGraphAddDependencies_v2" => {
+            Some(driver::__chidori_driver_cuGraphAddDependencies_v2 as *const c_void)
+        }
+        "cuGraphAddEmptyNode" => {
+            Some(driver::__chidori_driver_cuGraphAddEmptyNode as *const c_void)
+        }
+        "cuGraphAddEventRecordNode" => {
+            Some(driver::__chidori_driver_cuGraphAddEventRecordNode as *const c_void)
+        }
+        "cuGraphAddEventWaitNode" => {
+            Some(driver::__chidori_driver_cuGraphAddEventWaitNode as *const c_void)
+        }
+        "cuGraphAddMemFreeNode" => {
+            Some(driver::__chidori_driver_cuGraphAddMemFreeNode as *const c_void)
+        }
+        "cuGraphAddMemsetNode" => {
+            Some(driver::__chidori_driver_cuGraphAddMemsetNode as *const c_void)
         }
         "cuGraphChildGraphNodeGetGraph" => {
             Some(driver::__chidori_driver_cuGraphChildGraphNodeGetGraph as *const c_void)
@@ -372,6 +465,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphExecUpdate" => {
             Some(driver::__chidori_driver_cuGraphExecUpdate as *const c_void)
         }
+        "cuGraphExecUpdate_v2" => {
+            Some(driver::__chidori_driver_cuGraphExecUpdate_v2 as *const c_void)
+        }
         "cuGraphGetEdges" => {
             Some(driver::__chidori_driver_cuGraphGetEdges as *const c_void)
         }
@@ -382,12 +478,24 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphGetRootNodes" => {
             Some(driver::__chidori_driver_cuGraphGetRootNodes as *const c_void)
         }
+        "cuGraphInstantiate" => {
+            Some(driver::__chidori_driver_cuGraphInstantiate as *const c_void)
+        }
         "cuGraphInstantiateWithFlags" => {
             Some(driver::__chidori_driver_cuGraphInstantiateWithFlags as *const c_void)
+        }
+        "cuGraphInstantiate_v2" => {
+            Some(driver::__chidori_driver_cuGraphInstantiate_v2 as *const c_void)
         }
         "cuGraphKernelNodeCopyAttributes" => {
             Some(
                 driver::__chidori_driver_cuGraphKernelNodeCopyAttributes as *const c_void,
+            )
+        }
+        "cuGraphKernelNodeGetAttribute" => {
+            Some(
+                driver::__chidori_driver_cuGraphKernelNodeGetAttribute__cu130
+                    as *const c_void,
             )
         }
         "cuGraphLaunch" => Some(driver::__chidori_driver_cuGraphLaunch as *const c_void),
@@ -396,6 +504,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphMemFreeNodeGetParams" => {
             Some(driver::__chidori_driver_cuGraphMemFreeNodeGetParams as *const c_void)
+        }
+        "cuGraphMemsetNodeGetParams" => {
+            Some(driver::__chidori_driver_cuGraphMemsetNodeGetParams as *const c_void)
         }
         "cuGraphMemsetNodeSetParams" => {
             Some(driver::__chidori_driver_cuGraphMemsetNodeSetParams as *const c_void)
@@ -429,6 +540,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphReleaseUserObject" => {
             Some(driver::__chidori_driver_cuGraphReleaseUserObject as *const c_void)
+        }
+        "cuGraphRemoveDependencies" => {
+            Some(driver::__chidori_driver_cuGraphRemoveDependencies as *const c_void)
+        }
+        "cuGraphRemoveDependencies_v2" => {
+            Some(driver::__chidori_driver_cuGraphRemoveDependencies_v2 as *const c_void)
         }
         "cuGraphRetainUserObject" => {
             Some(driver::__chidori_driver_cuGraphRetainUserObject as *const c_void)
@@ -479,6 +596,11 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGreenCtxDestroy" => {
             Some(driver::__chidori_driver_cuGreenCtxDestroy as *const c_void)
         }
+        "cuGreenCtxGetDevResource" => {
+            Some(
+                driver::__chidori_driver_cuGreenCtxGetDevResource__cu131 as *const c_void,
+            )
+        }
         "cuGreenCtxGetId" => {
             Some(driver::__chidori_driver_cuGreenCtxGetId as *const c_void)
         }
@@ -512,6 +634,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuKernelGetLibrary" => {
             Some(driver::__chidori_driver_cuKernelGetLibrary as *const c_void)
+        }
+        "cuKernelGetParamInfo" => {
+            Some(driver::__chidori_driver_cuKernelGetParamInfo as *const c_void)
         }
         "cuKernelSetAttribute" => {
             Some(driver::__chidori_driver_cuKernelSetAttribute as *const c_void)
@@ -579,6 +704,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemAddressFree" => {
             Some(driver::__chidori_driver_cuMemAddressFree as *const c_void)
         }
+        "cuMemAddressReserve" => {
+            Some(driver::__chidori_driver_cuMemAddressReserve as *const c_void)
+        }
         "cuMemAdvise" => Some(driver::__chidori_driver_cuMemAdvise as *const c_void),
         "cuMemAdvise_v2" => {
             Some(driver::__chidori_driver_cuMemAdvise_v2 as *const c_void)
@@ -587,6 +715,24 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemAllocHost_v2 as *const c_void)
         }
         "cuMemAlloc_v2" => Some(driver::__chidori_driver_cuMemAlloc_v2 as *const c_void),
+        "cuMemDiscardAndPrefetchBatchAsync" => {
+            Some(
+                driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync
+                    as *const c_void,
+            )
+        }
+        "cuMemDiscardAndPrefetchBatchAsync_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz
+                    as *const c_void,
+            )
+        }
+        "cuMemDiscardBatchAsync" => {
+            Some(driver::__chidori_driver_cuMemDiscardBatchAsync as *const c_void)
+        }
+        "cuMemDiscardBatchAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemDiscardBatchAsync_ptsz as *const c_void)
+        }
         "cuMemFree" => Some(driver::__chidori_driver_cuMemFree as *const c_void),
         "cuMemFreeAsync" => {
             Some(driver::__chidori_driver_cuMemFreeAsync as *const c_void)
@@ -599,9 +745,21 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemGetAccess" => {
             Some(driver::__chidori_driver_cuMemGetAccess as *const c_void)
         }
+        "cuMemGetAllocationPropertiesFromHandle" => {
+            Some(
+                driver::__chidori_driver_cuMemGetAllocationPropertiesFromHandle
+                    as *const c_void,
+            )
+        }
+        "cuMemGetDefaultMemPool" => {
+            Some(driver::__chidori_driver_cuMemGetDefaultMemPool as *const c_void)
+        }
         "cuMemGetInfo" => Some(driver::__chidori_driver_cuMemGetInfo as *const c_void),
         "cuMemGetInfo_v2" => {
             Some(driver::__chidori_driver_cuMemGetInfo_v2 as *const c_void)
+        }
+        "cuMemGetMemPool" => {
+            Some(driver::__chidori_driver_cuMemGetMemPool as *const c_void)
         }
         "cuMemHostAlloc" => {
             Some(driver::__chidori_driver_cuMemHostAlloc as *const c_void)
@@ -622,6 +780,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemPoolDestroy" => {
             Some(driver::__chidori_driver_cuMemPoolDestroy as *const c_void)
         }
+        "cuMemPoolGetAccess" => {
+            Some(driver::__chidori_driver_cuMemPoolGetAccess as *const c_void)
+        }
+        "cuMemPoolGetAttribute" => {
+            Some(driver::__chidori_driver_cuMemPoolGetAttribute as *const c_void)
+        }
+        "cuMemPoolSetAccess" => {
+            Some(driver::__chidori_driver_cuMemPoolSetAccess as *const c_void)
+        }
+        "cuMemPoolSetAttribute" => {
+            Some(driver::__chidori_driver_cuMemPoolSetAttribute as *const c_void)
+        }
         "cuMemPoolTrimTo" => {
             Some(driver::__chidori_driver_cuMemPoolTrimTo as *const c_void)
         }
@@ -637,7 +807,25 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemPrefetchAsync_v2_ptsz" => {
             Some(driver::__chidori_driver_cuMemPrefetchAsync_v2_ptsz as *const c_void)
         }
+        "cuMemPrefetchBatchAsync" => {
+            Some(driver::__chidori_driver_cuMemPrefetchBatchAsync as *const c_void)
+        }
+        "cuMemPrefetchBatchAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemPrefetchBatchAsync_ptsz as *const c_void)
+        }
+        "cuMemRangeGetAttribute" => {
+            Some(driver::__chidori_driver_cuMemRangeGetAttribute as *const c_void)
+        }
         "cuMemRelease" => Some(driver::__chidori_driver_cuMemRelease as *const c_void),
+        "cuMemRetainAllocationHandle" => {
+            Some(driver::__chidori_driver_cuMemRetainAllocationHandle as *const c_void)
+        }
+        "cuMemSetAccess" => {
+            Some(driver::__chidori_driver_cuMemSetAccess as *const c_void)
+        }
+        "cuMemSetMemPool" => {
+            Some(driver::__chidori_driver_cuMemSetMemPool as *const c_void)
+        }
         "cuMemUnmap" => Some(driver::__chidori_driver_cuMemUnmap as *const c_void),
         "cuMemcpy" => Some(driver::__chidori_driver_cuMemcpy as *const c_void),
         "cuMemcpyAsync" => Some(driver::__chidori_driver_cuMemcpyAsync as *const c_void),
@@ -792,11 +980,26 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemsetD8_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemsetD8_v2_ptds as *const c_void)
         }
+        "cuMipmappedArrayCreate" => {
+            Some(driver::__chidori_driver_cuMipmappedArrayCreate as *const c_void)
+        }
         "cuMipmappedArrayDestroy" => {
             Some(driver::__chidori_driver_cuMipmappedArrayDestroy as *const c_void)
         }
         "cuMipmappedArrayGetLevel" => {
             Some(driver::__chidori_driver_cuMipmappedArrayGetLevel as *const c_void)
+        }
+        "cuMipmappedArrayGetMemoryRequirements" => {
+            Some(
+                driver::__chidori_driver_cuMipmappedArrayGetMemoryRequirements
+                    as *const c_void,
+            )
+        }
+        "cuMipmappedArrayGetSparseProperties" => {
+            Some(
+                driver::__chidori_driver_cuMipmappedArrayGetSparseProperties
+                    as *const c_void,
+            )
         }
         "cuModuleEnumerateFunctions" => {
             Some(driver::__chidori_driver_cuModuleEnumerateFunctions as *const c_void)
@@ -859,6 +1062,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMulticastUnbind" => {
             Some(driver::__chidori_driver_cuMulticastUnbind as *const c_void)
         }
+        "cuOccupancyAvailableDynamicSMemPerBlock" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyAvailableDynamicSMemPerBlock
+                    as *const c_void,
+            )
+        }
         "cuOccupancyMaxActiveBlocksPerMultiprocessor" => {
             Some(
                 driver::__chidori_driver_cuOccupancyMaxActiveBlocksPerMultiprocessor
@@ -882,11 +1091,31 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuPointerGetAttribute" => {
             Some(driver::__chidori_driver_cuPointerGetAttribute as *const c_void)
         }
+        "cuPointerSetAttribute" => {
+            Some(driver::__chidori_driver_cuPointerSetAttribute as *const c_void)
+        }
         "cuStreamAttachMemAsync" => {
             Some(driver::__chidori_driver_cuStreamAttachMemAsync as *const c_void)
         }
         "cuStreamAttachMemAsync_ptsz" => {
             Some(driver::__chidori_driver_cuStreamAttachMemAsync_ptsz as *const c_void)
+        }
+        "cuStreamBatchMemOp" => {
+            Some(driver::__chidori_driver_cuStreamBatchMemOp__cu131 as *const c_void)
+        }
+        "cuStreamBatchMemOp_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamBatchMemOp_ptsz__cu131 as *const c_void,
+            )
+        }
+        "cuStreamBatchMemOp_v2" => {
+            Some(driver::__chidori_driver_cuStreamBatchMemOp_v2__cu131 as *const c_void)
+        }
+        "cuStreamBatchMemOp_v2_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu131
+                    as *const c_void,
+            )
         }
         "cuStreamBeginCapture" => {
             Some(driver::__chidori_driver_cuStreamBeginCapture as *const c_void)
@@ -923,6 +1152,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuStreamEndCapture_ptsz" => {
             Some(driver::__chidori_driver_cuStreamEndCapture_ptsz as *const c_void)
+        }
+        "cuStreamGetAttribute" => {
+            Some(driver::__chidori_driver_cuStreamGetAttribute__cu130 as *const c_void)
+        }
+        "cuStreamGetAttribute_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamGetAttribute_ptsz__cu130
+                    as *const c_void,
+            )
         }
         "cuStreamGetCaptureInfo" => {
             Some(driver::__chidori_driver_cuStreamGetCaptureInfo as *const c_void)
@@ -1052,6 +1290,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuSurfObjectDestroy" => {
             Some(driver::__chidori_driver_cuSurfObjectDestroy as *const c_void)
         }
+        "cuSurfObjectGetResourceDesc" => {
+            Some(driver::__chidori_driver_cuSurfObjectGetResourceDesc as *const c_void)
+        }
         "cuSurfRefGetArray" => {
             Some(driver::__chidori_driver_cuSurfRefGetArray as *const c_void)
         }
@@ -1060,6 +1301,17 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuTexObjectDestroy" => {
             Some(driver::__chidori_driver_cuTexObjectDestroy as *const c_void)
+        }
+        "cuTexObjectGetResourceDesc" => {
+            Some(driver::__chidori_driver_cuTexObjectGetResourceDesc as *const c_void)
+        }
+        "cuTexObjectGetResourceViewDesc" => {
+            Some(
+                driver::__chidori_driver_cuTexObjectGetResourceViewDesc as *const c_void,
+            )
+        }
+        "cuTexObjectGetTextureDesc" => {
+            Some(driver::__chidori_driver_cuTexObjectGetTextureDesc as *const c_void)
         }
         "cuTexRefCreate" => {
             Some(driver::__chidori_driver_cuTexRefCreate as *const c_void)
@@ -1087,6 +1339,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuTexRefGetFlags" => {
             Some(driver::__chidori_driver_cuTexRefGetFlags as *const c_void)
+        }
+        "cuTexRefGetFormat" => {
+            Some(driver::__chidori_driver_cuTexRefGetFormat as *const c_void)
         }
         "cuTexRefGetMaxAnisotropy" => {
             Some(driver::__chidori_driver_cuTexRefGetMaxAnisotropy as *const c_void)

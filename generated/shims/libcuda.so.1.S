@@ -14,18 +14,12 @@ cuArray3DCreate_v2:
     .globl cuArray3DGetDescriptor
     .type cuArray3DGetDescriptor, @function
 cuArray3DGetDescriptor:
-    leaq .Lname0(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArray3DGetDescriptor@PLT
     .size cuArray3DGetDescriptor, .-cuArray3DGetDescriptor
     .globl cuArray3DGetDescriptor_v2
     .type cuArray3DGetDescriptor_v2, @function
 cuArray3DGetDescriptor_v2:
-    leaq .Lname1(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArray3DGetDescriptor_v2@PLT
     .size cuArray3DGetDescriptor_v2, .-cuArray3DGetDescriptor_v2
     .globl cuArrayCreate
     .type cuArrayCreate, @function
@@ -45,26 +39,17 @@ cuArrayDestroy:
     .globl cuArrayGetDescriptor
     .type cuArrayGetDescriptor, @function
 cuArrayGetDescriptor:
-    leaq .Lname2(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArrayGetDescriptor@PLT
     .size cuArrayGetDescriptor, .-cuArrayGetDescriptor
     .globl cuArrayGetDescriptor_v2
     .type cuArrayGetDescriptor_v2, @function
 cuArrayGetDescriptor_v2:
-    leaq .Lname3(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArrayGetDescriptor_v2@PLT
     .size cuArrayGetDescriptor_v2, .-cuArrayGetDescriptor_v2
     .globl cuArrayGetMemoryRequirements
     .type cuArrayGetMemoryRequirements, @function
 cuArrayGetMemoryRequirements:
-    leaq .Lname4(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArrayGetMemoryRequirements@PLT
     .size cuArrayGetMemoryRequirements, .-cuArrayGetMemoryRequirements
     .globl cuArrayGetPlane
     .type cuArrayGetPlane, @function
@@ -74,15 +59,12 @@ cuArrayGetPlane:
     .globl cuArrayGetSparseProperties
     .type cuArrayGetSparseProperties, @function
 cuArrayGetSparseProperties:
-    leaq .Lname5(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuArrayGetSparseProperties@PLT
     .size cuArrayGetSparseProperties, .-cuArrayGetSparseProperties
     .globl cuCheckpointProcessCheckpoint
     .type cuCheckpointProcessCheckpoint, @function
 cuCheckpointProcessCheckpoint:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname0(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -100,7 +82,7 @@ cuCheckpointProcessGetState:
     .globl cuCheckpointProcessLock
     .type cuCheckpointProcessLock, @function
 cuCheckpointProcessLock:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -108,7 +90,7 @@ cuCheckpointProcessLock:
     .globl cuCheckpointProcessRestore
     .type cuCheckpointProcessRestore, @function
 cuCheckpointProcessRestore:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -116,7 +98,7 @@ cuCheckpointProcessRestore:
     .globl cuCheckpointProcessUnlock
     .type cuCheckpointProcessUnlock, @function
 cuCheckpointProcessUnlock:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -124,7 +106,7 @@ cuCheckpointProcessUnlock:
     .globl cuCoredumpGetAttribute
     .type cuCoredumpGetAttribute, @function
 cuCoredumpGetAttribute:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -132,7 +114,7 @@ cuCoredumpGetAttribute:
     .globl cuCoredumpGetAttributeGlobal
     .type cuCoredumpGetAttributeGlobal, @function
 cuCoredumpGetAttributeGlobal:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -140,7 +122,7 @@ cuCoredumpGetAttributeGlobal:
     .globl cuCoredumpSetAttribute
     .type cuCoredumpSetAttribute, @function
 cuCoredumpSetAttribute:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -148,7 +130,7 @@ cuCoredumpSetAttribute:
     .globl cuCoredumpSetAttributeGlobal
     .type cuCoredumpSetAttributeGlobal, @function
 cuCoredumpSetAttributeGlobal:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -171,7 +153,7 @@ cuCtxCreate_v2:
     .globl cuCtxCreate_v3
     .type cuCtxCreate_v3, @function
 cuCtxCreate_v3:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -179,7 +161,7 @@ cuCtxCreate_v3:
     .globl cuCtxCreate_v4
     .type cuCtxCreate_v4, @function
 cuCtxCreate_v4:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -232,10 +214,7 @@ cuCtxGetCurrent:
     .globl cuCtxGetDevResource
     .type cuCtxGetDevResource, @function
 cuCtxGetDevResource:
-    leaq .Lname16(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuCtxGetDevResource__cu131@PLT
     .size cuCtxGetDevResource, .-cuCtxGetDevResource
     .globl cuCtxGetDevice
     .type cuCtxGetDevice, @function
@@ -250,10 +229,7 @@ cuCtxGetDevice_v2:
     .globl cuCtxGetExecAffinity
     .type cuCtxGetExecAffinity, @function
 cuCtxGetExecAffinity:
-    leaq .Lname17(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuCtxGetExecAffinity@PLT
     .size cuCtxGetExecAffinity, .-cuCtxGetExecAffinity
     .globl cuCtxGetFlags
     .type cuCtxGetFlags, @function
@@ -363,15 +339,12 @@ cuDestroyExternalSemaphore:
     .globl cuDevResourceGenerateDesc
     .type cuDevResourceGenerateDesc, @function
 cuDevResourceGenerateDesc:
-    leaq .Lname18(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDevResourceGenerateDesc__cu131@PLT
     .size cuDevResourceGenerateDesc, .-cuDevResourceGenerateDesc
     .globl cuDevSmResourceSplit
     .type cuDevSmResourceSplit, @function
 cuDevSmResourceSplit:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -379,7 +352,7 @@ cuDevSmResourceSplit:
     .globl cuDevSmResourceSplitByCount
     .type cuDevSmResourceSplitByCount, @function
 cuDevSmResourceSplitByCount:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -422,10 +395,7 @@ cuDeviceGetDefaultMemPool:
     .globl cuDeviceGetDevResource
     .type cuDeviceGetDevResource, @function
 cuDeviceGetDevResource:
-    leaq .Lname21(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetDevResource__cu131@PLT
     .size cuDeviceGetDevResource, .-cuDeviceGetDevResource
     .globl cuDeviceGetExecAffinitySupport
     .type cuDeviceGetExecAffinitySupport, @function
@@ -435,26 +405,17 @@ cuDeviceGetExecAffinitySupport:
     .globl cuDeviceGetGraphMemAttribute
     .type cuDeviceGetGraphMemAttribute, @function
 cuDeviceGetGraphMemAttribute:
-    leaq .Lname22(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetGraphMemAttribute@PLT
     .size cuDeviceGetGraphMemAttribute, .-cuDeviceGetGraphMemAttribute
     .globl cuDeviceGetHostAtomicCapabilities
     .type cuDeviceGetHostAtomicCapabilities, @function
 cuDeviceGetHostAtomicCapabilities:
-    leaq .Lname23(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetHostAtomicCapabilities@PLT
     .size cuDeviceGetHostAtomicCapabilities, .-cuDeviceGetHostAtomicCapabilities
     .globl cuDeviceGetLuid
     .type cuDeviceGetLuid, @function
 cuDeviceGetLuid:
-    leaq .Lname24(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetLuid@PLT
     .size cuDeviceGetLuid, .-cuDeviceGetLuid
     .globl cuDeviceGetMemPool
     .type cuDeviceGetMemPool, @function
@@ -469,7 +430,7 @@ cuDeviceGetName:
     .globl cuDeviceGetNvSciSyncAttributes
     .type cuDeviceGetNvSciSyncAttributes, @function
 cuDeviceGetNvSciSyncAttributes:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -477,10 +438,7 @@ cuDeviceGetNvSciSyncAttributes:
     .globl cuDeviceGetP2PAtomicCapabilities
     .type cuDeviceGetP2PAtomicCapabilities, @function
 cuDeviceGetP2PAtomicCapabilities:
-    leaq .Lname26(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetP2PAtomicCapabilities@PLT
     .size cuDeviceGetP2PAtomicCapabilities, .-cuDeviceGetP2PAtomicCapabilities
     .globl cuDeviceGetP2PAttribute
     .type cuDeviceGetP2PAttribute, @function
@@ -490,26 +448,17 @@ cuDeviceGetP2PAttribute:
     .globl cuDeviceGetPCIBusId
     .type cuDeviceGetPCIBusId, @function
 cuDeviceGetPCIBusId:
-    leaq .Lname27(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetPCIBusId@PLT
     .size cuDeviceGetPCIBusId, .-cuDeviceGetPCIBusId
     .globl cuDeviceGetProperties
     .type cuDeviceGetProperties, @function
 cuDeviceGetProperties:
-    leaq .Lname28(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetProperties@PLT
     .size cuDeviceGetProperties, .-cuDeviceGetProperties
     .globl cuDeviceGetTexture1DLinearMaxWidth
     .type cuDeviceGetTexture1DLinearMaxWidth, @function
 cuDeviceGetTexture1DLinearMaxWidth:
-    leaq .Lname29(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceGetTexture1DLinearMaxWidth@PLT
     .size cuDeviceGetTexture1DLinearMaxWidth, .-cuDeviceGetTexture1DLinearMaxWidth
     .globl cuDeviceGetUuid
     .type cuDeviceGetUuid, @function
@@ -569,7 +518,7 @@ cuDevicePrimaryCtxSetFlags_v2:
     .globl cuDeviceRegisterAsyncNotification
     .type cuDeviceRegisterAsyncNotification, @function
 cuDeviceRegisterAsyncNotification:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,10 +526,7 @@ cuDeviceRegisterAsyncNotification:
     .globl cuDeviceSetGraphMemAttribute
     .type cuDeviceSetGraphMemAttribute, @function
 cuDeviceSetGraphMemAttribute:
-    leaq .Lname31(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuDeviceSetGraphMemAttribute@PLT
     .size cuDeviceSetGraphMemAttribute, .-cuDeviceSetGraphMemAttribute
     .globl cuDeviceSetMemPool
     .type cuDeviceSetMemPool, @function
@@ -690,7 +636,7 @@ cuFuncGetModule:
     .globl cuFuncGetName
     .type cuFuncGetName, @function
 cuFuncGetName:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -698,10 +644,7 @@ cuFuncGetName:
     .globl cuFuncGetParamInfo
     .type cuFuncGetParamInfo, @function
 cuFuncGetParamInfo:
-    leaq .Lname33(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuFuncGetParamInfo@PLT
     .size cuFuncGetParamInfo, .-cuFuncGetParamInfo
     .globl cuFuncIsLoaded
     .type cuFuncIsLoaded, @function
@@ -751,7 +694,7 @@ cuGetErrorString:
     .globl cuGetExportTable
     .type cuGetExportTable, @function
 cuGetExportTable:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -769,7 +712,7 @@ cuGetProcAddress_v2:
     .globl cuGraphAddBatchMemOpNode
     .type cuGraphAddBatchMemOpNode, @function
 cuGraphAddBatchMemOpNode:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -777,55 +720,37 @@ cuGraphAddBatchMemOpNode:
     .globl cuGraphAddChildGraphNode
     .type cuGraphAddChildGraphNode, @function
 cuGraphAddChildGraphNode:
-    leaq .Lname36(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddChildGraphNode@PLT
     .size cuGraphAddChildGraphNode, .-cuGraphAddChildGraphNode
     .globl cuGraphAddDependencies
     .type cuGraphAddDependencies, @function
 cuGraphAddDependencies:
-    leaq .Lname37(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddDependencies@PLT
     .size cuGraphAddDependencies, .-cuGraphAddDependencies
     .globl cuGraphAddDependencies_v2
     .type cuGraphAddDependencies_v2, @function
 cuGraphAddDependencies_v2:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddDependencies_v2@PLT
     .size cuGraphAddDependencies_v2, .-cuGraphAddDependencies_v2
     .globl cuGraphAddEmptyNode
     .type cuGraphAddEmptyNode, @function
 cuGraphAddEmptyNode:
-    leaq .Lname39(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddEmptyNode@PLT
     .size cuGraphAddEmptyNode, .-cuGraphAddEmptyNode
     .globl cuGraphAddEventRecordNode
     .type cuGraphAddEventRecordNode, @function
 cuGraphAddEventRecordNode:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddEventRecordNode@PLT
     .size cuGraphAddEventRecordNode, .-cuGraphAddEventRecordNode
     .globl cuGraphAddEventWaitNode
     .type cuGraphAddEventWaitNode, @function
 cuGraphAddEventWaitNode:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddEventWaitNode@PLT
     .size cuGraphAddEventWaitNode, .-cuGraphAddEventWaitNode
     .globl cuGraphAddExternalSemaphoresSignalNode
     .type cuGraphAddExternalSemaphoresSignalNode, @function
 cuGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -833,7 +758,7 @@ cuGraphAddExternalSemaphoresSignalNode:
     .globl cuGraphAddExternalSemaphoresWaitNode
     .type cuGraphAddExternalSemaphoresWaitNode, @function
 cuGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -841,7 +766,7 @@ cuGraphAddExternalSemaphoresWaitNode:
     .globl cuGraphAddHostNode
     .type cuGraphAddHostNode, @function
 cuGraphAddHostNode:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -849,7 +774,7 @@ cuGraphAddHostNode:
     .globl cuGraphAddKernelNode
     .type cuGraphAddKernelNode, @function
 cuGraphAddKernelNode:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -857,7 +782,7 @@ cuGraphAddKernelNode:
     .globl cuGraphAddKernelNode_v2
     .type cuGraphAddKernelNode_v2, @function
 cuGraphAddKernelNode_v2:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -865,7 +790,7 @@ cuGraphAddKernelNode_v2:
     .globl cuGraphAddMemAllocNode
     .type cuGraphAddMemAllocNode, @function
 cuGraphAddMemAllocNode:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -873,15 +798,12 @@ cuGraphAddMemAllocNode:
     .globl cuGraphAddMemFreeNode
     .type cuGraphAddMemFreeNode, @function
 cuGraphAddMemFreeNode:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddMemFreeNode@PLT
     .size cuGraphAddMemFreeNode, .-cuGraphAddMemFreeNode
     .globl cuGraphAddMemcpyNode
     .type cuGraphAddMemcpyNode, @function
 cuGraphAddMemcpyNode:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -889,15 +811,12 @@ cuGraphAddMemcpyNode:
     .globl cuGraphAddMemsetNode
     .type cuGraphAddMemsetNode, @function
 cuGraphAddMemsetNode:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddMemsetNode@PLT
     .size cuGraphAddMemsetNode, .-cuGraphAddMemsetNode
     .globl cuGraphAddNode
     .type cuGraphAddNode, @function
 cuGraphAddNode:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -905,7 +824,7 @@ cuGraphAddNode:
     .globl cuGraphAddNode_v2
     .type cuGraphAddNode_v2, @function
 cuGraphAddNode_v2:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -913,7 +832,7 @@ cuGraphAddNode_v2:
     .globl cuGraphBatchMemOpNodeGetParams
     .type cuGraphBatchMemOpNodeGetParams, @function
 cuGraphBatchMemOpNodeGetParams:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -921,7 +840,7 @@ cuGraphBatchMemOpNodeGetParams:
     .globl cuGraphBatchMemOpNodeSetParams
     .type cuGraphBatchMemOpNodeSetParams, @function
 cuGraphBatchMemOpNodeSetParams:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -949,7 +868,7 @@ cuGraphCreate:
     .globl cuGraphDebugDotPrint
     .type cuGraphDebugDotPrint, @function
 cuGraphDebugDotPrint:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -987,7 +906,7 @@ cuGraphEventWaitNodeSetEvent:
     .globl cuGraphExecBatchMemOpNodeSetParams
     .type cuGraphExecBatchMemOpNodeSetParams, @function
 cuGraphExecBatchMemOpNodeSetParams:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1015,7 +934,7 @@ cuGraphExecEventWaitNodeSetEvent:
     .globl cuGraphExecExternalSemaphoresSignalNodeSetParams
     .type cuGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1023,7 +942,7 @@ cuGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExecExternalSemaphoresWaitNodeSetParams
     .type cuGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1041,7 +960,7 @@ cuGraphExecGetId:
     .globl cuGraphExecHostNodeSetParams
     .type cuGraphExecHostNodeSetParams, @function
 cuGraphExecHostNodeSetParams:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1049,7 +968,7 @@ cuGraphExecHostNodeSetParams:
     .globl cuGraphExecKernelNodeSetParams
     .type cuGraphExecKernelNodeSetParams, @function
 cuGraphExecKernelNodeSetParams:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1057,7 +976,7 @@ cuGraphExecKernelNodeSetParams:
     .globl cuGraphExecKernelNodeSetParams_v2
     .type cuGraphExecKernelNodeSetParams_v2, @function
 cuGraphExecKernelNodeSetParams_v2:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1065,7 +984,7 @@ cuGraphExecKernelNodeSetParams_v2:
     .globl cuGraphExecMemcpyNodeSetParams
     .type cuGraphExecMemcpyNodeSetParams, @function
 cuGraphExecMemcpyNodeSetParams:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1078,7 +997,7 @@ cuGraphExecMemsetNodeSetParams:
     .globl cuGraphExecNodeSetParams
     .type cuGraphExecNodeSetParams, @function
 cuGraphExecNodeSetParams:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1091,15 +1010,12 @@ cuGraphExecUpdate:
     .globl cuGraphExecUpdate_v2
     .type cuGraphExecUpdate_v2, @function
 cuGraphExecUpdate_v2:
-    leaq .Lname64(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecUpdate_v2@PLT
     .size cuGraphExecUpdate_v2, .-cuGraphExecUpdate_v2
     .globl cuGraphExternalSemaphoresSignalNodeGetParams
     .type cuGraphExternalSemaphoresSignalNodeGetParams, @function
 cuGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1107,7 +1023,7 @@ cuGraphExternalSemaphoresSignalNodeGetParams:
     .globl cuGraphExternalSemaphoresSignalNodeSetParams
     .type cuGraphExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1115,7 +1031,7 @@ cuGraphExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExternalSemaphoresWaitNodeGetParams
     .type cuGraphExternalSemaphoresWaitNodeGetParams, @function
 cuGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1123,7 +1039,7 @@ cuGraphExternalSemaphoresWaitNodeGetParams:
     .globl cuGraphExternalSemaphoresWaitNodeSetParams
     .type cuGraphExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1136,7 +1052,7 @@ cuGraphGetEdges:
     .globl cuGraphGetEdges_v2
     .type cuGraphGetEdges_v2, @function
 cuGraphGetEdges_v2:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1159,7 +1075,7 @@ cuGraphGetRootNodes:
     .globl cuGraphHostNodeGetParams
     .type cuGraphHostNodeGetParams, @function
 cuGraphHostNodeGetParams:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1167,7 +1083,7 @@ cuGraphHostNodeGetParams:
     .globl cuGraphHostNodeSetParams
     .type cuGraphHostNodeSetParams, @function
 cuGraphHostNodeSetParams:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1175,10 +1091,7 @@ cuGraphHostNodeSetParams:
     .globl cuGraphInstantiate
     .type cuGraphInstantiate, @function
 cuGraphInstantiate:
-    leaq .Lname72(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphInstantiate@PLT
     .size cuGraphInstantiate, .-cuGraphInstantiate
     .globl cuGraphInstantiateWithFlags
     .type cuGraphInstantiateWithFlags, @function
@@ -1188,7 +1101,7 @@ cuGraphInstantiateWithFlags:
     .globl cuGraphInstantiateWithParams
     .type cuGraphInstantiateWithParams, @function
 cuGraphInstantiateWithParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1196,7 +1109,7 @@ cuGraphInstantiateWithParams:
     .globl cuGraphInstantiateWithParams_ptsz
     .type cuGraphInstantiateWithParams_ptsz, @function
 cuGraphInstantiateWithParams_ptsz:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1204,10 +1117,7 @@ cuGraphInstantiateWithParams_ptsz:
     .globl cuGraphInstantiate_v2
     .type cuGraphInstantiate_v2, @function
 cuGraphInstantiate_v2:
-    leaq .Lname75(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphInstantiate_v2@PLT
     .size cuGraphInstantiate_v2, .-cuGraphInstantiate_v2
     .globl cuGraphKernelNodeCopyAttributes
     .type cuGraphKernelNodeCopyAttributes, @function
@@ -1217,15 +1127,12 @@ cuGraphKernelNodeCopyAttributes:
     .globl cuGraphKernelNodeGetAttribute
     .type cuGraphKernelNodeGetAttribute, @function
 cuGraphKernelNodeGetAttribute:
-    leaq .Lname76(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeGetAttribute__cu130@PLT
     .size cuGraphKernelNodeGetAttribute, .-cuGraphKernelNodeGetAttribute
     .globl cuGraphKernelNodeGetParams
     .type cuGraphKernelNodeGetParams, @function
 cuGraphKernelNodeGetParams:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1233,7 +1140,7 @@ cuGraphKernelNodeGetParams:
     .globl cuGraphKernelNodeGetParams_v2
     .type cuGraphKernelNodeGetParams_v2, @function
 cuGraphKernelNodeGetParams_v2:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1241,7 +1148,7 @@ cuGraphKernelNodeGetParams_v2:
     .globl cuGraphKernelNodeSetAttribute
     .type cuGraphKernelNodeSetAttribute, @function
 cuGraphKernelNodeSetAttribute:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1249,7 +1156,7 @@ cuGraphKernelNodeSetAttribute:
     .globl cuGraphKernelNodeSetParams
     .type cuGraphKernelNodeSetParams, @function
 cuGraphKernelNodeSetParams:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1257,7 +1164,7 @@ cuGraphKernelNodeSetParams:
     .globl cuGraphKernelNodeSetParams_v2
     .type cuGraphKernelNodeSetParams_v2, @function
 cuGraphKernelNodeSetParams_v2:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1275,7 +1182,7 @@ cuGraphLaunch_ptsz:
     .globl cuGraphMemAllocNodeGetParams
     .type cuGraphMemAllocNodeGetParams, @function
 cuGraphMemAllocNodeGetParams:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1288,7 +1195,7 @@ cuGraphMemFreeNodeGetParams:
     .globl cuGraphMemcpyNodeGetParams
     .type cuGraphMemcpyNodeGetParams, @function
 cuGraphMemcpyNodeGetParams:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1296,7 +1203,7 @@ cuGraphMemcpyNodeGetParams:
     .globl cuGraphMemcpyNodeSetParams
     .type cuGraphMemcpyNodeSetParams, @function
 cuGraphMemcpyNodeSetParams:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1304,10 +1211,7 @@ cuGraphMemcpyNodeSetParams:
     .globl cuGraphMemsetNodeGetParams
     .type cuGraphMemsetNodeGetParams, @function
 cuGraphMemsetNodeGetParams:
-    leaq .Lname85(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphMemsetNodeGetParams@PLT
     .size cuGraphMemsetNodeGetParams, .-cuGraphMemsetNodeGetParams
     .globl cuGraphMemsetNodeSetParams
     .type cuGraphMemsetNodeSetParams, @function
@@ -1332,7 +1236,7 @@ cuGraphNodeGetDependencies:
     .globl cuGraphNodeGetDependencies_v2
     .type cuGraphNodeGetDependencies_v2, @function
 cuGraphNodeGetDependencies_v2:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1345,7 +1249,7 @@ cuGraphNodeGetDependentNodes:
     .globl cuGraphNodeGetDependentNodes_v2
     .type cuGraphNodeGetDependentNodes_v2, @function
 cuGraphNodeGetDependentNodes_v2:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1378,7 +1282,7 @@ cuGraphNodeSetEnabled:
     .globl cuGraphNodeSetParams
     .type cuGraphNodeSetParams, @function
 cuGraphNodeSetParams:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1391,18 +1295,12 @@ cuGraphReleaseUserObject:
     .globl cuGraphRemoveDependencies
     .type cuGraphRemoveDependencies, @function
 cuGraphRemoveDependencies:
-    leaq .Lname89(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphRemoveDependencies@PLT
     .size cuGraphRemoveDependencies, .-cuGraphRemoveDependencies
     .globl cuGraphRemoveDependencies_v2
     .type cuGraphRemoveDependencies_v2, @function
 cuGraphRemoveDependencies_v2:
-    leaq .Lname90(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphRemoveDependencies_v2@PLT
     .size cuGraphRemoveDependencies_v2, .-cuGraphRemoveDependencies_v2
     .globl cuGraphRetainUserObject
     .type cuGraphRetainUserObject, @function
@@ -1437,7 +1335,7 @@ cuGraphicsResourceGetMappedMipmappedArray:
     .globl cuGraphicsResourceGetMappedPointer
     .type cuGraphicsResourceGetMappedPointer, @function
 cuGraphicsResourceGetMappedPointer:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1445,7 +1343,7 @@ cuGraphicsResourceGetMappedPointer:
     .globl cuGraphicsResourceGetMappedPointer_v2
     .type cuGraphicsResourceGetMappedPointer_v2, @function
 cuGraphicsResourceGetMappedPointer_v2:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,10 +1391,7 @@ cuGreenCtxDestroy:
     .globl cuGreenCtxGetDevResource
     .type cuGreenCtxGetDevResource, @function
 cuGreenCtxGetDevResource:
-    leaq .Lname93(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGreenCtxGetDevResource__cu131@PLT
     .size cuGreenCtxGetDevResource, .-cuGreenCtxGetDevResource
     .globl cuGreenCtxGetId
     .type cuGreenCtxGetId, @function
@@ -1521,7 +1416,7 @@ cuGreenCtxWaitEvent:
     .globl cuImportExternalMemory
     .type cuImportExternalMemory, @function
 cuImportExternalMemory:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1529,7 +1424,7 @@ cuImportExternalMemory:
     .globl cuImportExternalSemaphore
     .type cuImportExternalSemaphore, @function
 cuImportExternalSemaphore:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1547,7 +1442,7 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1555,7 +1450,7 @@ cuIpcGetEventHandle:
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1593,7 +1488,7 @@ cuKernelGetLibrary:
     .globl cuKernelGetName
     .type cuKernelGetName, @function
 cuKernelGetName:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1601,10 +1496,7 @@ cuKernelGetName:
     .globl cuKernelGetParamInfo
     .type cuKernelGetParamInfo, @function
 cuKernelGetParamInfo:
-    leaq .Lname99(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuKernelGetParamInfo@PLT
     .size cuKernelGetParamInfo, .-cuKernelGetParamInfo
     .globl cuKernelSetAttribute
     .type cuKernelSetAttribute, @function
@@ -1629,7 +1521,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1712,7 +1604,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1720,7 +1612,7 @@ cuLibraryGetUnifiedFunction:
     .globl cuLibraryLoadData
     .type cuLibraryLoadData, @function
 cuLibraryLoadData:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1728,7 +1620,7 @@ cuLibraryLoadData:
     .globl cuLibraryLoadFromFile
     .type cuLibraryLoadFromFile, @function
 cuLibraryLoadFromFile:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1741,7 +1633,7 @@ cuLibraryUnload:
     .globl cuLinkAddData
     .type cuLinkAddData, @function
 cuLinkAddData:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1749,7 +1641,7 @@ cuLinkAddData:
     .globl cuLinkAddData_v2
     .type cuLinkAddData_v2, @function
 cuLinkAddData_v2:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1757,7 +1649,7 @@ cuLinkAddData_v2:
     .globl cuLinkAddFile
     .type cuLinkAddFile, @function
 cuLinkAddFile:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1765,7 +1657,7 @@ cuLinkAddFile:
     .globl cuLinkAddFile_v2
     .type cuLinkAddFile_v2, @function
 cuLinkAddFile_v2:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1773,7 +1665,7 @@ cuLinkAddFile_v2:
     .globl cuLinkComplete
     .type cuLinkComplete, @function
 cuLinkComplete:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1781,7 +1673,7 @@ cuLinkComplete:
     .globl cuLinkCreate
     .type cuLinkCreate, @function
 cuLinkCreate:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1789,7 +1681,7 @@ cuLinkCreate:
     .globl cuLinkCreate_v2
     .type cuLinkCreate_v2, @function
 cuLinkCreate_v2:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1807,7 +1699,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1815,7 +1707,7 @@ cuLogsDumpToFile:
     .globl cuLogsDumpToMemory
     .type cuLogsDumpToMemory, @function
 cuLogsDumpToMemory:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,7 +1715,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1841,10 +1733,7 @@ cuMemAddressFree:
     .globl cuMemAddressReserve
     .type cuMemAddressReserve, @function
 cuMemAddressReserve:
-    leaq .Lname114(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAddressReserve@PLT
     .size cuMemAddressReserve, .-cuMemAddressReserve
     .globl cuMemAdvise
     .type cuMemAdvise, @function
@@ -1859,7 +1748,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1867,7 +1756,7 @@ cuMemAlloc:
     .globl cuMemAllocAsync
     .type cuMemAllocAsync, @function
 cuMemAllocAsync:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1875,7 +1764,7 @@ cuMemAllocAsync:
     .globl cuMemAllocAsync_ptsz
     .type cuMemAllocAsync_ptsz, @function
 cuMemAllocAsync_ptsz:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1883,7 +1772,7 @@ cuMemAllocAsync_ptsz:
     .globl cuMemAllocFromPoolAsync
     .type cuMemAllocFromPoolAsync, @function
 cuMemAllocFromPoolAsync:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1891,7 +1780,7 @@ cuMemAllocFromPoolAsync:
     .globl cuMemAllocFromPoolAsync_ptsz
     .type cuMemAllocFromPoolAsync_ptsz, @function
 cuMemAllocFromPoolAsync_ptsz:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1899,7 +1788,7 @@ cuMemAllocFromPoolAsync_ptsz:
     .globl cuMemAllocHost
     .type cuMemAllocHost, @function
 cuMemAllocHost:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1912,7 +1801,7 @@ cuMemAllocHost_v2:
     .globl cuMemAllocManaged
     .type cuMemAllocManaged, @function
 cuMemAllocManaged:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1920,7 +1809,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1928,7 +1817,7 @@ cuMemAllocPitch:
     .globl cuMemAllocPitch_v2
     .type cuMemAllocPitch_v2, @function
 cuMemAllocPitch_v2:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1941,7 +1830,7 @@ cuMemAlloc_v2:
     .globl cuMemBatchDecompressAsync
     .type cuMemBatchDecompressAsync, @function
 cuMemBatchDecompressAsync:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1949,7 +1838,7 @@ cuMemBatchDecompressAsync:
     .globl cuMemBatchDecompressAsync_ptsz
     .type cuMemBatchDecompressAsync_ptsz, @function
 cuMemBatchDecompressAsync_ptsz:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1957,7 +1846,7 @@ cuMemBatchDecompressAsync_ptsz:
     .globl cuMemCreate
     .type cuMemCreate, @function
 cuMemCreate:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1965,39 +1854,27 @@ cuMemCreate:
     .globl cuMemDiscardAndPrefetchBatchAsync
     .type cuMemDiscardAndPrefetchBatchAsync, @function
 cuMemDiscardAndPrefetchBatchAsync:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemDiscardAndPrefetchBatchAsync@PLT
     .size cuMemDiscardAndPrefetchBatchAsync, .-cuMemDiscardAndPrefetchBatchAsync
     .globl cuMemDiscardAndPrefetchBatchAsync_ptsz
     .type cuMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cuMemDiscardAndPrefetchBatchAsync_ptsz:
-    leaq .Lname128(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemDiscardAndPrefetchBatchAsync_ptsz@PLT
     .size cuMemDiscardAndPrefetchBatchAsync_ptsz, .-cuMemDiscardAndPrefetchBatchAsync_ptsz
     .globl cuMemDiscardBatchAsync
     .type cuMemDiscardBatchAsync, @function
 cuMemDiscardBatchAsync:
-    leaq .Lname129(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemDiscardBatchAsync@PLT
     .size cuMemDiscardBatchAsync, .-cuMemDiscardBatchAsync
     .globl cuMemDiscardBatchAsync_ptsz
     .type cuMemDiscardBatchAsync_ptsz, @function
 cuMemDiscardBatchAsync_ptsz:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemDiscardBatchAsync_ptsz@PLT
     .size cuMemDiscardBatchAsync_ptsz, .-cuMemDiscardBatchAsync_ptsz
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2035,7 +1912,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2043,7 +1920,7 @@ cuMemGetAddressRange:
     .globl cuMemGetAddressRange_v2
     .type cuMemGetAddressRange_v2, @function
 cuMemGetAddressRange_v2:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2051,7 +1928,7 @@ cuMemGetAddressRange_v2:
     .globl cuMemGetAllocationGranularity
     .type cuMemGetAllocationGranularity, @function
 cuMemGetAllocationGranularity:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2059,23 +1936,17 @@ cuMemGetAllocationGranularity:
     .globl cuMemGetAllocationPropertiesFromHandle
     .type cuMemGetAllocationPropertiesFromHandle, @function
 cuMemGetAllocationPropertiesFromHandle:
-    leaq .Lname135(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetAllocationPropertiesFromHandle@PLT
     .size cuMemGetAllocationPropertiesFromHandle, .-cuMemGetAllocationPropertiesFromHandle
     .globl cuMemGetDefaultMemPool
     .type cuMemGetDefaultMemPool, @function
 cuMemGetDefaultMemPool:
-    leaq .Lname136(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetDefaultMemPool@PLT
     .size cuMemGetDefaultMemPool, .-cuMemGetDefaultMemPool
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2093,10 +1964,7 @@ cuMemGetInfo_v2:
     .globl cuMemGetMemPool
     .type cuMemGetMemPool, @function
 cuMemGetMemPool:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetMemPool@PLT
     .size cuMemGetMemPool, .-cuMemGetMemPool
     .globl cuMemHostAlloc
     .type cuMemHostAlloc, @function
@@ -2106,7 +1974,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2124,7 +1992,7 @@ cuMemHostGetFlags:
     .globl cuMemHostRegister
     .type cuMemHostRegister, @function
 cuMemHostRegister:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2142,7 +2010,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2155,7 +2023,7 @@ cuMemMap:
     .globl cuMemMapArrayAsync
     .type cuMemMapArrayAsync, @function
 cuMemMapArrayAsync:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2163,7 +2031,7 @@ cuMemMapArrayAsync:
     .globl cuMemMapArrayAsync_ptsz
     .type cuMemMapArrayAsync_ptsz, @function
 cuMemMapArrayAsync_ptsz:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2171,7 +2039,7 @@ cuMemMapArrayAsync_ptsz:
     .globl cuMemPoolCreate
     .type cuMemPoolCreate, @function
 cuMemPoolCreate:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2184,7 +2052,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2192,7 +2060,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2200,23 +2068,17 @@ cuMemPoolExportToShareableHandle:
     .globl cuMemPoolGetAccess
     .type cuMemPoolGetAccess, @function
 cuMemPoolGetAccess:
-    leaq .Lname147(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolGetAccess@PLT
     .size cuMemPoolGetAccess, .-cuMemPoolGetAccess
     .globl cuMemPoolGetAttribute
     .type cuMemPoolGetAttribute, @function
 cuMemPoolGetAttribute:
-    leaq .Lname148(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolGetAttribute@PLT
     .size cuMemPoolGetAttribute, .-cuMemPoolGetAttribute
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2224,7 +2086,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2232,18 +2094,12 @@ cuMemPoolImportPointer:
     .globl cuMemPoolSetAccess
     .type cuMemPoolSetAccess, @function
 cuMemPoolSetAccess:
-    leaq .Lname151(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolSetAccess@PLT
     .size cuMemPoolSetAccess, .-cuMemPoolSetAccess
     .globl cuMemPoolSetAttribute
     .type cuMemPoolSetAttribute, @function
 cuMemPoolSetAttribute:
-    leaq .Lname152(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPoolSetAttribute@PLT
     .size cuMemPoolSetAttribute, .-cuMemPoolSetAttribute
     .globl cuMemPoolTrimTo
     .type cuMemPoolTrimTo, @function
@@ -2273,31 +2129,22 @@ cuMemPrefetchAsync_v2_ptsz:
     .globl cuMemPrefetchBatchAsync
     .type cuMemPrefetchBatchAsync, @function
 cuMemPrefetchBatchAsync:
-    leaq .Lname153(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPrefetchBatchAsync@PLT
     .size cuMemPrefetchBatchAsync, .-cuMemPrefetchBatchAsync
     .globl cuMemPrefetchBatchAsync_ptsz
     .type cuMemPrefetchBatchAsync_ptsz, @function
 cuMemPrefetchBatchAsync_ptsz:
-    leaq .Lname154(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemPrefetchBatchAsync_ptsz@PLT
     .size cuMemPrefetchBatchAsync_ptsz, .-cuMemPrefetchBatchAsync_ptsz
     .globl cuMemRangeGetAttribute
     .type cuMemRangeGetAttribute, @function
 cuMemRangeGetAttribute:
-    leaq .Lname155(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemRangeGetAttribute@PLT
     .size cuMemRangeGetAttribute, .-cuMemRangeGetAttribute
     .globl cuMemRangeGetAttributes
     .type cuMemRangeGetAttributes, @function
 cuMemRangeGetAttributes:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2310,26 +2157,17 @@ cuMemRelease:
     .globl cuMemRetainAllocationHandle
     .type cuMemRetainAllocationHandle, @function
 cuMemRetainAllocationHandle:
-    leaq .Lname157(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemRetainAllocationHandle@PLT
     .size cuMemRetainAllocationHandle, .-cuMemRetainAllocationHandle
     .globl cuMemSetAccess
     .type cuMemSetAccess, @function
 cuMemSetAccess:
-    leaq .Lname158(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemSetAccess@PLT
     .size cuMemSetAccess, .-cuMemSetAccess
     .globl cuMemSetMemPool
     .type cuMemSetMemPool, @function
 cuMemSetMemPool:
-    leaq .Lname159(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemSetMemPool@PLT
     .size cuMemSetMemPool, .-cuMemSetMemPool
     .globl cuMemUnmap
     .type cuMemUnmap, @function
@@ -2344,7 +2182,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2352,7 +2190,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2360,7 +2198,7 @@ cuMemcpy2DAsync:
     .globl cuMemcpy2DAsync_v2
     .type cuMemcpy2DAsync_v2, @function
 cuMemcpy2DAsync_v2:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2368,7 +2206,7 @@ cuMemcpy2DAsync_v2:
     .globl cuMemcpy2DAsync_v2_ptsz
     .type cuMemcpy2DAsync_v2_ptsz, @function
 cuMemcpy2DAsync_v2_ptsz:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2376,7 +2214,7 @@ cuMemcpy2DAsync_v2_ptsz:
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2384,7 +2222,7 @@ cuMemcpy2DUnaligned:
     .globl cuMemcpy2DUnaligned_v2
     .type cuMemcpy2DUnaligned_v2, @function
 cuMemcpy2DUnaligned_v2:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2392,7 +2230,7 @@ cuMemcpy2DUnaligned_v2:
     .globl cuMemcpy2DUnaligned_v2_ptds
     .type cuMemcpy2DUnaligned_v2_ptds, @function
 cuMemcpy2DUnaligned_v2_ptds:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2400,7 +2238,7 @@ cuMemcpy2DUnaligned_v2_ptds:
     .globl cuMemcpy2D_v2
     .type cuMemcpy2D_v2, @function
 cuMemcpy2D_v2:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2408,7 +2246,7 @@ cuMemcpy2D_v2:
     .globl cuMemcpy2D_v2_ptds
     .type cuMemcpy2D_v2_ptds, @function
 cuMemcpy2D_v2_ptds:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2416,7 +2254,7 @@ cuMemcpy2D_v2_ptds:
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2424,7 +2262,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2432,7 +2270,7 @@ cuMemcpy3DAsync:
     .globl cuMemcpy3DAsync_v2
     .type cuMemcpy3DAsync_v2, @function
 cuMemcpy3DAsync_v2:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2440,7 +2278,7 @@ cuMemcpy3DAsync_v2:
     .globl cuMemcpy3DAsync_v2_ptsz
     .type cuMemcpy3DAsync_v2_ptsz, @function
 cuMemcpy3DAsync_v2_ptsz:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2448,7 +2286,7 @@ cuMemcpy3DAsync_v2_ptsz:
     .globl cuMemcpy3DBatchAsync
     .type cuMemcpy3DBatchAsync, @function
 cuMemcpy3DBatchAsync:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2456,7 +2294,7 @@ cuMemcpy3DBatchAsync:
     .globl cuMemcpy3DBatchAsync_ptsz
     .type cuMemcpy3DBatchAsync_ptsz, @function
 cuMemcpy3DBatchAsync_ptsz:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2464,7 +2302,7 @@ cuMemcpy3DBatchAsync_ptsz:
     .globl cuMemcpy3DBatchAsync_v2
     .type cuMemcpy3DBatchAsync_v2, @function
 cuMemcpy3DBatchAsync_v2:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2472,7 +2310,7 @@ cuMemcpy3DBatchAsync_v2:
     .globl cuMemcpy3DBatchAsync_v2_ptsz
     .type cuMemcpy3DBatchAsync_v2_ptsz, @function
 cuMemcpy3DBatchAsync_v2_ptsz:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2480,7 +2318,7 @@ cuMemcpy3DBatchAsync_v2_ptsz:
     .globl cuMemcpy3DPeer
     .type cuMemcpy3DPeer, @function
 cuMemcpy3DPeer:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2488,7 +2326,7 @@ cuMemcpy3DPeer:
     .globl cuMemcpy3DPeerAsync
     .type cuMemcpy3DPeerAsync, @function
 cuMemcpy3DPeerAsync:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2496,7 +2334,7 @@ cuMemcpy3DPeerAsync:
     .globl cuMemcpy3DPeerAsync_ptsz
     .type cuMemcpy3DPeerAsync_ptsz, @function
 cuMemcpy3DPeerAsync_ptsz:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2504,7 +2342,7 @@ cuMemcpy3DPeerAsync_ptsz:
     .globl cuMemcpy3DPeer_ptds
     .type cuMemcpy3DPeer_ptds, @function
 cuMemcpy3DPeer_ptds:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2512,7 +2350,7 @@ cuMemcpy3DPeer_ptds:
     .globl cuMemcpy3D_v2
     .type cuMemcpy3D_v2, @function
 cuMemcpy3D_v2:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2520,7 +2358,7 @@ cuMemcpy3D_v2:
     .globl cuMemcpy3D_v2_ptds
     .type cuMemcpy3D_v2_ptds, @function
 cuMemcpy3D_v2_ptds:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2568,7 +2406,7 @@ cuMemcpyAtoD_v2_ptds:
     .globl cuMemcpyAtoH
     .type cuMemcpyAtoH, @function
 cuMemcpyAtoH:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2576,7 +2414,7 @@ cuMemcpyAtoH:
     .globl cuMemcpyAtoHAsync
     .type cuMemcpyAtoHAsync, @function
 cuMemcpyAtoHAsync:
-    leaq .Lname184(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2584,7 +2422,7 @@ cuMemcpyAtoHAsync:
     .globl cuMemcpyAtoHAsync_v2
     .type cuMemcpyAtoHAsync_v2, @function
 cuMemcpyAtoHAsync_v2:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2592,7 +2430,7 @@ cuMemcpyAtoHAsync_v2:
     .globl cuMemcpyAtoHAsync_v2_ptsz
     .type cuMemcpyAtoHAsync_v2_ptsz, @function
 cuMemcpyAtoHAsync_v2_ptsz:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2600,7 +2438,7 @@ cuMemcpyAtoHAsync_v2_ptsz:
     .globl cuMemcpyAtoH_v2
     .type cuMemcpyAtoH_v2, @function
 cuMemcpyAtoH_v2:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2608,7 +2446,7 @@ cuMemcpyAtoH_v2:
     .globl cuMemcpyAtoH_v2_ptds
     .type cuMemcpyAtoH_v2_ptds, @function
 cuMemcpyAtoH_v2_ptds:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2616,7 +2454,7 @@ cuMemcpyAtoH_v2_ptds:
     .globl cuMemcpyBatchAsync
     .type cuMemcpyBatchAsync, @function
 cuMemcpyBatchAsync:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2624,7 +2462,7 @@ cuMemcpyBatchAsync:
     .globl cuMemcpyBatchAsync_ptsz
     .type cuMemcpyBatchAsync_ptsz, @function
 cuMemcpyBatchAsync_ptsz:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2632,7 +2470,7 @@ cuMemcpyBatchAsync_ptsz:
     .globl cuMemcpyBatchAsync_v2
     .type cuMemcpyBatchAsync_v2, @function
 cuMemcpyBatchAsync_v2:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2640,7 +2478,7 @@ cuMemcpyBatchAsync_v2:
     .globl cuMemcpyBatchAsync_v2_ptsz
     .type cuMemcpyBatchAsync_v2_ptsz, @function
 cuMemcpyBatchAsync_v2_ptsz:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2693,7 +2531,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2701,7 +2539,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2729,7 +2567,7 @@ cuMemcpyDtoH_v2_ptds:
     .globl cuMemcpyHtoA
     .type cuMemcpyHtoA, @function
 cuMemcpyHtoA:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2737,7 +2575,7 @@ cuMemcpyHtoA:
     .globl cuMemcpyHtoAAsync
     .type cuMemcpyHtoAAsync, @function
 cuMemcpyHtoAAsync:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2745,7 +2583,7 @@ cuMemcpyHtoAAsync:
     .globl cuMemcpyHtoAAsync_v2
     .type cuMemcpyHtoAAsync_v2, @function
 cuMemcpyHtoAAsync_v2:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2753,7 +2591,7 @@ cuMemcpyHtoAAsync_v2:
     .globl cuMemcpyHtoAAsync_v2_ptsz
     .type cuMemcpyHtoAAsync_v2_ptsz, @function
 cuMemcpyHtoAAsync_v2_ptsz:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2761,7 +2599,7 @@ cuMemcpyHtoAAsync_v2_ptsz:
     .globl cuMemcpyHtoA_v2
     .type cuMemcpyHtoA_v2, @function
 cuMemcpyHtoA_v2:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2769,7 +2607,7 @@ cuMemcpyHtoA_v2:
     .globl cuMemcpyHtoA_v2_ptds
     .type cuMemcpyHtoA_v2_ptds, @function
 cuMemcpyHtoA_v2_ptds:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2777,7 +2615,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2785,7 +2623,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2988,10 +2826,7 @@ cuMemsetD8_v2_ptds:
     .globl cuMipmappedArrayCreate
     .type cuMipmappedArrayCreate, @function
 cuMipmappedArrayCreate:
-    leaq .Lname203(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMipmappedArrayCreate@PLT
     .size cuMipmappedArrayCreate, .-cuMipmappedArrayCreate
     .globl cuMipmappedArrayDestroy
     .type cuMipmappedArrayDestroy, @function
@@ -3006,18 +2841,12 @@ cuMipmappedArrayGetLevel:
     .globl cuMipmappedArrayGetMemoryRequirements
     .type cuMipmappedArrayGetMemoryRequirements, @function
 cuMipmappedArrayGetMemoryRequirements:
-    leaq .Lname204(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMipmappedArrayGetMemoryRequirements@PLT
     .size cuMipmappedArrayGetMemoryRequirements, .-cuMipmappedArrayGetMemoryRequirements
     .globl cuMipmappedArrayGetSparseProperties
     .type cuMipmappedArrayGetSparseProperties, @function
 cuMipmappedArrayGetSparseProperties:
-    leaq .Lname205(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMipmappedArrayGetSparseProperties@PLT
     .size cuMipmappedArrayGetSparseProperties, .-cuMipmappedArrayGetSparseProperties
     .globl cuModuleEnumerateFunctions
     .type cuModuleEnumerateFunctions, @function
@@ -3127,10 +2956,7 @@ cuMulticastUnbind:
     .globl cuOccupancyAvailableDynamicSMemPerBlock
     .type cuOccupancyAvailableDynamicSMemPerBlock, @function
 cuOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname206(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuOccupancyAvailableDynamicSMemPerBlock@PLT
     .size cuOccupancyAvailableDynamicSMemPerBlock, .-cuOccupancyAvailableDynamicSMemPerBlock
     .globl cuOccupancyMaxActiveBlocksPerMultiprocessor
     .type cuOccupancyMaxActiveBlocksPerMultiprocessor, @function
@@ -3145,7 +2971,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cuOccupancyMaxActiveClusters
     .type cuOccupancyMaxActiveClusters, @function
 cuOccupancyMaxActiveClusters:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3153,7 +2979,7 @@ cuOccupancyMaxActiveClusters:
     .globl cuOccupancyMaxPotentialBlockSize
     .type cuOccupancyMaxPotentialBlockSize, @function
 cuOccupancyMaxPotentialBlockSize:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3161,7 +2987,7 @@ cuOccupancyMaxPotentialBlockSize:
     .globl cuOccupancyMaxPotentialBlockSizeWithFlags
     .type cuOccupancyMaxPotentialBlockSizeWithFlags, @function
 cuOccupancyMaxPotentialBlockSizeWithFlags:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3169,7 +2995,7 @@ cuOccupancyMaxPotentialBlockSizeWithFlags:
     .globl cuOccupancyMaxPotentialClusterSize
     .type cuOccupancyMaxPotentialClusterSize, @function
 cuOccupancyMaxPotentialClusterSize:
-    leaq .Lname210(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3197,7 +3023,7 @@ cuParamSeti:
     .globl cuParamSetv
     .type cuParamSetv, @function
 cuParamSetv:
-    leaq .Lname211(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3210,7 +3036,7 @@ cuPointerGetAttribute:
     .globl cuPointerGetAttributes
     .type cuPointerGetAttributes, @function
 cuPointerGetAttributes:
-    leaq .Lname212(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3218,15 +3044,12 @@ cuPointerGetAttributes:
     .globl cuPointerSetAttribute
     .type cuPointerSetAttribute, @function
 cuPointerSetAttribute:
-    leaq .Lname213(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuPointerSetAttribute@PLT
     .size cuPointerSetAttribute, .-cuPointerSetAttribute
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname214(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3234,7 +3057,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname215(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3242,7 +3065,7 @@ cuSignalExternalSemaphoresAsync_ptsz:
     .globl cuStreamAddCallback
     .type cuStreamAddCallback, @function
 cuStreamAddCallback:
-    leaq .Lname216(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3250,7 +3073,7 @@ cuStreamAddCallback:
     .globl cuStreamAddCallback_ptsz
     .type cuStreamAddCallback_ptsz, @function
 cuStreamAddCallback_ptsz:
-    leaq .Lname217(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3268,34 +3091,22 @@ cuStreamAttachMemAsync_ptsz:
     .globl cuStreamBatchMemOp
     .type cuStreamBatchMemOp, @function
 cuStreamBatchMemOp:
-    leaq .Lname218(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBatchMemOp__cu131@PLT
     .size cuStreamBatchMemOp, .-cuStreamBatchMemOp
     .globl cuStreamBatchMemOp_ptsz
     .type cuStreamBatchMemOp_ptsz, @function
 cuStreamBatchMemOp_ptsz:
-    leaq .Lname219(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBatchMemOp_ptsz__cu131@PLT
     .size cuStreamBatchMemOp_ptsz, .-cuStreamBatchMemOp_ptsz
     .globl cuStreamBatchMemOp_v2
     .type cuStreamBatchMemOp_v2, @function
 cuStreamBatchMemOp_v2:
-    leaq .Lname220(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBatchMemOp_v2__cu131@PLT
     .size cuStreamBatchMemOp_v2, .-cuStreamBatchMemOp_v2
     .globl cuStreamBatchMemOp_v2_ptsz
     .type cuStreamBatchMemOp_v2_ptsz, @function
 cuStreamBatchMemOp_v2_ptsz:
-    leaq .Lname221(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBatchMemOp_v2_ptsz__cu131@PLT
     .size cuStreamBatchMemOp_v2_ptsz, .-cuStreamBatchMemOp_v2_ptsz
     .globl cuStreamBeginCapture
     .type cuStreamBeginCapture, @function
@@ -3305,7 +3116,7 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToGraph
     .type cuStreamBeginCaptureToGraph, @function
 cuStreamBeginCaptureToGraph:
-    leaq .Lname222(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3313,7 +3124,7 @@ cuStreamBeginCaptureToGraph:
     .globl cuStreamBeginCaptureToGraph_ptsz
     .type cuStreamBeginCaptureToGraph_ptsz, @function
 cuStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname223(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3376,18 +3187,12 @@ cuStreamEndCapture_ptsz:
     .globl cuStreamGetAttribute
     .type cuStreamGetAttribute, @function
 cuStreamGetAttribute:
-    leaq .Lname224(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetAttribute__cu130@PLT
     .size cuStreamGetAttribute, .-cuStreamGetAttribute
     .globl cuStreamGetAttribute_ptsz
     .type cuStreamGetAttribute_ptsz, @function
 cuStreamGetAttribute_ptsz:
-    leaq .Lname225(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetAttribute_ptsz__cu130@PLT
     .size cuStreamGetAttribute_ptsz, .-cuStreamGetAttribute_ptsz
     .globl cuStreamGetCaptureInfo
     .type cuStreamGetCaptureInfo, @function
@@ -3402,7 +3207,7 @@ cuStreamGetCaptureInfo_ptsz:
     .globl cuStreamGetCaptureInfo_v2
     .type cuStreamGetCaptureInfo_v2, @function
 cuStreamGetCaptureInfo_v2:
-    leaq .Lname226(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3410,7 +3215,7 @@ cuStreamGetCaptureInfo_v2:
     .globl cuStreamGetCaptureInfo_v2_ptsz
     .type cuStreamGetCaptureInfo_v2_ptsz, @function
 cuStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname227(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3418,7 +3223,7 @@ cuStreamGetCaptureInfo_v2_ptsz:
     .globl cuStreamGetCaptureInfo_v3
     .type cuStreamGetCaptureInfo_v3, @function
 cuStreamGetCaptureInfo_v3:
-    leaq .Lname228(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3426,7 +3231,7 @@ cuStreamGetCaptureInfo_v3:
     .globl cuStreamGetCaptureInfo_v3_ptsz
     .type cuStreamGetCaptureInfo_v3_ptsz, @function
 cuStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname229(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3454,7 +3259,7 @@ cuStreamGetCtx_v2_ptsz:
     .globl cuStreamGetDevResource
     .type cuStreamGetDevResource, @function
 cuStreamGetDevResource:
-    leaq .Lname230(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3462,7 +3267,7 @@ cuStreamGetDevResource:
     .globl cuStreamGetDevResource_ptsz
     .type cuStreamGetDevResource_ptsz, @function
 cuStreamGetDevResource_ptsz:
-    leaq .Lname231(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3535,7 +3340,7 @@ cuStreamQuery_ptsz:
     .globl cuStreamSetAttribute
     .type cuStreamSetAttribute, @function
 cuStreamSetAttribute:
-    leaq .Lname232(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3543,7 +3348,7 @@ cuStreamSetAttribute:
     .globl cuStreamSetAttribute_ptsz
     .type cuStreamSetAttribute_ptsz, @function
 cuStreamSetAttribute_ptsz:
-    leaq .Lname233(%rip), %rdi
+    leaq .Lname168(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3571,7 +3376,7 @@ cuStreamUpdateCaptureDependencies_ptsz:
     .globl cuStreamUpdateCaptureDependencies_v2
     .type cuStreamUpdateCaptureDependencies_v2, @function
 cuStreamUpdateCaptureDependencies_v2:
-    leaq .Lname234(%rip), %rdi
+    leaq .Lname169(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3579,7 +3384,7 @@ cuStreamUpdateCaptureDependencies_v2:
     .globl cuStreamUpdateCaptureDependencies_v2_ptsz
     .type cuStreamUpdateCaptureDependencies_v2_ptsz, @function
 cuStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname235(%rip), %rdi
+    leaq .Lname170(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3677,7 +3482,7 @@ cuStreamWriteValue64_v2_ptsz:
     .globl cuSurfObjectCreate
     .type cuSurfObjectCreate, @function
 cuSurfObjectCreate:
-    leaq .Lname236(%rip), %rdi
+    leaq .Lname171(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3690,10 +3495,7 @@ cuSurfObjectDestroy:
     .globl cuSurfObjectGetResourceDesc
     .type cuSurfObjectGetResourceDesc, @function
 cuSurfObjectGetResourceDesc:
-    leaq .Lname237(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuSurfObjectGetResourceDesc@PLT
     .size cuSurfObjectGetResourceDesc, .-cuSurfObjectGetResourceDesc
     .globl cuSurfRefGetArray
     .type cuSurfRefGetArray, @function
@@ -3708,7 +3510,7 @@ cuSurfRefSetArray:
     .globl cuTensorMapEncodeIm2col
     .type cuTensorMapEncodeIm2col, @function
 cuTensorMapEncodeIm2col:
-    leaq .Lname238(%rip), %rdi
+    leaq .Lname172(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3716,7 +3518,7 @@ cuTensorMapEncodeIm2col:
     .globl cuTensorMapEncodeIm2colWide
     .type cuTensorMapEncodeIm2colWide, @function
 cuTensorMapEncodeIm2colWide:
-    leaq .Lname239(%rip), %rdi
+    leaq .Lname173(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3724,7 +3526,7 @@ cuTensorMapEncodeIm2colWide:
     .globl cuTensorMapEncodeTiled
     .type cuTensorMapEncodeTiled, @function
 cuTensorMapEncodeTiled:
-    leaq .Lname240(%rip), %rdi
+    leaq .Lname174(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3732,7 +3534,7 @@ cuTensorMapEncodeTiled:
     .globl cuTensorMapReplaceAddress
     .type cuTensorMapReplaceAddress, @function
 cuTensorMapReplaceAddress:
-    leaq .Lname241(%rip), %rdi
+    leaq .Lname175(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3740,7 +3542,7 @@ cuTensorMapReplaceAddress:
     .globl cuTexObjectCreate
     .type cuTexObjectCreate, @function
 cuTexObjectCreate:
-    leaq .Lname242(%rip), %rdi
+    leaq .Lname176(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3753,26 +3555,17 @@ cuTexObjectDestroy:
     .globl cuTexObjectGetResourceDesc
     .type cuTexObjectGetResourceDesc, @function
 cuTexObjectGetResourceDesc:
-    leaq .Lname243(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexObjectGetResourceDesc@PLT
     .size cuTexObjectGetResourceDesc, .-cuTexObjectGetResourceDesc
     .globl cuTexObjectGetResourceViewDesc
     .type cuTexObjectGetResourceViewDesc, @function
 cuTexObjectGetResourceViewDesc:
-    leaq .Lname244(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexObjectGetResourceViewDesc@PLT
     .size cuTexObjectGetResourceViewDesc, .-cuTexObjectGetResourceViewDesc
     .globl cuTexObjectGetTextureDesc
     .type cuTexObjectGetTextureDesc, @function
 cuTexObjectGetTextureDesc:
-    leaq .Lname245(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexObjectGetTextureDesc@PLT
     .size cuTexObjectGetTextureDesc, .-cuTexObjectGetTextureDesc
     .globl cuTexRefCreate
     .type cuTexRefCreate, @function
@@ -3822,10 +3615,7 @@ cuTexRefGetFlags:
     .globl cuTexRefGetFormat
     .type cuTexRefGetFormat, @function
 cuTexRefGetFormat:
-    leaq .Lname246(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuTexRefGetFormat@PLT
     .size cuTexRefGetFormat, .-cuTexRefGetFormat
     .globl cuTexRefGetMaxAnisotropy
     .type cuTexRefGetMaxAnisotropy, @function
@@ -3940,7 +3730,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname247(%rip), %rdi
+    leaq .Lname177(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3958,7 +3748,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname248(%rip), %rdi
+    leaq .Lname178(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3966,510 +3756,370 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname249(%rip), %rdi
+    leaq .Lname179(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
     .size cuWaitExternalSemaphoresAsync_ptsz, .-cuWaitExternalSemaphoresAsync_ptsz
     .section .rodata
 .Lname0:
-    .asciz "cuArray3DGetDescriptor"
-.Lname1:
-    .asciz "cuArray3DGetDescriptor_v2"
-.Lname2:
-    .asciz "cuArrayGetDescriptor"
-.Lname3:
-    .asciz "cuArrayGetDescriptor_v2"
-.Lname4:
-    .asciz "cuArrayGetMemoryRequirements"
-.Lname5:
-    .asciz "cuArrayGetSparseProperties"
-.Lname6:
     .asciz "cuCheckpointProcessCheckpoint"
-.Lname7:
+.Lname1:
     .asciz "cuCheckpointProcessLock"
-.Lname8:
+.Lname2:
     .asciz "cuCheckpointProcessRestore"
-.Lname9:
+.Lname3:
     .asciz "cuCheckpointProcessUnlock"
-.Lname10:
+.Lname4:
     .asciz "cuCoredumpGetAttribute"
-.Lname11:
+.Lname5:
     .asciz "cuCoredumpGetAttributeGlobal"
-.Lname12:
+.Lname6:
     .asciz "cuCoredumpSetAttribute"
-.Lname13:
+.Lname7:
     .asciz "cuCoredumpSetAttributeGlobal"
-.Lname14:
+.Lname8:
     .asciz "cuCtxCreate_v3"
-.Lname15:
+.Lname9:
     .asciz "cuCtxCreate_v4"
-.Lname16:
-    .asciz "cuCtxGetDevResource"
-.Lname17:
-    .asciz "cuCtxGetExecAffinity"
-.Lname18:
-    .asciz "cuDevResourceGenerateDesc"
-.Lname19:
+.Lname10:
     .asciz "cuDevSmResourceSplit"
-.Lname20:
+.Lname11:
     .asciz "cuDevSmResourceSplitByCount"
-.Lname21:
-    .asciz "cuDeviceGetDevResource"
-.Lname22:
-    .asciz "cuDeviceGetGraphMemAttribute"
-.Lname23:
-    .asciz "cuDeviceGetHostAtomicCapabilities"
-.Lname24:
-    .asciz "cuDeviceGetLuid"
-.Lname25:
+.Lname12:
     .asciz "cuDeviceGetNvSciSyncAttributes"
-.Lname26:
-    .asciz "cuDeviceGetP2PAtomicCapabilities"
-.Lname27:
-    .asciz "cuDeviceGetPCIBusId"
-.Lname28:
-    .asciz "cuDeviceGetProperties"
-.Lname29:
-    .asciz "cuDeviceGetTexture1DLinearMaxWidth"
-.Lname30:
+.Lname13:
     .asciz "cuDeviceRegisterAsyncNotification"
-.Lname31:
-    .asciz "cuDeviceSetGraphMemAttribute"
-.Lname32:
+.Lname14:
     .asciz "cuFuncGetName"
-.Lname33:
-    .asciz "cuFuncGetParamInfo"
-.Lname34:
+.Lname15:
     .asciz "cuGetExportTable"
-.Lname35:
+.Lname16:
     .asciz "cuGraphAddBatchMemOpNode"
-.Lname36:
-    .asciz "cuGraphAddChildGraphNode"
-.Lname37:
-    .asciz "cuGraphAddDependencies"
-.Lname38:
-    .asciz "cuGraphAddDependencies_v2"
-.Lname39:
-    .asciz "cuGraphAddEmptyNode"
-.Lname40:
-    .asciz "cuGraphAddEventRecordNode"
-.Lname41:
-    .asciz "cuGraphAddEventWaitNode"
-.Lname42:
+.Lname17:
     .asciz "cuGraphAddExternalSemaphoresSignalNode"
-.Lname43:
+.Lname18:
     .asciz "cuGraphAddExternalSemaphoresWaitNode"
-.Lname44:
+.Lname19:
     .asciz "cuGraphAddHostNode"
-.Lname45:
+.Lname20:
     .asciz "cuGraphAddKernelNode"
-.Lname46:
+.Lname21:
     .asciz "cuGraphAddKernelNode_v2"
-.Lname47:
+.Lname22:
     .asciz "cuGraphAddMemAllocNode"
-.Lname48:
-    .asciz "cuGraphAddMemFreeNode"
-.Lname49:
+.Lname23:
     .asciz "cuGraphAddMemcpyNode"
-.Lname50:
-    .asciz "cuGraphAddMemsetNode"
-.Lname51:
+.Lname24:
     .asciz "cuGraphAddNode"
-.Lname52:
+.Lname25:
     .asciz "cuGraphAddNode_v2"
-.Lname53:
+.Lname26:
     .asciz "cuGraphBatchMemOpNodeGetParams"
-.Lname54:
+.Lname27:
     .asciz "cuGraphBatchMemOpNodeSetParams"
-.Lname55:
+.Lname28:
     .asciz "cuGraphDebugDotPrint"
-.Lname56:
+.Lname29:
     .asciz "cuGraphExecBatchMemOpNodeSetParams"
-.Lname57:
+.Lname30:
     .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname58:
+.Lname31:
     .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname59:
+.Lname32:
     .asciz "cuGraphExecHostNodeSetParams"
-.Lname60:
+.Lname33:
     .asciz "cuGraphExecKernelNodeSetParams"
-.Lname61:
+.Lname34:
     .asciz "cuGraphExecKernelNodeSetParams_v2"
-.Lname62:
+.Lname35:
     .asciz "cuGraphExecMemcpyNodeSetParams"
-.Lname63:
+.Lname36:
     .asciz "cuGraphExecNodeSetParams"
-.Lname64:
-    .asciz "cuGraphExecUpdate_v2"
-.Lname65:
+.Lname37:
     .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
-.Lname66:
+.Lname38:
     .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
-.Lname67:
+.Lname39:
     .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
-.Lname68:
+.Lname40:
     .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
-.Lname69:
+.Lname41:
     .asciz "cuGraphGetEdges_v2"
-.Lname70:
+.Lname42:
     .asciz "cuGraphHostNodeGetParams"
-.Lname71:
+.Lname43:
     .asciz "cuGraphHostNodeSetParams"
-.Lname72:
-    .asciz "cuGraphInstantiate"
-.Lname73:
+.Lname44:
     .asciz "cuGraphInstantiateWithParams"
-.Lname74:
+.Lname45:
     .asciz "cuGraphInstantiateWithParams_ptsz"
-.Lname75:
-    .asciz "cuGraphInstantiate_v2"
-.Lname76:
-    .asciz "cuGraphKernelNodeGetAttribute"
-.Lname77:
+.Lname46:
     .asciz "cuGraphKernelNodeGetParams"
-.Lname78:
+.Lname47:
     .asciz "cuGraphKernelNodeGetParams_v2"
-.Lname79:
+.Lname48:
     .asciz "cuGraphKernelNodeSetAttribute"
-.Lname80:
+.Lname49:
     .asciz "cuGraphKernelNodeSetParams"
-.Lname81:
+.Lname50:
     .asciz "cuGraphKernelNodeSetParams_v2"
-.Lname82:
+.Lname51:
     .asciz "cuGraphMemAllocNodeGetParams"
-.Lname83:
+.Lname52:
     .asciz "cuGraphMemcpyNodeGetParams"
-.Lname84:
+.Lname53:
     .asciz "cuGraphMemcpyNodeSetParams"
-.Lname85:
-    .asciz "cuGraphMemsetNodeGetParams"
-.Lname86:
+.Lname54:
     .asciz "cuGraphNodeGetDependencies_v2"
-.Lname87:
+.Lname55:
     .asciz "cuGraphNodeGetDependentNodes_v2"
-.Lname88:
+.Lname56:
     .asciz "cuGraphNodeSetParams"
-.Lname89:
-    .asciz "cuGraphRemoveDependencies"
-.Lname90:
-    .asciz "cuGraphRemoveDependencies_v2"
-.Lname91:
+.Lname57:
     .asciz "cuGraphicsResourceGetMappedPointer"
-.Lname92:
+.Lname58:
     .asciz "cuGraphicsResourceGetMappedPointer_v2"
-.Lname93:
-    .asciz "cuGreenCtxGetDevResource"
-.Lname94:
+.Lname59:
     .asciz "cuImportExternalMemory"
-.Lname95:
+.Lname60:
     .asciz "cuImportExternalSemaphore"
-.Lname96:
+.Lname61:
     .asciz "cuIpcGetEventHandle"
-.Lname97:
+.Lname62:
     .asciz "cuIpcGetMemHandle"
-.Lname98:
+.Lname63:
     .asciz "cuKernelGetName"
-.Lname99:
-    .asciz "cuKernelGetParamInfo"
-.Lname100:
+.Lname64:
     .asciz "cuLaunchCooperativeKernelMultiDevice"
-.Lname101:
+.Lname65:
     .asciz "cuLibraryGetUnifiedFunction"
-.Lname102:
+.Lname66:
     .asciz "cuLibraryLoadData"
-.Lname103:
+.Lname67:
     .asciz "cuLibraryLoadFromFile"
-.Lname104:
+.Lname68:
     .asciz "cuLinkAddData"
-.Lname105:
+.Lname69:
     .asciz "cuLinkAddData_v2"
-.Lname106:
+.Lname70:
     .asciz "cuLinkAddFile"
-.Lname107:
+.Lname71:
     .asciz "cuLinkAddFile_v2"
-.Lname108:
+.Lname72:
     .asciz "cuLinkComplete"
-.Lname109:
+.Lname73:
     .asciz "cuLinkCreate"
-.Lname110:
+.Lname74:
     .asciz "cuLinkCreate_v2"
-.Lname111:
+.Lname75:
     .asciz "cuLogsDumpToFile"
-.Lname112:
+.Lname76:
     .asciz "cuLogsDumpToMemory"
-.Lname113:
+.Lname77:
     .asciz "cuLogsRegisterCallback"
-.Lname114:
-    .asciz "cuMemAddressReserve"
-.Lname115:
+.Lname78:
     .asciz "cuMemAlloc"
-.Lname116:
+.Lname79:
     .asciz "cuMemAllocAsync"
-.Lname117:
+.Lname80:
     .asciz "cuMemAllocAsync_ptsz"
-.Lname118:
+.Lname81:
     .asciz "cuMemAllocFromPoolAsync"
-.Lname119:
+.Lname82:
     .asciz "cuMemAllocFromPoolAsync_ptsz"
-.Lname120:
+.Lname83:
     .asciz "cuMemAllocHost"
-.Lname121:
+.Lname84:
     .asciz "cuMemAllocManaged"
-.Lname122:
+.Lname85:
     .asciz "cuMemAllocPitch"
-.Lname123:
+.Lname86:
     .asciz "cuMemAllocPitch_v2"
-.Lname124:
+.Lname87:
     .asciz "cuMemBatchDecompressAsync"
-.Lname125:
+.Lname88:
     .asciz "cuMemBatchDecompressAsync_ptsz"
-.Lname126:
+.Lname89:
     .asciz "cuMemCreate"
-.Lname127:
-    .asciz "cuMemDiscardAndPrefetchBatchAsync"
-.Lname128:
-    .asciz "cuMemDiscardAndPrefetchBatchAsync_ptsz"
-.Lname129:
-    .asciz "cuMemDiscardBatchAsync"
-.Lname130:
-    .asciz "cuMemDiscardBatchAsync_ptsz"
-.Lname131:
+.Lname90:
     .asciz "cuMemExportToShareableHandle"
-.Lname132:
+.Lname91:
     .asciz "cuMemGetAddressRange"
-.Lname133:
+.Lname92:
     .asciz "cuMemGetAddressRange_v2"
-.Lname134:
+.Lname93:
     .asciz "cuMemGetAllocationGranularity"
-.Lname135:
-    .asciz "cuMemGetAllocationPropertiesFromHandle"
-.Lname136:
-    .asciz "cuMemGetDefaultMemPool"
-.Lname137:
+.Lname94:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname138:
-    .asciz "cuMemGetMemPool"
-.Lname139:
+.Lname95:
     .asciz "cuMemHostGetDevicePointer"
-.Lname140:
+.Lname96:
     .asciz "cuMemHostRegister"
-.Lname141:
+.Lname97:
     .asciz "cuMemImportFromShareableHandle"
-.Lname142:
+.Lname98:
     .asciz "cuMemMapArrayAsync"
-.Lname143:
+.Lname99:
     .asciz "cuMemMapArrayAsync_ptsz"
-.Lname144:
+.Lname100:
     .asciz "cuMemPoolCreate"
-.Lname145:
+.Lname101:
     .asciz "cuMemPoolExportPointer"
-.Lname146:
+.Lname102:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname147:
-    .asciz "cuMemPoolGetAccess"
-.Lname148:
-    .asciz "cuMemPoolGetAttribute"
-.Lname149:
+.Lname103:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname150:
+.Lname104:
     .asciz "cuMemPoolImportPointer"
-.Lname151:
-    .asciz "cuMemPoolSetAccess"
-.Lname152:
-    .asciz "cuMemPoolSetAttribute"
-.Lname153:
-    .asciz "cuMemPrefetchBatchAsync"
-.Lname154:
-    .asciz "cuMemPrefetchBatchAsync_ptsz"
-.Lname155:
-    .asciz "cuMemRangeGetAttribute"
-.Lname156:
+.Lname105:
     .asciz "cuMemRangeGetAttributes"
-.Lname157:
-    .asciz "cuMemRetainAllocationHandle"
-.Lname158:
-    .asciz "cuMemSetAccess"
-.Lname159:
-    .asciz "cuMemSetMemPool"
-.Lname160:
+.Lname106:
     .asciz "cuMemcpy2D"
-.Lname161:
+.Lname107:
     .asciz "cuMemcpy2DAsync"
-.Lname162:
+.Lname108:
     .asciz "cuMemcpy2DAsync_v2"
-.Lname163:
+.Lname109:
     .asciz "cuMemcpy2DAsync_v2_ptsz"
-.Lname164:
+.Lname110:
     .asciz "cuMemcpy2DUnaligned"
-.Lname165:
+.Lname111:
     .asciz "cuMemcpy2DUnaligned_v2"
-.Lname166:
+.Lname112:
     .asciz "cuMemcpy2DUnaligned_v2_ptds"
-.Lname167:
+.Lname113:
     .asciz "cuMemcpy2D_v2"
-.Lname168:
+.Lname114:
     .asciz "cuMemcpy2D_v2_ptds"
-.Lname169:
+.Lname115:
     .asciz "cuMemcpy3D"
-.Lname170:
+.Lname116:
     .asciz "cuMemcpy3DAsync"
-.Lname171:
+.Lname117:
     .asciz "cuMemcpy3DAsync_v2"
-.Lname172:
+.Lname118:
     .asciz "cuMemcpy3DAsync_v2_ptsz"
-.Lname173:
+.Lname119:
     .asciz "cuMemcpy3DBatchAsync"
-.Lname174:
+.Lname120:
     .asciz "cuMemcpy3DBatchAsync_ptsz"
-.Lname175:
+.Lname121:
     .asciz "cuMemcpy3DBatchAsync_v2"
-.Lname176:
+.Lname122:
     .asciz "cuMemcpy3DBatchAsync_v2_ptsz"
-.Lname177:
+.Lname123:
     .asciz "cuMemcpy3DPeer"
-.Lname178:
+.Lname124:
     .asciz "cuMemcpy3DPeerAsync"
-.Lname179:
+.Lname125:
     .asciz "cuMemcpy3DPeerAsync_ptsz"
-.Lname180:
+.Lname126:
     .asciz "cuMemcpy3DPeer_ptds"
-.Lname181:
+.Lname127:
     .asciz "cuMemcpy3D_v2"
-.Lname182:
+.Lname128:
     .asciz "cuMemcpy3D_v2_ptds"
-.Lname183:
+.Lname129:
     .asciz "cuMemcpyAtoH"
-.Lname184:
+.Lname130:
     .asciz "cuMemcpyAtoHAsync"
-.Lname185:
+.Lname131:
     .asciz "cuMemcpyAtoHAsync_v2"
-.Lname186:
+.Lname132:
     .asciz "cuMemcpyAtoHAsync_v2_ptsz"
-.Lname187:
+.Lname133:
     .asciz "cuMemcpyAtoH_v2"
-.Lname188:
+.Lname134:
     .asciz "cuMemcpyAtoH_v2_ptds"
-.Lname189:
+.Lname135:
     .asciz "cuMemcpyBatchAsync"
-.Lname190:
+.Lname136:
     .asciz "cuMemcpyBatchAsync_ptsz"
-.Lname191:
+.Lname137:
     .asciz "cuMemcpyBatchAsync_v2"
-.Lname192:
+.Lname138:
     .asciz "cuMemcpyBatchAsync_v2_ptsz"
-.Lname193:
+.Lname139:
     .asciz "cuMemcpyDtoH"
-.Lname194:
+.Lname140:
     .asciz "cuMemcpyDtoHAsync"
-.Lname195:
+.Lname141:
     .asciz "cuMemcpyHtoA"
-.Lname196:
+.Lname142:
     .asciz "cuMemcpyHtoAAsync"
-.Lname197:
+.Lname143:
     .asciz "cuMemcpyHtoAAsync_v2"
-.Lname198:
+.Lname144:
     .asciz "cuMemcpyHtoAAsync_v2_ptsz"
-.Lname199:
+.Lname145:
     .asciz "cuMemcpyHtoA_v2"
-.Lname200:
+.Lname146:
     .asciz "cuMemcpyHtoA_v2_ptds"
-.Lname201:
+.Lname147:
     .asciz "cuMemcpyHtoD"
-.Lname202:
+.Lname148:
     .asciz "cuMemcpyHtoDAsync"
-.Lname203:
-    .asciz "cuMipmappedArrayCreate"
-.Lname204:
-    .asciz "cuMipmappedArrayGetMemoryRequirements"
-.Lname205:
-    .asciz "cuMipmappedArrayGetSparseProperties"
-.Lname206:
-    .asciz "cuOccupancyAvailableDynamicSMemPerBlock"
-.Lname207:
+.Lname149:
     .asciz "cuOccupancyMaxActiveClusters"
-.Lname208:
+.Lname150:
     .asciz "cuOccupancyMaxPotentialBlockSize"
-.Lname209:
+.Lname151:
     .asciz "cuOccupancyMaxPotentialBlockSizeWithFlags"
-.Lname210:
+.Lname152:
     .asciz "cuOccupancyMaxPotentialClusterSize"
-.Lname211:
+.Lname153:
     .asciz "cuParamSetv"
-.Lname212:
+.Lname154:
     .asciz "cuPointerGetAttributes"
-.Lname213:
-    .asciz "cuPointerSetAttribute"
-.Lname214:
+.Lname155:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname215:
+.Lname156:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname216:
+.Lname157:
     .asciz "cuStreamAddCallback"
-.Lname217:
+.Lname158:
     .asciz "cuStreamAddCallback_ptsz"
-.Lname218:
-    .asciz "cuStreamBatchMemOp"
-.Lname219:
-    .asciz "cuStreamBatchMemOp_ptsz"
-.Lname220:
-    .asciz "cuStreamBatchMemOp_v2"
-.Lname221:
-    .asciz "cuStreamBatchMemOp_v2_ptsz"
-.Lname222:
+.Lname159:
     .asciz "cuStreamBeginCaptureToGraph"
-.Lname223:
+.Lname160:
     .asciz "cuStreamBeginCaptureToGraph_ptsz"
-.Lname224:
-    .asciz "cuStreamGetAttribute"
-.Lname225:
-    .asciz "cuStreamGetAttribute_ptsz"
-.Lname226:
+.Lname161:
     .asciz "cuStreamGetCaptureInfo_v2"
-.Lname227:
+.Lname162:
     .asciz "cuStreamGetCaptureInfo_v2_ptsz"
-.Lname228:
+.Lname163:
     .asciz "cuStreamGetCaptureInfo_v3"
-.Lname229:
+.Lname164:
     .asciz "cuStreamGetCaptureInfo_v3_ptsz"
-.Lname230:
+.Lname165:
     .asciz "cuStreamGetDevResource"
-.Lname231:
+.Lname166:
     .asciz "cuStreamGetDevResource_ptsz"
-.Lname232:
+.Lname167:
     .asciz "cuStreamSetAttribute"
-.Lname233:
+.Lname168:
     .asciz "cuStreamSetAttribute_ptsz"
-.Lname234:
+.Lname169:
     .asciz "cuStreamUpdateCaptureDependencies_v2"
-.Lname235:
+.Lname170:
     .asciz "cuStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname236:
+.Lname171:
     .asciz "cuSurfObjectCreate"
-.Lname237:
-    .asciz "cuSurfObjectGetResourceDesc"
-.Lname238:
+.Lname172:
     .asciz "cuTensorMapEncodeIm2col"
-.Lname239:
+.Lname173:
     .asciz "cuTensorMapEncodeIm2colWide"
-.Lname240:
+.Lname174:
     .asciz "cuTensorMapEncodeTiled"
-.Lname241:
+.Lname175:
     .asciz "cuTensorMapReplaceAddress"
-.Lname242:
+.Lname176:
     .asciz "cuTexObjectCreate"
-.Lname243:
-    .asciz "cuTexObjectGetResourceDesc"
-.Lname244:
-    .asciz "cuTexObjectGetResourceViewDesc"
-.Lname245:
-    .asciz "cuTexObjectGetTextureDesc"
-.Lname246:
-    .asciz "cuTexRefGetFormat"
-.Lname247:
+.Lname177:
     .asciz "cuUserObjectCreate"
-.Lname248:
+.Lname178:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname249:
+.Lname179:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

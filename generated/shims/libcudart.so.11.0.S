@@ -70,18 +70,12 @@ __cudaUnregisterFatBinary:
     .globl cudaArrayGetInfo
     .type cudaArrayGetInfo, @function
 cudaArrayGetInfo:
-    leaq .Lname2(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetInfo@PLT
     .size cudaArrayGetInfo, .-cudaArrayGetInfo
     .globl cudaArrayGetMemoryRequirements
     .type cudaArrayGetMemoryRequirements, @function
 cudaArrayGetMemoryRequirements:
-    leaq .Lname3(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetMemoryRequirements@PLT
     .size cudaArrayGetMemoryRequirements, .-cudaArrayGetMemoryRequirements
     .globl cudaArrayGetPlane
     .type cudaArrayGetPlane, @function
@@ -91,10 +85,7 @@ cudaArrayGetPlane:
     .globl cudaArrayGetSparseProperties
     .type cudaArrayGetSparseProperties, @function
 cudaArrayGetSparseProperties:
-    leaq .Lname4(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetSparseProperties@PLT
     .size cudaArrayGetSparseProperties, .-cudaArrayGetSparseProperties
     .globl cudaBindSurfaceToArray
     .type cudaBindSurfaceToArray, @function
@@ -104,7 +95,7 @@ cudaBindSurfaceToArray:
     .globl cudaBindTexture
     .type cudaBindTexture, @function
 cudaBindTexture:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -112,7 +103,7 @@ cudaBindTexture:
     .globl cudaBindTexture2D
     .type cudaBindTexture2D, @function
 cudaBindTexture2D:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -135,7 +126,7 @@ cudaChooseDevice:
     .globl cudaCreateChannelDesc
     .type cudaCreateChannelDesc, @function
 cudaCreateChannelDesc:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -143,7 +134,7 @@ cudaCreateChannelDesc:
     .globl cudaCreateSurfaceObject
     .type cudaCreateSurfaceObject, @function
 cudaCreateSurfaceObject:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -151,7 +142,7 @@ cudaCreateSurfaceObject:
     .globl cudaCreateTextureObject
     .type cudaCreateTextureObject, @function
 cudaCreateTextureObject:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -159,7 +150,7 @@ cudaCreateTextureObject:
     .globl cudaCreateTextureObject_v2
     .type cudaCreateTextureObject_v2, @function
 cudaCreateTextureObject_v2:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -232,10 +223,7 @@ cudaDeviceGetDefaultMemPool:
     .globl cudaDeviceGetGraphMemAttribute
     .type cudaDeviceGetGraphMemAttribute, @function
 cudaDeviceGetGraphMemAttribute:
-    leaq .Lname11(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceGetGraphMemAttribute@PLT
     .size cudaDeviceGetGraphMemAttribute, .-cudaDeviceGetGraphMemAttribute
     .globl cudaDeviceGetLimit
     .type cudaDeviceGetLimit, @function
@@ -250,7 +238,7 @@ cudaDeviceGetMemPool:
     .globl cudaDeviceGetNvSciSyncAttributes
     .type cudaDeviceGetNvSciSyncAttributes, @function
 cudaDeviceGetNvSciSyncAttributes:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -298,10 +286,7 @@ cudaDeviceSetCacheConfig:
     .globl cudaDeviceSetGraphMemAttribute
     .type cudaDeviceSetGraphMemAttribute, @function
 cudaDeviceSetGraphMemAttribute:
-    leaq .Lname13(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceSetGraphMemAttribute@PLT
     .size cudaDeviceSetGraphMemAttribute, .-cudaDeviceSetGraphMemAttribute
     .globl cudaDeviceSetLimit
     .type cudaDeviceSetLimit, @function
@@ -331,7 +316,7 @@ cudaDriverGetVersion:
     .globl cudaEGLStreamConsumerAcquireFrame
     .type cudaEGLStreamConsumerAcquireFrame, @function
 cudaEGLStreamConsumerAcquireFrame:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -339,7 +324,7 @@ cudaEGLStreamConsumerAcquireFrame:
     .globl cudaEGLStreamConsumerConnect
     .type cudaEGLStreamConsumerConnect, @function
 cudaEGLStreamConsumerConnect:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -347,7 +332,7 @@ cudaEGLStreamConsumerConnect:
     .globl cudaEGLStreamConsumerConnectWithFlags
     .type cudaEGLStreamConsumerConnectWithFlags, @function
 cudaEGLStreamConsumerConnectWithFlags:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -355,7 +340,7 @@ cudaEGLStreamConsumerConnectWithFlags:
     .globl cudaEGLStreamConsumerDisconnect
     .type cudaEGLStreamConsumerDisconnect, @function
 cudaEGLStreamConsumerDisconnect:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -363,7 +348,7 @@ cudaEGLStreamConsumerDisconnect:
     .globl cudaEGLStreamConsumerReleaseFrame
     .type cudaEGLStreamConsumerReleaseFrame, @function
 cudaEGLStreamConsumerReleaseFrame:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -371,7 +356,7 @@ cudaEGLStreamConsumerReleaseFrame:
     .globl cudaEGLStreamProducerConnect
     .type cudaEGLStreamProducerConnect, @function
 cudaEGLStreamProducerConnect:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -379,7 +364,7 @@ cudaEGLStreamProducerConnect:
     .globl cudaEGLStreamProducerDisconnect
     .type cudaEGLStreamProducerDisconnect, @function
 cudaEGLStreamProducerDisconnect:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -387,7 +372,7 @@ cudaEGLStreamProducerDisconnect:
     .globl cudaEGLStreamProducerPresentFrame
     .type cudaEGLStreamProducerPresentFrame, @function
 cudaEGLStreamProducerPresentFrame:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -395,7 +380,7 @@ cudaEGLStreamProducerPresentFrame:
     .globl cudaEGLStreamProducerReturnFrame
     .type cudaEGLStreamProducerReturnFrame, @function
 cudaEGLStreamProducerReturnFrame:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -408,7 +393,7 @@ cudaEventCreate:
     .globl cudaEventCreateFromEGLSync
     .type cudaEventCreateFromEGLSync, @function
 cudaEventCreateFromEGLSync:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -461,7 +446,7 @@ cudaEventSynchronize:
     .globl cudaExternalMemoryGetMappedBuffer
     .type cudaExternalMemoryGetMappedBuffer, @function
 cudaExternalMemoryGetMappedBuffer:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -519,7 +504,7 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -527,7 +512,7 @@ cudaFuncSetSharedMemConfig:
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -535,7 +520,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -543,7 +528,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -551,7 +536,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -559,7 +544,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -567,7 +552,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -575,7 +560,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -583,7 +568,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -591,7 +576,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -599,10 +584,7 @@ cudaGLUnregisterBufferObject:
     .globl cudaGetChannelDesc
     .type cudaGetChannelDesc, @function
 cudaGetChannelDesc:
-    leaq .Lname35(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetChannelDesc@PLT
     .size cudaGetChannelDesc, .-cudaGetChannelDesc
     .globl cudaGetDevice
     .type cudaGetDevice, @function
@@ -647,7 +629,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -655,7 +637,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -673,15 +655,12 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu118@PLT
     .size cudaGetSurfaceObjectResourceDesc, .-cudaGetSurfaceObjectResourceDesc
     .globl cudaGetSurfaceReference
     .type cudaGetSurfaceReference, @function
 cudaGetSurfaceReference:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -704,31 +683,22 @@ cudaGetTextureAlignmentOffset:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceDesc__cu118@PLT
     .size cudaGetTextureObjectResourceDesc, .-cudaGetTextureObjectResourceDesc
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu118@PLT
     .size cudaGetTextureObjectResourceViewDesc, .-cudaGetTextureObjectResourceViewDesc
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname42(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectTextureDesc__cu118@PLT
     .size cudaGetTextureObjectTextureDesc, .-cudaGetTextureObjectTextureDesc
     .globl cudaGetTextureObjectTextureDesc_v2
     .type cudaGetTextureObjectTextureDesc_v2, @function
 cudaGetTextureObjectTextureDesc_v2:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -736,7 +706,7 @@ cudaGetTextureObjectTextureDesc_v2:
     .globl cudaGetTextureReference
     .type cudaGetTextureReference, @function
 cudaGetTextureReference:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -744,47 +714,32 @@ cudaGetTextureReference:
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddChildGraphNode@PLT
     .size cudaGraphAddChildGraphNode, .-cudaGraphAddChildGraphNode
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddDependencies__cu118@PLT
     .size cudaGraphAddDependencies, .-cudaGraphAddDependencies
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEmptyNode@PLT
     .size cudaGraphAddEmptyNode, .-cudaGraphAddEmptyNode
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventRecordNode@PLT
     .size cudaGraphAddEventRecordNode, .-cudaGraphAddEventRecordNode
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventWaitNode@PLT
     .size cudaGraphAddEventWaitNode, .-cudaGraphAddEventWaitNode
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -792,7 +747,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -800,7 +755,7 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -808,7 +763,7 @@ cudaGraphAddHostNode:
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -816,7 +771,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -824,15 +779,12 @@ cudaGraphAddMemAllocNode:
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname55(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemFreeNode@PLT
     .size cudaGraphAddMemFreeNode, .-cudaGraphAddMemFreeNode
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -840,7 +792,7 @@ cudaGraphAddMemcpyNode:
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -848,7 +800,7 @@ cudaGraphAddMemcpyNode1D:
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -856,7 +808,7 @@ cudaGraphAddMemcpyNodeFromSymbol:
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -864,10 +816,7 @@ cudaGraphAddMemcpyNodeToSymbol:
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname60(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemsetNode@PLT
     .size cudaGraphAddMemsetNode, .-cudaGraphAddMemsetNode
     .globl cudaGraphChildGraphNodeGetGraph
     .type cudaGraphChildGraphNodeGetGraph, @function
@@ -887,7 +836,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -945,7 +894,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -953,7 +902,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -961,7 +910,7 @@ cudaGraphExecExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -969,7 +918,7 @@ cudaGraphExecHostNodeSetParams:
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -977,7 +926,7 @@ cudaGraphExecKernelNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -985,7 +934,7 @@ cudaGraphExecMemcpyNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -993,7 +942,7 @@ cudaGraphExecMemcpyNodeSetParams1D:
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1001,7 +950,7 @@ cudaGraphExecMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1009,10 +958,7 @@ cudaGraphExecMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname70(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemsetNodeSetParams@PLT
     .size cudaGraphExecMemsetNodeSetParams, .-cudaGraphExecMemsetNodeSetParams
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
@@ -1022,7 +968,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1030,7 +976,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1038,7 +984,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1046,7 +992,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1069,7 +1015,7 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1077,7 +1023,7 @@ cudaGraphHostNodeGetParams:
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1085,7 +1031,7 @@ cudaGraphHostNodeSetParams:
     .globl cudaGraphInstantiate
     .type cudaGraphInstantiate, @function
 cudaGraphInstantiate:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1103,15 +1049,12 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname78(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu118@PLT
     .size cudaGraphKernelNodeGetAttribute, .-cudaGraphKernelNodeGetAttribute
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1119,7 +1062,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1127,7 +1070,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1145,7 +1088,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1153,15 +1096,12 @@ cudaGraphMemAllocNodeGetParams:
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname83(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemFreeNodeGetParams@PLT
     .size cudaGraphMemFreeNodeGetParams, .-cudaGraphMemFreeNodeGetParams
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1169,7 +1109,7 @@ cudaGraphMemcpyNodeGetParams:
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1177,7 +1117,7 @@ cudaGraphMemcpyNodeSetParams:
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1185,7 +1125,7 @@ cudaGraphMemcpyNodeSetParams1D:
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1193,7 +1133,7 @@ cudaGraphMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1201,18 +1141,12 @@ cudaGraphMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname89(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeGetParams@PLT
     .size cudaGraphMemsetNodeGetParams, .-cudaGraphMemsetNodeGetParams
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname90(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeSetParams@PLT
     .size cudaGraphMemsetNodeSetParams, .-cudaGraphMemsetNodeSetParams
     .globl cudaGraphNodeFindInClone
     .type cudaGraphNodeFindInClone, @function
@@ -1222,10 +1156,7 @@ cudaGraphNodeFindInClone:
     .globl cudaGraphNodeGetDependencies
     .type cudaGraphNodeGetDependencies, @function
 cudaGraphNodeGetDependencies:
-    leaq .Lname91(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeGetDependencies__cu118@PLT
     .size cudaGraphNodeGetDependencies, .-cudaGraphNodeGetDependencies
     .globl cudaGraphNodeGetDependentNodes
     .type cudaGraphNodeGetDependentNodes, @function
@@ -1255,10 +1186,7 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname92(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphRemoveDependencies__cu118@PLT
     .size cudaGraphRemoveDependencies, .-cudaGraphRemoveDependencies
     .globl cudaGraphRetainUserObject
     .type cudaGraphRetainUserObject, @function
@@ -1278,7 +1206,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1286,7 +1214,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1294,7 +1222,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1307,7 +1235,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1320,7 +1248,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,7 +1276,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1356,7 +1284,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1389,7 +1317,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1397,7 +1325,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1405,7 +1333,7 @@ cudaImportExternalSemaphore:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1413,7 +1341,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1421,7 +1349,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1434,7 +1362,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1447,7 +1375,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1495,7 +1423,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1523,7 +1451,7 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1531,7 +1459,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1544,7 +1472,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1552,10 +1480,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname111(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocMipmappedArray@PLT
     .size cudaMallocMipmappedArray, .-cudaMallocMipmappedArray
     .globl cudaMallocPitch
     .type cudaMallocPitch, @function
@@ -1565,10 +1490,7 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname112(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemAdvise__cu118@PLT
     .size cudaMemAdvise, .-cudaMemAdvise
     .globl cudaMemGetInfo
     .type cudaMemGetInfo, @function
@@ -1578,7 +1500,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1591,7 +1513,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1521,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1607,10 +1529,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname116(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolGetAccess@PLT
     .size cudaMemPoolGetAccess, .-cudaMemPoolGetAccess
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
@@ -1620,7 +1539,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1628,7 +1547,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1651,31 +1570,22 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname119(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync__cu118@PLT
     .size cudaMemPrefetchAsync, .-cudaMemPrefetchAsync
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname120(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu118@PLT
     .size cudaMemPrefetchAsync_ptsz, .-cudaMemPrefetchAsync_ptsz
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname121(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttribute@PLT
     .size cudaMemRangeGetAttribute, .-cudaMemRangeGetAttribute
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1713,7 +1623,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1721,7 +1631,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1729,7 +1639,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1737,7 +1647,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1745,7 +1655,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1753,7 +1663,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1761,7 +1671,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1769,7 +1679,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1782,7 +1692,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1790,7 +1700,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1798,7 +1708,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1806,7 +1716,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1814,7 +1724,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1822,7 +1732,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1830,7 +1740,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1838,7 +1748,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1866,7 +1776,7 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1874,7 +1784,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1882,7 +1792,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1890,7 +1800,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1918,10 +1828,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname143(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyPeer@PLT
     .size cudaMemcpyPeer, .-cudaMemcpyPeer
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
@@ -1931,7 +1838,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1939,7 +1846,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1947,7 +1854,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1955,7 +1862,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2013,7 +1920,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2021,7 +1928,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2029,7 +1936,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2037,7 +1944,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2060,23 +1967,17 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname152(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetMemoryRequirements@PLT
     .size cudaMipmappedArrayGetMemoryRequirements, .-cudaMipmappedArrayGetMemoryRequirements
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname153(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetSparseProperties@PLT
     .size cudaMipmappedArrayGetSparseProperties, .-cudaMipmappedArrayGetSparseProperties
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2094,7 +1995,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2102,7 +2003,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2120,7 +2021,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerInitialize
     .type cudaProfilerInitialize, @function
 cudaProfilerInitialize:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2128,7 +2029,7 @@ cudaProfilerInitialize:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2136,7 +2037,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2169,15 +2070,12 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname160(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaSetValidDevices@PLT
     .size cudaSetValidDevices, .-cudaSetValidDevices
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2185,7 +2083,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2193,7 +2091,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2201,7 +2099,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2219,18 +2117,12 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname165(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync@PLT
     .size cudaStreamAttachMemAsync, .-cudaStreamAttachMemAsync
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname166(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync_ptsz@PLT
     .size cudaStreamAttachMemAsync_ptsz, .-cudaStreamAttachMemAsync_ptsz
     .globl cudaStreamBeginCapture
     .type cudaStreamBeginCapture, @function
@@ -2285,18 +2177,12 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname167(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute__cu118@PLT
     .size cudaStreamGetAttribute, .-cudaStreamGetAttribute
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname168(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute_ptsz__cu118@PLT
     .size cudaStreamGetAttribute_ptsz, .-cudaStreamGetAttribute_ptsz
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
@@ -2311,7 +2197,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2319,7 +2205,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2367,7 +2253,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2375,7 +2261,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2398,7 +2284,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2456,7 +2342,7 @@ cudaUnbindTexture:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2474,7 +2360,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2482,7 +2368,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2490,7 +2376,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2498,7 +2384,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2506,7 +2392,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2514,7 +2400,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2525,361 +2411,285 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname1:
     .asciz "__cudaRegisterTexture"
 .Lname2:
-    .asciz "cudaArrayGetInfo"
-.Lname3:
-    .asciz "cudaArrayGetMemoryRequirements"
-.Lname4:
-    .asciz "cudaArrayGetSparseProperties"
-.Lname5:
     .asciz "cudaBindTexture"
-.Lname6:
+.Lname3:
     .asciz "cudaBindTexture2D"
-.Lname7:
+.Lname4:
     .asciz "cudaCreateChannelDesc"
-.Lname8:
+.Lname5:
     .asciz "cudaCreateSurfaceObject"
-.Lname9:
+.Lname6:
     .asciz "cudaCreateTextureObject"
-.Lname10:
+.Lname7:
     .asciz "cudaCreateTextureObject_v2"
-.Lname11:
-    .asciz "cudaDeviceGetGraphMemAttribute"
-.Lname12:
+.Lname8:
     .asciz "cudaDeviceGetNvSciSyncAttributes"
-.Lname13:
-    .asciz "cudaDeviceSetGraphMemAttribute"
-.Lname14:
+.Lname9:
     .asciz "cudaEGLStreamConsumerAcquireFrame"
-.Lname15:
+.Lname10:
     .asciz "cudaEGLStreamConsumerConnect"
-.Lname16:
+.Lname11:
     .asciz "cudaEGLStreamConsumerConnectWithFlags"
-.Lname17:
+.Lname12:
     .asciz "cudaEGLStreamConsumerDisconnect"
-.Lname18:
+.Lname13:
     .asciz "cudaEGLStreamConsumerReleaseFrame"
-.Lname19:
+.Lname14:
     .asciz "cudaEGLStreamProducerConnect"
-.Lname20:
+.Lname15:
     .asciz "cudaEGLStreamProducerDisconnect"
-.Lname21:
+.Lname16:
     .asciz "cudaEGLStreamProducerPresentFrame"
-.Lname22:
+.Lname17:
     .asciz "cudaEGLStreamProducerReturnFrame"
-.Lname23:
+.Lname18:
     .asciz "cudaEventCreateFromEGLSync"
-.Lname24:
+.Lname19:
     .asciz "cudaExternalMemoryGetMappedBuffer"
-.Lname25:
+.Lname20:
     .asciz "cudaFuncSetSharedMemConfig"
-.Lname26:
+.Lname21:
     .asciz "cudaGLGetDevices"
-.Lname27:
+.Lname22:
     .asciz "cudaGLMapBufferObject"
-.Lname28:
+.Lname23:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname29:
+.Lname24:
     .asciz "cudaGLRegisterBufferObject"
-.Lname30:
+.Lname25:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname31:
+.Lname26:
     .asciz "cudaGLSetGLDevice"
-.Lname32:
+.Lname27:
     .asciz "cudaGLUnmapBufferObject"
-.Lname33:
+.Lname28:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname34:
+.Lname29:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname35:
-    .asciz "cudaGetChannelDesc"
-.Lname36:
+.Lname30:
     .asciz "cudaGetExportTable"
-.Lname37:
+.Lname31:
     .asciz "cudaGetFuncBySymbol"
-.Lname38:
-    .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname39:
+.Lname32:
     .asciz "cudaGetSurfaceReference"
-.Lname40:
-    .asciz "cudaGetTextureObjectResourceDesc"
-.Lname41:
-    .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname42:
-    .asciz "cudaGetTextureObjectTextureDesc"
-.Lname43:
+.Lname33:
     .asciz "cudaGetTextureObjectTextureDesc_v2"
-.Lname44:
+.Lname34:
     .asciz "cudaGetTextureReference"
-.Lname45:
-    .asciz "cudaGraphAddChildGraphNode"
-.Lname46:
-    .asciz "cudaGraphAddDependencies"
-.Lname47:
-    .asciz "cudaGraphAddEmptyNode"
-.Lname48:
-    .asciz "cudaGraphAddEventRecordNode"
-.Lname49:
-    .asciz "cudaGraphAddEventWaitNode"
-.Lname50:
+.Lname35:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname51:
+.Lname36:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname52:
+.Lname37:
     .asciz "cudaGraphAddHostNode"
-.Lname53:
+.Lname38:
     .asciz "cudaGraphAddKernelNode"
-.Lname54:
+.Lname39:
     .asciz "cudaGraphAddMemAllocNode"
-.Lname55:
-    .asciz "cudaGraphAddMemFreeNode"
-.Lname56:
+.Lname40:
     .asciz "cudaGraphAddMemcpyNode"
-.Lname57:
+.Lname41:
     .asciz "cudaGraphAddMemcpyNode1D"
-.Lname58:
+.Lname42:
     .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname59:
+.Lname43:
     .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname60:
-    .asciz "cudaGraphAddMemsetNode"
-.Lname61:
+.Lname44:
     .asciz "cudaGraphDebugDotPrint"
-.Lname62:
+.Lname45:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname63:
+.Lname46:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname64:
+.Lname47:
     .asciz "cudaGraphExecHostNodeSetParams"
-.Lname65:
+.Lname48:
     .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname66:
+.Lname49:
     .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname67:
+.Lname50:
     .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname68:
+.Lname51:
     .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname69:
+.Lname52:
     .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname70:
-    .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname71:
+.Lname53:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname72:
+.Lname54:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname73:
+.Lname55:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname74:
+.Lname56:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname75:
+.Lname57:
     .asciz "cudaGraphHostNodeGetParams"
-.Lname76:
+.Lname58:
     .asciz "cudaGraphHostNodeSetParams"
-.Lname77:
+.Lname59:
     .asciz "cudaGraphInstantiate"
-.Lname78:
-    .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname79:
+.Lname60:
     .asciz "cudaGraphKernelNodeGetParams"
-.Lname80:
+.Lname61:
     .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname81:
+.Lname62:
     .asciz "cudaGraphKernelNodeSetParams"
-.Lname82:
+.Lname63:
     .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname83:
-    .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname84:
+.Lname64:
     .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname85:
+.Lname65:
     .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname86:
+.Lname66:
     .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname87:
+.Lname67:
     .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname88:
+.Lname68:
     .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname89:
-    .asciz "cudaGraphMemsetNodeGetParams"
-.Lname90:
-    .asciz "cudaGraphMemsetNodeSetParams"
-.Lname91:
-    .asciz "cudaGraphNodeGetDependencies"
-.Lname92:
-    .asciz "cudaGraphRemoveDependencies"
-.Lname93:
+.Lname69:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname94:
+.Lname70:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname95:
+.Lname71:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname96:
+.Lname72:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname97:
+.Lname73:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname98:
+.Lname74:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname99:
+.Lname75:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname100:
+.Lname76:
     .asciz "cudaImportExternalMemory"
-.Lname101:
+.Lname77:
     .asciz "cudaImportExternalSemaphore"
-.Lname102:
+.Lname78:
     .asciz "cudaIpcCloseMemHandle"
-.Lname103:
+.Lname79:
     .asciz "cudaIpcGetEventHandle"
-.Lname104:
+.Lname80:
     .asciz "cudaIpcGetMemHandle"
-.Lname105:
+.Lname81:
     .asciz "cudaIpcOpenMemHandle"
-.Lname106:
+.Lname82:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname107:
+.Lname83:
     .asciz "cudaMalloc3D"
-.Lname108:
+.Lname84:
     .asciz "cudaMallocFromPoolAsync"
-.Lname109:
+.Lname85:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname110:
+.Lname86:
     .asciz "cudaMallocManaged"
-.Lname111:
-    .asciz "cudaMallocMipmappedArray"
-.Lname112:
-    .asciz "cudaMemAdvise"
-.Lname113:
+.Lname87:
     .asciz "cudaMemPoolCreate"
-.Lname114:
+.Lname88:
     .asciz "cudaMemPoolExportPointer"
-.Lname115:
+.Lname89:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname116:
-    .asciz "cudaMemPoolGetAccess"
-.Lname117:
+.Lname90:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname118:
+.Lname91:
     .asciz "cudaMemPoolImportPointer"
-.Lname119:
-    .asciz "cudaMemPrefetchAsync"
-.Lname120:
-    .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname121:
-    .asciz "cudaMemRangeGetAttribute"
-.Lname122:
+.Lname92:
     .asciz "cudaMemRangeGetAttributes"
-.Lname123:
+.Lname93:
     .asciz "cudaMemcpy2DFromArray"
-.Lname124:
+.Lname94:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname125:
+.Lname95:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname126:
+.Lname96:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname127:
+.Lname97:
     .asciz "cudaMemcpy2DToArray"
-.Lname128:
+.Lname98:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname129:
+.Lname99:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname130:
+.Lname100:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname131:
+.Lname101:
     .asciz "cudaMemcpy3D"
-.Lname132:
+.Lname102:
     .asciz "cudaMemcpy3DAsync"
-.Lname133:
+.Lname103:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname134:
+.Lname104:
     .asciz "cudaMemcpy3DPeer"
-.Lname135:
+.Lname105:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname136:
+.Lname106:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname137:
+.Lname107:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname138:
+.Lname108:
     .asciz "cudaMemcpy3D_ptds"
-.Lname139:
+.Lname109:
     .asciz "cudaMemcpyFromArray"
-.Lname140:
+.Lname110:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname141:
+.Lname111:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname142:
+.Lname112:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname143:
-    .asciz "cudaMemcpyPeer"
-.Lname144:
+.Lname113:
     .asciz "cudaMemcpyToArray"
-.Lname145:
+.Lname114:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname146:
+.Lname115:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname147:
+.Lname116:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname148:
+.Lname117:
     .asciz "cudaMemset3D"
-.Lname149:
+.Lname118:
     .asciz "cudaMemset3DAsync"
-.Lname150:
+.Lname119:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname151:
+.Lname120:
     .asciz "cudaMemset3D_ptds"
-.Lname152:
-    .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname153:
-    .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname154:
+.Lname121:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname155:
+.Lname122:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname156:
+.Lname123:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname157:
+.Lname124:
     .asciz "cudaProfilerInitialize"
-.Lname158:
+.Lname125:
     .asciz "cudaProfilerStart"
-.Lname159:
+.Lname126:
     .asciz "cudaProfilerStop"
-.Lname160:
-    .asciz "cudaSetValidDevices"
-.Lname161:
+.Lname127:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname162:
+.Lname128:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname163:
+.Lname129:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname164:
+.Lname130:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname165:
-    .asciz "cudaStreamAttachMemAsync"
-.Lname166:
-    .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname167:
-    .asciz "cudaStreamGetAttribute"
-.Lname168:
-    .asciz "cudaStreamGetAttribute_ptsz"
-.Lname169:
+.Lname131:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname170:
+.Lname132:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname171:
+.Lname133:
     .asciz "cudaStreamSetAttribute"
-.Lname172:
+.Lname134:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname173:
+.Lname135:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname174:
+.Lname136:
     .asciz "cudaUserObjectCreate"
-.Lname175:
+.Lname137:
     .asciz "cudaVDPAUGetDevice"
-.Lname176:
+.Lname138:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname177:
+.Lname139:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname178:
+.Lname140:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname179:
+.Lname141:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname180:
+.Lname142:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

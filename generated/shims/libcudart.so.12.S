@@ -77,18 +77,12 @@ __cudaUnregisterFatBinary:
     .globl cudaArrayGetInfo
     .type cudaArrayGetInfo, @function
 cudaArrayGetInfo:
-    leaq .Lname1(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetInfo@PLT
     .size cudaArrayGetInfo, .-cudaArrayGetInfo
     .globl cudaArrayGetMemoryRequirements
     .type cudaArrayGetMemoryRequirements, @function
 cudaArrayGetMemoryRequirements:
-    leaq .Lname2(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetMemoryRequirements@PLT
     .size cudaArrayGetMemoryRequirements, .-cudaArrayGetMemoryRequirements
     .globl cudaArrayGetPlane
     .type cudaArrayGetPlane, @function
@@ -98,10 +92,7 @@ cudaArrayGetPlane:
     .globl cudaArrayGetSparseProperties
     .type cudaArrayGetSparseProperties, @function
 cudaArrayGetSparseProperties:
-    leaq .Lname3(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetSparseProperties@PLT
     .size cudaArrayGetSparseProperties, .-cudaArrayGetSparseProperties
     .globl cudaChooseDevice
     .type cudaChooseDevice, @function
@@ -111,7 +102,7 @@ cudaChooseDevice:
     .globl cudaCreateChannelDesc
     .type cudaCreateChannelDesc, @function
 cudaCreateChannelDesc:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -119,7 +110,7 @@ cudaCreateChannelDesc:
     .globl cudaCreateSurfaceObject
     .type cudaCreateSurfaceObject, @function
 cudaCreateSurfaceObject:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -127,7 +118,7 @@ cudaCreateSurfaceObject:
     .globl cudaCreateTextureObject
     .type cudaCreateTextureObject, @function
 cudaCreateTextureObject:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -200,10 +191,7 @@ cudaDeviceGetDefaultMemPool:
     .globl cudaDeviceGetGraphMemAttribute
     .type cudaDeviceGetGraphMemAttribute, @function
 cudaDeviceGetGraphMemAttribute:
-    leaq .Lname7(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceGetGraphMemAttribute@PLT
     .size cudaDeviceGetGraphMemAttribute, .-cudaDeviceGetGraphMemAttribute
     .globl cudaDeviceGetLimit
     .type cudaDeviceGetLimit, @function
@@ -218,7 +206,7 @@ cudaDeviceGetMemPool:
     .globl cudaDeviceGetNvSciSyncAttributes
     .type cudaDeviceGetNvSciSyncAttributes, @function
 cudaDeviceGetNvSciSyncAttributes:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -256,7 +244,7 @@ cudaDeviceGraphMemTrim:
     .globl cudaDeviceRegisterAsyncNotification
     .type cudaDeviceRegisterAsyncNotification, @function
 cudaDeviceRegisterAsyncNotification:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -274,10 +262,7 @@ cudaDeviceSetCacheConfig:
     .globl cudaDeviceSetGraphMemAttribute
     .type cudaDeviceSetGraphMemAttribute, @function
 cudaDeviceSetGraphMemAttribute:
-    leaq .Lname10(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceSetGraphMemAttribute@PLT
     .size cudaDeviceSetGraphMemAttribute, .-cudaDeviceSetGraphMemAttribute
     .globl cudaDeviceSetLimit
     .type cudaDeviceSetLimit, @function
@@ -312,7 +297,7 @@ cudaDriverGetVersion:
     .globl cudaEGLStreamConsumerAcquireFrame
     .type cudaEGLStreamConsumerAcquireFrame, @function
 cudaEGLStreamConsumerAcquireFrame:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -320,7 +305,7 @@ cudaEGLStreamConsumerAcquireFrame:
     .globl cudaEGLStreamConsumerConnect
     .type cudaEGLStreamConsumerConnect, @function
 cudaEGLStreamConsumerConnect:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -328,7 +313,7 @@ cudaEGLStreamConsumerConnect:
     .globl cudaEGLStreamConsumerConnectWithFlags
     .type cudaEGLStreamConsumerConnectWithFlags, @function
 cudaEGLStreamConsumerConnectWithFlags:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -336,7 +321,7 @@ cudaEGLStreamConsumerConnectWithFlags:
     .globl cudaEGLStreamConsumerDisconnect
     .type cudaEGLStreamConsumerDisconnect, @function
 cudaEGLStreamConsumerDisconnect:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -344,7 +329,7 @@ cudaEGLStreamConsumerDisconnect:
     .globl cudaEGLStreamConsumerReleaseFrame
     .type cudaEGLStreamConsumerReleaseFrame, @function
 cudaEGLStreamConsumerReleaseFrame:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -352,7 +337,7 @@ cudaEGLStreamConsumerReleaseFrame:
     .globl cudaEGLStreamProducerConnect
     .type cudaEGLStreamProducerConnect, @function
 cudaEGLStreamProducerConnect:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -360,7 +345,7 @@ cudaEGLStreamProducerConnect:
     .globl cudaEGLStreamProducerDisconnect
     .type cudaEGLStreamProducerDisconnect, @function
 cudaEGLStreamProducerDisconnect:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -368,7 +353,7 @@ cudaEGLStreamProducerDisconnect:
     .globl cudaEGLStreamProducerPresentFrame
     .type cudaEGLStreamProducerPresentFrame, @function
 cudaEGLStreamProducerPresentFrame:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -376,7 +361,7 @@ cudaEGLStreamProducerPresentFrame:
     .globl cudaEGLStreamProducerReturnFrame
     .type cudaEGLStreamProducerReturnFrame, @function
 cudaEGLStreamProducerReturnFrame:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -389,7 +374,7 @@ cudaEventCreate:
     .globl cudaEventCreateFromEGLSync
     .type cudaEventCreateFromEGLSync, @function
 cudaEventCreateFromEGLSync:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -447,7 +432,7 @@ cudaEventSynchronize:
     .globl cudaExternalMemoryGetMappedBuffer
     .type cudaExternalMemoryGetMappedBuffer, @function
 cudaExternalMemoryGetMappedBuffer:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -495,7 +480,7 @@ cudaFuncGetAttributes:
     .globl cudaFuncGetName
     .type cudaFuncGetName, @function
 cudaFuncGetName:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -503,7 +488,7 @@ cudaFuncGetName:
     .globl cudaFuncGetParamInfo
     .type cudaFuncGetParamInfo, @function
 cudaFuncGetParamInfo:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -521,7 +506,7 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -529,7 +514,7 @@ cudaFuncSetSharedMemConfig:
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -537,7 +522,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -545,7 +530,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -553,7 +538,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -561,7 +546,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -569,7 +554,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -577,7 +562,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -585,7 +570,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -593,7 +578,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -601,10 +586,7 @@ cudaGLUnregisterBufferObject:
     .globl cudaGetChannelDesc
     .type cudaGetChannelDesc, @function
 cudaGetChannelDesc:
-    leaq .Lname34(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetChannelDesc@PLT
     .size cudaGetChannelDesc, .-cudaGetChannelDesc
     .globl cudaGetDevice
     .type cudaGetDevice, @function
@@ -624,7 +606,7 @@ cudaGetDeviceFlags:
     .globl cudaGetDeviceProperties
     .type cudaGetDeviceProperties, @function
 cudaGetDeviceProperties:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -667,7 +649,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -675,7 +657,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -698,10 +680,7 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu118@PLT
     .size cudaGetSurfaceObjectResourceDesc, .-cudaGetSurfaceObjectResourceDesc
     .globl cudaGetSymbolAddress
     .type cudaGetSymbolAddress, @function
@@ -716,47 +695,32 @@ cudaGetSymbolSize:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname39(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceDesc__cu118@PLT
     .size cudaGetTextureObjectResourceDesc, .-cudaGetTextureObjectResourceDesc
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu118@PLT
     .size cudaGetTextureObjectResourceViewDesc, .-cudaGetTextureObjectResourceViewDesc
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectTextureDesc__cu121@PLT
     .size cudaGetTextureObjectTextureDesc, .-cudaGetTextureObjectTextureDesc
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname42(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddChildGraphNode@PLT
     .size cudaGraphAddChildGraphNode, .-cudaGraphAddChildGraphNode
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname43(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddDependencies__cu118@PLT
     .size cudaGraphAddDependencies, .-cudaGraphAddDependencies
     .globl cudaGraphAddDependencies_v2
     .type cudaGraphAddDependencies_v2, @function
 cudaGraphAddDependencies_v2:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -764,31 +728,22 @@ cudaGraphAddDependencies_v2:
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEmptyNode@PLT
     .size cudaGraphAddEmptyNode, .-cudaGraphAddEmptyNode
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventRecordNode@PLT
     .size cudaGraphAddEventRecordNode, .-cudaGraphAddEventRecordNode
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventWaitNode@PLT
     .size cudaGraphAddEventWaitNode, .-cudaGraphAddEventWaitNode
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname48(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -796,7 +751,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname49(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -804,7 +759,7 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -812,7 +767,7 @@ cudaGraphAddHostNode:
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -820,7 +775,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -828,15 +783,12 @@ cudaGraphAddMemAllocNode:
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname53(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemFreeNode@PLT
     .size cudaGraphAddMemFreeNode, .-cudaGraphAddMemFreeNode
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -844,7 +796,7 @@ cudaGraphAddMemcpyNode:
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -852,7 +804,7 @@ cudaGraphAddMemcpyNode1D:
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -860,7 +812,7 @@ cudaGraphAddMemcpyNodeFromSymbol:
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -868,15 +820,12 @@ cudaGraphAddMemcpyNodeToSymbol:
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname58(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemsetNode@PLT
     .size cudaGraphAddMemsetNode, .-cudaGraphAddMemsetNode
     .globl cudaGraphAddNode
     .type cudaGraphAddNode, @function
 cudaGraphAddNode:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -884,7 +833,7 @@ cudaGraphAddNode:
     .globl cudaGraphAddNode_v2
     .type cudaGraphAddNode_v2, @function
 cudaGraphAddNode_v2:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -912,7 +861,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -970,7 +919,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -978,7 +927,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -991,7 +940,7 @@ cudaGraphExecGetFlags:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -999,7 +948,7 @@ cudaGraphExecHostNodeSetParams:
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1007,7 +956,7 @@ cudaGraphExecKernelNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1015,7 +964,7 @@ cudaGraphExecMemcpyNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1023,7 +972,7 @@ cudaGraphExecMemcpyNodeSetParams1D:
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1031,7 +980,7 @@ cudaGraphExecMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1039,15 +988,12 @@ cudaGraphExecMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname70(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemsetNodeSetParams@PLT
     .size cudaGraphExecMemsetNodeSetParams, .-cudaGraphExecMemsetNodeSetParams
     .globl cudaGraphExecNodeSetParams
     .type cudaGraphExecNodeSetParams, @function
 cudaGraphExecNodeSetParams:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1055,15 +1001,12 @@ cudaGraphExecNodeSetParams:
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
 cudaGraphExecUpdate:
-    leaq .Lname72(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecUpdate__cu121@PLT
     .size cudaGraphExecUpdate, .-cudaGraphExecUpdate
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1071,7 +1014,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1079,7 +1022,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1087,7 +1030,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +1043,7 @@ cudaGraphGetEdges:
     .globl cudaGraphGetEdges_v2
     .type cudaGraphGetEdges_v2, @function
 cudaGraphGetEdges_v2:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1118,7 +1061,7 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1126,7 +1069,7 @@ cudaGraphHostNodeGetParams:
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1144,7 +1087,7 @@ cudaGraphInstantiateWithFlags:
     .globl cudaGraphInstantiateWithParams
     .type cudaGraphInstantiateWithParams, @function
 cudaGraphInstantiateWithParams:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1152,7 +1095,7 @@ cudaGraphInstantiateWithParams:
     .globl cudaGraphInstantiateWithParams_ptsz
     .type cudaGraphInstantiateWithParams_ptsz, @function
 cudaGraphInstantiateWithParams_ptsz:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1165,15 +1108,12 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname82(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu128@PLT
     .size cudaGraphKernelNodeGetAttribute, .-cudaGraphKernelNodeGetAttribute
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1181,7 +1121,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1189,7 +1129,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1207,7 +1147,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1215,15 +1155,12 @@ cudaGraphMemAllocNodeGetParams:
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname87(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemFreeNodeGetParams@PLT
     .size cudaGraphMemFreeNodeGetParams, .-cudaGraphMemFreeNodeGetParams
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1231,7 +1168,7 @@ cudaGraphMemcpyNodeGetParams:
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1239,7 +1176,7 @@ cudaGraphMemcpyNodeSetParams:
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1247,7 +1184,7 @@ cudaGraphMemcpyNodeSetParams1D:
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1255,7 +1192,7 @@ cudaGraphMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1263,18 +1200,12 @@ cudaGraphMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname93(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeGetParams@PLT
     .size cudaGraphMemsetNodeGetParams, .-cudaGraphMemsetNodeGetParams
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname94(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeSetParams@PLT
     .size cudaGraphMemsetNodeSetParams, .-cudaGraphMemsetNodeSetParams
     .globl cudaGraphNodeFindInClone
     .type cudaGraphNodeFindInClone, @function
@@ -1284,15 +1215,12 @@ cudaGraphNodeFindInClone:
     .globl cudaGraphNodeGetDependencies
     .type cudaGraphNodeGetDependencies, @function
 cudaGraphNodeGetDependencies:
-    leaq .Lname95(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeGetDependencies__cu118@PLT
     .size cudaGraphNodeGetDependencies, .-cudaGraphNodeGetDependencies
     .globl cudaGraphNodeGetDependencies_v2
     .type cudaGraphNodeGetDependencies_v2, @function
 cudaGraphNodeGetDependencies_v2:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1305,7 +1233,7 @@ cudaGraphNodeGetDependentNodes:
     .globl cudaGraphNodeGetDependentNodes_v2
     .type cudaGraphNodeGetDependentNodes_v2, @function
 cudaGraphNodeGetDependentNodes_v2:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1328,7 +1256,7 @@ cudaGraphNodeSetEnabled:
     .globl cudaGraphNodeSetParams
     .type cudaGraphNodeSetParams, @function
 cudaGraphNodeSetParams:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1341,15 +1269,12 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname99(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphRemoveDependencies__cu118@PLT
     .size cudaGraphRemoveDependencies, .-cudaGraphRemoveDependencies
     .globl cudaGraphRemoveDependencies_v2
     .type cudaGraphRemoveDependencies_v2, @function
 cudaGraphRemoveDependencies_v2:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1372,7 +1297,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1380,7 +1305,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1388,7 +1313,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname103(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1401,7 +1326,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1414,7 +1339,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1442,7 +1367,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1450,7 +1375,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1483,7 +1408,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1491,7 +1416,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1504,7 +1429,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1512,7 +1437,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1520,7 +1445,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1533,7 +1458,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1551,7 +1476,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1524,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1617,7 +1542,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1625,7 +1550,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1633,7 +1558,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1641,7 +1566,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1659,7 +1584,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1687,7 +1612,7 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1695,7 +1620,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1708,7 +1633,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1716,10 +1641,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname124(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocMipmappedArray@PLT
     .size cudaMallocMipmappedArray, .-cudaMallocMipmappedArray
     .globl cudaMallocPitch
     .type cudaMallocPitch, @function
@@ -1729,15 +1651,12 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname125(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemAdvise__cu118@PLT
     .size cudaMemAdvise, .-cudaMemAdvise
     .globl cudaMemAdvise_v2
     .type cudaMemAdvise_v2, @function
 cudaMemAdvise_v2:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1750,7 +1669,7 @@ cudaMemGetInfo:
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1763,7 +1682,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1771,7 +1690,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1779,10 +1698,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolGetAccess@PLT
     .size cudaMemPoolGetAccess, .-cudaMemPoolGetAccess
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
@@ -1792,7 +1708,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1800,7 +1716,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1823,23 +1739,17 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname133(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync__cu118@PLT
     .size cudaMemPrefetchAsync, .-cudaMemPrefetchAsync
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname134(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu118@PLT
     .size cudaMemPrefetchAsync_ptsz, .-cudaMemPrefetchAsync_ptsz
     .globl cudaMemPrefetchAsync_v2
     .type cudaMemPrefetchAsync_v2, @function
 cudaMemPrefetchAsync_v2:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1847,7 +1757,7 @@ cudaMemPrefetchAsync_v2:
     .globl cudaMemPrefetchAsync_v2_ptsz
     .type cudaMemPrefetchAsync_v2_ptsz, @function
 cudaMemPrefetchAsync_v2_ptsz:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1855,15 +1765,12 @@ cudaMemPrefetchAsync_v2_ptsz:
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname137(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttribute@PLT
     .size cudaMemRangeGetAttribute, .-cudaMemRangeGetAttribute
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1901,7 +1808,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1909,7 +1816,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1917,7 +1824,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1925,7 +1832,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1933,7 +1840,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1941,7 +1848,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1949,7 +1856,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1957,7 +1864,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1970,7 +1877,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1978,7 +1885,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1986,7 +1893,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1994,7 +1901,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2002,7 +1909,7 @@ cudaMemcpy3DBatchAsync:
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2010,7 +1917,7 @@ cudaMemcpy3DBatchAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2018,7 +1925,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2026,7 +1933,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2034,7 +1941,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2042,7 +1949,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2070,7 +1977,7 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2078,7 +1985,7 @@ cudaMemcpyBatchAsync:
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2086,7 +1993,7 @@ cudaMemcpyBatchAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2094,7 +2001,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2102,7 +2009,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2110,7 +2017,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2138,10 +2045,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname163(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyPeer@PLT
     .size cudaMemcpyPeer, .-cudaMemcpyPeer
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
@@ -2151,7 +2055,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2159,7 +2063,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2167,7 +2071,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2175,7 +2079,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2233,7 +2137,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2241,7 +2145,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2249,7 +2153,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2257,7 +2161,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2280,23 +2184,17 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname172(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetMemoryRequirements@PLT
     .size cudaMipmappedArrayGetMemoryRequirements, .-cudaMipmappedArrayGetMemoryRequirements
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname173(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetSparseProperties@PLT
     .size cudaMipmappedArrayGetSparseProperties, .-cudaMipmappedArrayGetSparseProperties
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname174(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2314,7 +2212,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2322,7 +2220,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2340,7 +2238,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2348,7 +2246,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2381,15 +2279,12 @@ cudaSetDoubleForHost:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname179(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaSetValidDevices@PLT
     .size cudaSetValidDevices, .-cudaSetValidDevices
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2397,7 +2292,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2405,7 +2300,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2413,7 +2308,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname183(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2431,18 +2326,12 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname184(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync@PLT
     .size cudaStreamAttachMemAsync, .-cudaStreamAttachMemAsync
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname185(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync_ptsz@PLT
     .size cudaStreamAttachMemAsync_ptsz, .-cudaStreamAttachMemAsync_ptsz
     .globl cudaStreamBeginCapture
     .type cudaStreamBeginCapture, @function
@@ -2452,7 +2341,7 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2460,7 +2349,7 @@ cudaStreamBeginCaptureToGraph:
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2513,23 +2402,17 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname188(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute__cu128@PLT
     .size cudaStreamGetAttribute, .-cudaStreamGetAttribute
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname189(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute_ptsz__cu128@PLT
     .size cudaStreamGetAttribute_ptsz, .-cudaStreamGetAttribute_ptsz
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname190(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2537,7 +2420,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2545,7 +2428,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2553,7 +2436,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname193(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2561,7 +2444,7 @@ cudaStreamGetCaptureInfo_v2_ptsz:
     .globl cudaStreamGetCaptureInfo_v3
     .type cudaStreamGetCaptureInfo_v3, @function
 cudaStreamGetCaptureInfo_v3:
-    leaq .Lname194(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2569,7 +2452,7 @@ cudaStreamGetCaptureInfo_v3:
     .globl cudaStreamGetCaptureInfo_v3_ptsz
     .type cudaStreamGetCaptureInfo_v3_ptsz, @function
 cudaStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2637,7 +2520,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2645,7 +2528,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname197(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2673,7 +2556,7 @@ cudaStreamUpdateCaptureDependencies_ptsz:
     .globl cudaStreamUpdateCaptureDependencies_v2
     .type cudaStreamUpdateCaptureDependencies_v2, @function
 cudaStreamUpdateCaptureDependencies_v2:
-    leaq .Lname198(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2681,7 +2564,7 @@ cudaStreamUpdateCaptureDependencies_v2:
     .globl cudaStreamUpdateCaptureDependencies_v2_ptsz
     .type cudaStreamUpdateCaptureDependencies_v2_ptsz, @function
 cudaStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2734,7 +2617,7 @@ cudaThreadSynchronize:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname161(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2752,7 +2635,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname162(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2760,7 +2643,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname163(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2768,7 +2651,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname164(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2776,7 +2659,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname165(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2784,7 +2667,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname166(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2792,7 +2675,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname167(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2801,415 +2684,337 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname0:
     .asciz "__cudaRegisterUnifiedTable"
 .Lname1:
-    .asciz "cudaArrayGetInfo"
-.Lname2:
-    .asciz "cudaArrayGetMemoryRequirements"
-.Lname3:
-    .asciz "cudaArrayGetSparseProperties"
-.Lname4:
     .asciz "cudaCreateChannelDesc"
-.Lname5:
+.Lname2:
     .asciz "cudaCreateSurfaceObject"
-.Lname6:
+.Lname3:
     .asciz "cudaCreateTextureObject"
-.Lname7:
-    .asciz "cudaDeviceGetGraphMemAttribute"
-.Lname8:
+.Lname4:
     .asciz "cudaDeviceGetNvSciSyncAttributes"
-.Lname9:
+.Lname5:
     .asciz "cudaDeviceRegisterAsyncNotification"
-.Lname10:
-    .asciz "cudaDeviceSetGraphMemAttribute"
-.Lname11:
+.Lname6:
     .asciz "cudaEGLStreamConsumerAcquireFrame"
-.Lname12:
+.Lname7:
     .asciz "cudaEGLStreamConsumerConnect"
-.Lname13:
+.Lname8:
     .asciz "cudaEGLStreamConsumerConnectWithFlags"
-.Lname14:
+.Lname9:
     .asciz "cudaEGLStreamConsumerDisconnect"
-.Lname15:
+.Lname10:
     .asciz "cudaEGLStreamConsumerReleaseFrame"
-.Lname16:
+.Lname11:
     .asciz "cudaEGLStreamProducerConnect"
-.Lname17:
+.Lname12:
     .asciz "cudaEGLStreamProducerDisconnect"
-.Lname18:
+.Lname13:
     .asciz "cudaEGLStreamProducerPresentFrame"
-.Lname19:
+.Lname14:
     .asciz "cudaEGLStreamProducerReturnFrame"
-.Lname20:
+.Lname15:
     .asciz "cudaEventCreateFromEGLSync"
-.Lname21:
+.Lname16:
     .asciz "cudaExternalMemoryGetMappedBuffer"
-.Lname22:
+.Lname17:
     .asciz "cudaFuncGetName"
-.Lname23:
+.Lname18:
     .asciz "cudaFuncGetParamInfo"
-.Lname24:
+.Lname19:
     .asciz "cudaFuncSetSharedMemConfig"
-.Lname25:
+.Lname20:
     .asciz "cudaGLGetDevices"
-.Lname26:
+.Lname21:
     .asciz "cudaGLMapBufferObject"
-.Lname27:
+.Lname22:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname28:
+.Lname23:
     .asciz "cudaGLRegisterBufferObject"
-.Lname29:
+.Lname24:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname30:
+.Lname25:
     .asciz "cudaGLSetGLDevice"
-.Lname31:
+.Lname26:
     .asciz "cudaGLUnmapBufferObject"
-.Lname32:
+.Lname27:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname33:
+.Lname28:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname34:
-    .asciz "cudaGetChannelDesc"
-.Lname35:
+.Lname29:
     .asciz "cudaGetDeviceProperties"
-.Lname36:
+.Lname30:
     .asciz "cudaGetExportTable"
-.Lname37:
+.Lname31:
     .asciz "cudaGetFuncBySymbol"
-.Lname38:
-    .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname39:
-    .asciz "cudaGetTextureObjectResourceDesc"
-.Lname40:
-    .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname41:
-    .asciz "cudaGetTextureObjectTextureDesc"
-.Lname42:
-    .asciz "cudaGraphAddChildGraphNode"
-.Lname43:
-    .asciz "cudaGraphAddDependencies"
-.Lname44:
+.Lname32:
     .asciz "cudaGraphAddDependencies_v2"
-.Lname45:
-    .asciz "cudaGraphAddEmptyNode"
-.Lname46:
-    .asciz "cudaGraphAddEventRecordNode"
-.Lname47:
-    .asciz "cudaGraphAddEventWaitNode"
-.Lname48:
+.Lname33:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname49:
+.Lname34:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname50:
+.Lname35:
     .asciz "cudaGraphAddHostNode"
-.Lname51:
+.Lname36:
     .asciz "cudaGraphAddKernelNode"
-.Lname52:
+.Lname37:
     .asciz "cudaGraphAddMemAllocNode"
-.Lname53:
-    .asciz "cudaGraphAddMemFreeNode"
-.Lname54:
+.Lname38:
     .asciz "cudaGraphAddMemcpyNode"
-.Lname55:
+.Lname39:
     .asciz "cudaGraphAddMemcpyNode1D"
-.Lname56:
+.Lname40:
     .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname57:
+.Lname41:
     .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname58:
-    .asciz "cudaGraphAddMemsetNode"
-.Lname59:
+.Lname42:
     .asciz "cudaGraphAddNode"
-.Lname60:
+.Lname43:
     .asciz "cudaGraphAddNode_v2"
-.Lname61:
+.Lname44:
     .asciz "cudaGraphDebugDotPrint"
-.Lname62:
+.Lname45:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname63:
+.Lname46:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname64:
+.Lname47:
     .asciz "cudaGraphExecHostNodeSetParams"
-.Lname65:
+.Lname48:
     .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname66:
+.Lname49:
     .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname67:
+.Lname50:
     .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname68:
+.Lname51:
     .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname69:
+.Lname52:
     .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname70:
-    .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname71:
+.Lname53:
     .asciz "cudaGraphExecNodeSetParams"
-.Lname72:
-    .asciz "cudaGraphExecUpdate"
-.Lname73:
+.Lname54:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname74:
+.Lname55:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname75:
+.Lname56:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname76:
+.Lname57:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname77:
+.Lname58:
     .asciz "cudaGraphGetEdges_v2"
-.Lname78:
+.Lname59:
     .asciz "cudaGraphHostNodeGetParams"
-.Lname79:
+.Lname60:
     .asciz "cudaGraphHostNodeSetParams"
-.Lname80:
+.Lname61:
     .asciz "cudaGraphInstantiateWithParams"
-.Lname81:
+.Lname62:
     .asciz "cudaGraphInstantiateWithParams_ptsz"
-.Lname82:
-    .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname83:
+.Lname63:
     .asciz "cudaGraphKernelNodeGetParams"
-.Lname84:
+.Lname64:
     .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname85:
+.Lname65:
     .asciz "cudaGraphKernelNodeSetParams"
-.Lname86:
+.Lname66:
     .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname87:
-    .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname88:
+.Lname67:
     .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname89:
+.Lname68:
     .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname90:
+.Lname69:
     .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname91:
+.Lname70:
     .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname92:
+.Lname71:
     .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname93:
-    .asciz "cudaGraphMemsetNodeGetParams"
-.Lname94:
-    .asciz "cudaGraphMemsetNodeSetParams"
-.Lname95:
-    .asciz "cudaGraphNodeGetDependencies"
-.Lname96:
+.Lname72:
     .asciz "cudaGraphNodeGetDependencies_v2"
-.Lname97:
+.Lname73:
     .asciz "cudaGraphNodeGetDependentNodes_v2"
-.Lname98:
+.Lname74:
     .asciz "cudaGraphNodeSetParams"
-.Lname99:
-    .asciz "cudaGraphRemoveDependencies"
-.Lname100:
+.Lname75:
     .asciz "cudaGraphRemoveDependencies_v2"
-.Lname101:
+.Lname76:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname102:
+.Lname77:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname103:
+.Lname78:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname104:
+.Lname79:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname105:
+.Lname80:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname106:
+.Lname81:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname107:
+.Lname82:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname108:
+.Lname83:
     .asciz "cudaImportExternalMemory"
-.Lname109:
+.Lname84:
     .asciz "cudaImportExternalSemaphore"
-.Lname110:
+.Lname85:
     .asciz "cudaIpcCloseMemHandle"
-.Lname111:
+.Lname86:
     .asciz "cudaIpcGetEventHandle"
-.Lname112:
+.Lname87:
     .asciz "cudaIpcGetMemHandle"
-.Lname113:
+.Lname88:
     .asciz "cudaIpcOpenMemHandle"
-.Lname114:
+.Lname89:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname115:
+.Lname90:
     .asciz "cudaLibraryGetGlobal"
-.Lname116:
+.Lname91:
     .asciz "cudaLibraryGetManaged"
-.Lname117:
+.Lname92:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname118:
+.Lname93:
     .asciz "cudaLibraryLoadData"
-.Lname119:
+.Lname94:
     .asciz "cudaLibraryLoadFromFile"
-.Lname120:
+.Lname95:
     .asciz "cudaMalloc3D"
-.Lname121:
+.Lname96:
     .asciz "cudaMallocFromPoolAsync"
-.Lname122:
+.Lname97:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname123:
+.Lname98:
     .asciz "cudaMallocManaged"
-.Lname124:
-    .asciz "cudaMallocMipmappedArray"
-.Lname125:
-    .asciz "cudaMemAdvise"
-.Lname126:
+.Lname99:
     .asciz "cudaMemAdvise_v2"
-.Lname127:
+.Lname100:
     .asciz "cudaMemPoolCreate"
-.Lname128:
+.Lname101:
     .asciz "cudaMemPoolExportPointer"
-.Lname129:
+.Lname102:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname130:
-    .asciz "cudaMemPoolGetAccess"
-.Lname131:
+.Lname103:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname132:
+.Lname104:
     .asciz "cudaMemPoolImportPointer"
-.Lname133:
-    .asciz "cudaMemPrefetchAsync"
-.Lname134:
-    .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname135:
+.Lname105:
     .asciz "cudaMemPrefetchAsync_v2"
-.Lname136:
+.Lname106:
     .asciz "cudaMemPrefetchAsync_v2_ptsz"
-.Lname137:
-    .asciz "cudaMemRangeGetAttribute"
-.Lname138:
+.Lname107:
     .asciz "cudaMemRangeGetAttributes"
-.Lname139:
+.Lname108:
     .asciz "cudaMemcpy2DFromArray"
-.Lname140:
+.Lname109:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname141:
+.Lname110:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname142:
+.Lname111:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname143:
+.Lname112:
     .asciz "cudaMemcpy2DToArray"
-.Lname144:
+.Lname113:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname145:
+.Lname114:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname146:
+.Lname115:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname147:
+.Lname116:
     .asciz "cudaMemcpy3D"
-.Lname148:
+.Lname117:
     .asciz "cudaMemcpy3DAsync"
-.Lname149:
+.Lname118:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname150:
+.Lname119:
     .asciz "cudaMemcpy3DBatchAsync"
-.Lname151:
+.Lname120:
     .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname152:
+.Lname121:
     .asciz "cudaMemcpy3DPeer"
-.Lname153:
+.Lname122:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname154:
+.Lname123:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname155:
+.Lname124:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname156:
+.Lname125:
     .asciz "cudaMemcpy3D_ptds"
-.Lname157:
+.Lname126:
     .asciz "cudaMemcpyBatchAsync"
-.Lname158:
+.Lname127:
     .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname159:
+.Lname128:
     .asciz "cudaMemcpyFromArray"
-.Lname160:
+.Lname129:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname161:
+.Lname130:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname162:
+.Lname131:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname163:
-    .asciz "cudaMemcpyPeer"
-.Lname164:
+.Lname132:
     .asciz "cudaMemcpyToArray"
-.Lname165:
+.Lname133:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname166:
+.Lname134:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname167:
+.Lname135:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname168:
+.Lname136:
     .asciz "cudaMemset3D"
-.Lname169:
+.Lname137:
     .asciz "cudaMemset3DAsync"
-.Lname170:
+.Lname138:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname171:
+.Lname139:
     .asciz "cudaMemset3D_ptds"
-.Lname172:
-    .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname173:
-    .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname174:
+.Lname140:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname175:
+.Lname141:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname176:
+.Lname142:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname177:
+.Lname143:
     .asciz "cudaProfilerStart"
-.Lname178:
+.Lname144:
     .asciz "cudaProfilerStop"
-.Lname179:
-    .asciz "cudaSetValidDevices"
-.Lname180:
+.Lname145:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname181:
+.Lname146:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname182:
+.Lname147:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname183:
+.Lname148:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname184:
-    .asciz "cudaStreamAttachMemAsync"
-.Lname185:
-    .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname186:
+.Lname149:
     .asciz "cudaStreamBeginCaptureToGraph"
-.Lname187:
+.Lname150:
     .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname188:
-    .asciz "cudaStreamGetAttribute"
-.Lname189:
-    .asciz "cudaStreamGetAttribute_ptsz"
-.Lname190:
+.Lname151:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname191:
+.Lname152:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname192:
+.Lname153:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname193:
+.Lname154:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname194:
+.Lname155:
     .asciz "cudaStreamGetCaptureInfo_v3"
-.Lname195:
+.Lname156:
     .asciz "cudaStreamGetCaptureInfo_v3_ptsz"
-.Lname196:
+.Lname157:
     .asciz "cudaStreamSetAttribute"
-.Lname197:
+.Lname158:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname198:
+.Lname159:
     .asciz "cudaStreamUpdateCaptureDependencies_v2"
-.Lname199:
+.Lname160:
     .asciz "cudaStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname200:
+.Lname161:
     .asciz "cudaUserObjectCreate"
-.Lname201:
+.Lname162:
     .asciz "cudaVDPAUGetDevice"
-.Lname202:
+.Lname163:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname203:
+.Lname164:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname204:
+.Lname165:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname205:
+.Lname166:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname206:
+.Lname167:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -85,18 +85,12 @@ __cudaUnregisterFatBinary:
     .globl cudaArrayGetInfo
     .type cudaArrayGetInfo, @function
 cudaArrayGetInfo:
-    leaq .Lname2(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetInfo@PLT
     .size cudaArrayGetInfo, .-cudaArrayGetInfo
     .globl cudaArrayGetMemoryRequirements
     .type cudaArrayGetMemoryRequirements, @function
 cudaArrayGetMemoryRequirements:
-    leaq .Lname3(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetMemoryRequirements@PLT
     .size cudaArrayGetMemoryRequirements, .-cudaArrayGetMemoryRequirements
     .globl cudaArrayGetPlane
     .type cudaArrayGetPlane, @function
@@ -106,10 +100,7 @@ cudaArrayGetPlane:
     .globl cudaArrayGetSparseProperties
     .type cudaArrayGetSparseProperties, @function
 cudaArrayGetSparseProperties:
-    leaq .Lname4(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaArrayGetSparseProperties@PLT
     .size cudaArrayGetSparseProperties, .-cudaArrayGetSparseProperties
     .globl cudaChooseDevice
     .type cudaChooseDevice, @function
@@ -119,7 +110,7 @@ cudaChooseDevice:
     .globl cudaCreateChannelDesc
     .type cudaCreateChannelDesc, @function
 cudaCreateChannelDesc:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $0, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -127,7 +118,7 @@ cudaCreateChannelDesc:
     .globl cudaCreateSurfaceObject
     .type cudaCreateSurfaceObject, @function
 cudaCreateSurfaceObject:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -135,7 +126,7 @@ cudaCreateSurfaceObject:
     .globl cudaCreateTextureObject
     .type cudaCreateTextureObject, @function
 cudaCreateTextureObject:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -168,7 +159,7 @@ cudaDestroyTextureObject:
     .globl cudaDevResourceGenerateDesc
     .type cudaDevResourceGenerateDesc, @function
 cudaDevResourceGenerateDesc:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -176,7 +167,7 @@ cudaDevResourceGenerateDesc:
     .globl cudaDevSmResourceSplit
     .type cudaDevSmResourceSplit, @function
 cudaDevSmResourceSplit:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -184,7 +175,7 @@ cudaDevSmResourceSplit:
     .globl cudaDevSmResourceSplitByCount
     .type cudaDevSmResourceSplitByCount, @function
 cudaDevSmResourceSplitByCount:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -232,7 +223,7 @@ cudaDeviceGetDefaultMemPool:
     .globl cudaDeviceGetDevResource
     .type cudaDeviceGetDevResource, @function
 cudaDeviceGetDevResource:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -245,18 +236,12 @@ cudaDeviceGetExecutionCtx:
     .globl cudaDeviceGetGraphMemAttribute
     .type cudaDeviceGetGraphMemAttribute, @function
 cudaDeviceGetGraphMemAttribute:
-    leaq .Lname12(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceGetGraphMemAttribute@PLT
     .size cudaDeviceGetGraphMemAttribute, .-cudaDeviceGetGraphMemAttribute
     .globl cudaDeviceGetHostAtomicCapabilities
     .type cudaDeviceGetHostAtomicCapabilities, @function
 cudaDeviceGetHostAtomicCapabilities:
-    leaq .Lname13(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceGetHostAtomicCapabilities@PLT
     .size cudaDeviceGetHostAtomicCapabilities, .-cudaDeviceGetHostAtomicCapabilities
     .globl cudaDeviceGetLimit
     .type cudaDeviceGetLimit, @function
@@ -271,7 +256,7 @@ cudaDeviceGetMemPool:
     .globl cudaDeviceGetNvSciSyncAttributes
     .type cudaDeviceGetNvSciSyncAttributes, @function
 cudaDeviceGetNvSciSyncAttributes:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -279,10 +264,7 @@ cudaDeviceGetNvSciSyncAttributes:
     .globl cudaDeviceGetP2PAtomicCapabilities
     .type cudaDeviceGetP2PAtomicCapabilities, @function
 cudaDeviceGetP2PAtomicCapabilities:
-    leaq .Lname15(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceGetP2PAtomicCapabilities@PLT
     .size cudaDeviceGetP2PAtomicCapabilities, .-cudaDeviceGetP2PAtomicCapabilities
     .globl cudaDeviceGetP2PAttribute
     .type cudaDeviceGetP2PAttribute, @function
@@ -317,7 +299,7 @@ cudaDeviceGraphMemTrim:
     .globl cudaDeviceRegisterAsyncNotification
     .type cudaDeviceRegisterAsyncNotification, @function
 cudaDeviceRegisterAsyncNotification:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -335,10 +317,7 @@ cudaDeviceSetCacheConfig:
     .globl cudaDeviceSetGraphMemAttribute
     .type cudaDeviceSetGraphMemAttribute, @function
 cudaDeviceSetGraphMemAttribute:
-    leaq .Lname17(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaDeviceSetGraphMemAttribute@PLT
     .size cudaDeviceSetGraphMemAttribute, .-cudaDeviceSetGraphMemAttribute
     .globl cudaDeviceSetLimit
     .type cudaDeviceSetLimit, @function
@@ -373,7 +352,7 @@ cudaDriverGetVersion:
     .globl cudaEGLStreamConsumerAcquireFrame
     .type cudaEGLStreamConsumerAcquireFrame, @function
 cudaEGLStreamConsumerAcquireFrame:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -381,7 +360,7 @@ cudaEGLStreamConsumerAcquireFrame:
     .globl cudaEGLStreamConsumerConnect
     .type cudaEGLStreamConsumerConnect, @function
 cudaEGLStreamConsumerConnect:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -389,7 +368,7 @@ cudaEGLStreamConsumerConnect:
     .globl cudaEGLStreamConsumerConnectWithFlags
     .type cudaEGLStreamConsumerConnectWithFlags, @function
 cudaEGLStreamConsumerConnectWithFlags:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -397,7 +376,7 @@ cudaEGLStreamConsumerConnectWithFlags:
     .globl cudaEGLStreamConsumerDisconnect
     .type cudaEGLStreamConsumerDisconnect, @function
 cudaEGLStreamConsumerDisconnect:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -405,7 +384,7 @@ cudaEGLStreamConsumerDisconnect:
     .globl cudaEGLStreamConsumerReleaseFrame
     .type cudaEGLStreamConsumerReleaseFrame, @function
 cudaEGLStreamConsumerReleaseFrame:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -413,7 +392,7 @@ cudaEGLStreamConsumerReleaseFrame:
     .globl cudaEGLStreamProducerConnect
     .type cudaEGLStreamProducerConnect, @function
 cudaEGLStreamProducerConnect:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -421,7 +400,7 @@ cudaEGLStreamProducerConnect:
     .globl cudaEGLStreamProducerDisconnect
     .type cudaEGLStreamProducerDisconnect, @function
 cudaEGLStreamProducerDisconnect:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -429,7 +408,7 @@ cudaEGLStreamProducerDisconnect:
     .globl cudaEGLStreamProducerPresentFrame
     .type cudaEGLStreamProducerPresentFrame, @function
 cudaEGLStreamProducerPresentFrame:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -437,7 +416,7 @@ cudaEGLStreamProducerPresentFrame:
     .globl cudaEGLStreamProducerReturnFrame
     .type cudaEGLStreamProducerReturnFrame, @function
 cudaEGLStreamProducerReturnFrame:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -450,7 +429,7 @@ cudaEventCreate:
     .globl cudaEventCreateFromEGLSync
     .type cudaEventCreateFromEGLSync, @function
 cudaEventCreateFromEGLSync:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -508,7 +487,7 @@ cudaExecutionCtxDestroy:
     .globl cudaExecutionCtxGetDevResource
     .type cudaExecutionCtxGetDevResource, @function
 cudaExecutionCtxGetDevResource:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -546,7 +525,7 @@ cudaExecutionCtxWaitEvent:
     .globl cudaExternalMemoryGetMappedBuffer
     .type cudaExternalMemoryGetMappedBuffer, @function
 cudaExternalMemoryGetMappedBuffer:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -594,7 +573,7 @@ cudaFuncGetAttributes:
     .globl cudaFuncGetName
     .type cudaFuncGetName, @function
 cudaFuncGetName:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -602,7 +581,7 @@ cudaFuncGetName:
     .globl cudaFuncGetParamInfo
     .type cudaFuncGetParamInfo, @function
 cudaFuncGetParamInfo:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -620,7 +599,7 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -628,7 +607,7 @@ cudaFuncSetSharedMemConfig:
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -636,7 +615,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -644,7 +623,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -652,7 +631,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -660,7 +639,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -668,7 +647,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -676,7 +655,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname39(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -684,7 +663,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname40(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -692,7 +671,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -700,10 +679,7 @@ cudaGLUnregisterBufferObject:
     .globl cudaGetChannelDesc
     .type cudaGetChannelDesc, @function
 cudaGetChannelDesc:
-    leaq .Lname42(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetChannelDesc@PLT
     .size cudaGetChannelDesc, .-cudaGetChannelDesc
     .globl cudaGetDevice
     .type cudaGetDevice, @function
@@ -758,7 +734,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -766,7 +742,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -789,10 +765,7 @@ cudaGetMipmappedArrayLevel:
     .globl cudaGetSurfaceObjectResourceDesc
     .type cudaGetSurfaceObjectResourceDesc, @function
 cudaGetSurfaceObjectResourceDesc:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetSurfaceObjectResourceDesc__cu130@PLT
     .size cudaGetSurfaceObjectResourceDesc, .-cudaGetSurfaceObjectResourceDesc
     .globl cudaGetSymbolAddress
     .type cudaGetSymbolAddress, @function
@@ -807,71 +780,47 @@ cudaGetSymbolSize:
     .globl cudaGetTextureObjectResourceDesc
     .type cudaGetTextureObjectResourceDesc, @function
 cudaGetTextureObjectResourceDesc:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceDesc__cu130@PLT
     .size cudaGetTextureObjectResourceDesc, .-cudaGetTextureObjectResourceDesc
     .globl cudaGetTextureObjectResourceViewDesc
     .type cudaGetTextureObjectResourceViewDesc, @function
 cudaGetTextureObjectResourceViewDesc:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectResourceViewDesc__cu130@PLT
     .size cudaGetTextureObjectResourceViewDesc, .-cudaGetTextureObjectResourceViewDesc
     .globl cudaGetTextureObjectTextureDesc
     .type cudaGetTextureObjectTextureDesc, @function
 cudaGetTextureObjectTextureDesc:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetTextureObjectTextureDesc__cu121@PLT
     .size cudaGetTextureObjectTextureDesc, .-cudaGetTextureObjectTextureDesc
     .globl cudaGraphAddChildGraphNode
     .type cudaGraphAddChildGraphNode, @function
 cudaGraphAddChildGraphNode:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddChildGraphNode@PLT
     .size cudaGraphAddChildGraphNode, .-cudaGraphAddChildGraphNode
     .globl cudaGraphAddDependencies
     .type cudaGraphAddDependencies, @function
 cudaGraphAddDependencies:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddDependencies__cu130@PLT
     .size cudaGraphAddDependencies, .-cudaGraphAddDependencies
     .globl cudaGraphAddEmptyNode
     .type cudaGraphAddEmptyNode, @function
 cudaGraphAddEmptyNode:
-    leaq .Lname51(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEmptyNode@PLT
     .size cudaGraphAddEmptyNode, .-cudaGraphAddEmptyNode
     .globl cudaGraphAddEventRecordNode
     .type cudaGraphAddEventRecordNode, @function
 cudaGraphAddEventRecordNode:
-    leaq .Lname52(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventRecordNode@PLT
     .size cudaGraphAddEventRecordNode, .-cudaGraphAddEventRecordNode
     .globl cudaGraphAddEventWaitNode
     .type cudaGraphAddEventWaitNode, @function
 cudaGraphAddEventWaitNode:
-    leaq .Lname53(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddEventWaitNode@PLT
     .size cudaGraphAddEventWaitNode, .-cudaGraphAddEventWaitNode
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -879,7 +828,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -887,7 +836,7 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -895,7 +844,7 @@ cudaGraphAddHostNode:
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -903,7 +852,7 @@ cudaGraphAddKernelNode:
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -911,15 +860,12 @@ cudaGraphAddMemAllocNode:
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
 cudaGraphAddMemFreeNode:
-    leaq .Lname59(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemFreeNode@PLT
     .size cudaGraphAddMemFreeNode, .-cudaGraphAddMemFreeNode
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -927,7 +873,7 @@ cudaGraphAddMemcpyNode:
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -935,7 +881,7 @@ cudaGraphAddMemcpyNode1D:
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -943,7 +889,7 @@ cudaGraphAddMemcpyNodeFromSymbol:
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -951,15 +897,12 @@ cudaGraphAddMemcpyNodeToSymbol:
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
 cudaGraphAddMemsetNode:
-    leaq .Lname64(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemsetNode@PLT
     .size cudaGraphAddMemsetNode, .-cudaGraphAddMemsetNode
     .globl cudaGraphAddNode
     .type cudaGraphAddNode, @function
 cudaGraphAddNode:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -992,7 +935,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1050,7 +993,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1058,7 +1001,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1076,7 +1019,7 @@ cudaGraphExecGetId:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1084,7 +1027,7 @@ cudaGraphExecHostNodeSetParams:
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1092,7 +1035,7 @@ cudaGraphExecKernelNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1100,7 +1043,7 @@ cudaGraphExecMemcpyNodeSetParams:
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1108,7 +1051,7 @@ cudaGraphExecMemcpyNodeSetParams1D:
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1116,7 +1059,7 @@ cudaGraphExecMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1124,15 +1067,12 @@ cudaGraphExecMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
 cudaGraphExecMemsetNodeSetParams:
-    leaq .Lname75(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemsetNodeSetParams@PLT
     .size cudaGraphExecMemsetNodeSetParams, .-cudaGraphExecMemsetNodeSetParams
     .globl cudaGraphExecNodeSetParams
     .type cudaGraphExecNodeSetParams, @function
 cudaGraphExecNodeSetParams:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1140,15 +1080,12 @@ cudaGraphExecNodeSetParams:
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
 cudaGraphExecUpdate:
-    leaq .Lname77(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecUpdate__cu121@PLT
     .size cudaGraphExecUpdate, .-cudaGraphExecUpdate
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1156,7 +1093,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1164,7 +1101,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1172,7 +1109,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1180,7 +1117,7 @@ cudaGraphExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphGetEdges
     .type cudaGraphGetEdges, @function
 cudaGraphGetEdges:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1203,7 +1140,7 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1211,7 +1148,7 @@ cudaGraphHostNodeGetParams:
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1229,7 +1166,7 @@ cudaGraphInstantiateWithFlags:
     .globl cudaGraphInstantiateWithParams
     .type cudaGraphInstantiateWithParams, @function
 cudaGraphInstantiateWithParams:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1237,7 +1174,7 @@ cudaGraphInstantiateWithParams:
     .globl cudaGraphInstantiateWithParams_ptsz
     .type cudaGraphInstantiateWithParams_ptsz, @function
 cudaGraphInstantiateWithParams_ptsz:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1250,15 +1187,12 @@ cudaGraphKernelNodeCopyAttributes:
     .globl cudaGraphKernelNodeGetAttribute
     .type cudaGraphKernelNodeGetAttribute, @function
 cudaGraphKernelNodeGetAttribute:
-    leaq .Lname87(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu130@PLT
     .size cudaGraphKernelNodeGetAttribute, .-cudaGraphKernelNodeGetAttribute
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1266,7 +1200,7 @@ cudaGraphKernelNodeGetParams:
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
 cudaGraphKernelNodeSetAttribute:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1274,7 +1208,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1292,7 +1226,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1300,15 +1234,12 @@ cudaGraphMemAllocNodeGetParams:
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
 cudaGraphMemFreeNodeGetParams:
-    leaq .Lname92(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemFreeNodeGetParams@PLT
     .size cudaGraphMemFreeNodeGetParams, .-cudaGraphMemFreeNodeGetParams
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1316,7 +1247,7 @@ cudaGraphMemcpyNodeGetParams:
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1324,7 +1255,7 @@ cudaGraphMemcpyNodeSetParams:
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,7 +1263,7 @@ cudaGraphMemcpyNodeSetParams1D:
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1340,7 +1271,7 @@ cudaGraphMemcpyNodeSetParamsFromSymbol:
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1348,18 +1279,12 @@ cudaGraphMemcpyNodeSetParamsToSymbol:
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
 cudaGraphMemsetNodeGetParams:
-    leaq .Lname98(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeGetParams@PLT
     .size cudaGraphMemsetNodeGetParams, .-cudaGraphMemsetNodeGetParams
     .globl cudaGraphMemsetNodeSetParams
     .type cudaGraphMemsetNodeSetParams, @function
 cudaGraphMemsetNodeSetParams:
-    leaq .Lname99(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemsetNodeSetParams@PLT
     .size cudaGraphMemsetNodeSetParams, .-cudaGraphMemsetNodeSetParams
     .globl cudaGraphNodeFindInClone
     .type cudaGraphNodeFindInClone, @function
@@ -1374,7 +1299,7 @@ cudaGraphNodeGetContainingGraph:
     .globl cudaGraphNodeGetDependencies
     .type cudaGraphNodeGetDependencies, @function
 cudaGraphNodeGetDependencies:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1382,7 +1307,7 @@ cudaGraphNodeGetDependencies:
     .globl cudaGraphNodeGetDependentNodes
     .type cudaGraphNodeGetDependentNodes, @function
 cudaGraphNodeGetDependentNodes:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1415,7 +1340,7 @@ cudaGraphNodeSetEnabled:
     .globl cudaGraphNodeSetParams
     .type cudaGraphNodeSetParams, @function
 cudaGraphNodeSetParams:
-    leaq .Lname102(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1428,10 +1353,7 @@ cudaGraphReleaseUserObject:
     .globl cudaGraphRemoveDependencies
     .type cudaGraphRemoveDependencies, @function
 cudaGraphRemoveDependencies:
-    leaq .Lname103(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphRemoveDependencies__cu130@PLT
     .size cudaGraphRemoveDependencies, .-cudaGraphRemoveDependencies
     .globl cudaGraphRetainUserObject
     .type cudaGraphRetainUserObject, @function
@@ -1451,7 +1373,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname104(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1459,7 +1381,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1467,7 +1389,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1480,7 +1402,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname107(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1493,7 +1415,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname108(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1521,7 +1443,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname109(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1529,7 +1451,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname110(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1567,7 +1489,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname111(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1575,7 +1497,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname112(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1588,7 +1510,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname113(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1596,7 +1518,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname88(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1604,7 +1526,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname89(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1617,7 +1539,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname90(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1675,7 +1597,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname91(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1693,7 +1615,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname92(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1701,7 +1623,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname93(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1709,7 +1631,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname94(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1717,7 +1639,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname95(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1735,7 +1657,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname96(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1743,7 +1665,7 @@ cudaLogsDumpToFile:
     .globl cudaLogsDumpToMemory
     .type cudaLogsDumpToMemory, @function
 cudaLogsDumpToMemory:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname97(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1751,7 +1673,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname98(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1769,7 +1691,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname99(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1797,7 +1719,7 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname100(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1805,7 +1727,7 @@ cudaMallocFromPoolAsync:
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname101(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1818,7 +1740,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname102(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1826,10 +1748,7 @@ cudaMallocManaged:
     .globl cudaMallocMipmappedArray
     .type cudaMallocMipmappedArray, @function
 cudaMallocMipmappedArray:
-    leaq .Lname129(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocMipmappedArray@PLT
     .size cudaMallocMipmappedArray, .-cudaMallocMipmappedArray
     .globl cudaMallocPitch
     .type cudaMallocPitch, @function
@@ -1839,50 +1758,32 @@ cudaMallocPitch:
     .globl cudaMemAdvise
     .type cudaMemAdvise, @function
 cudaMemAdvise:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemAdvise__cu130@PLT
     .size cudaMemAdvise, .-cudaMemAdvise
     .globl cudaMemDiscardAndPrefetchBatchAsync
     .type cudaMemDiscardAndPrefetchBatchAsync, @function
 cudaMemDiscardAndPrefetchBatchAsync:
-    leaq .Lname131(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync@PLT
     .size cudaMemDiscardAndPrefetchBatchAsync, .-cudaMemDiscardAndPrefetchBatchAsync
     .globl cudaMemDiscardAndPrefetchBatchAsync_ptsz
     .type cudaMemDiscardAndPrefetchBatchAsync_ptsz, @function
 cudaMemDiscardAndPrefetchBatchAsync_ptsz:
-    leaq .Lname132(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemDiscardAndPrefetchBatchAsync_ptsz@PLT
     .size cudaMemDiscardAndPrefetchBatchAsync_ptsz, .-cudaMemDiscardAndPrefetchBatchAsync_ptsz
     .globl cudaMemDiscardBatchAsync
     .type cudaMemDiscardBatchAsync, @function
 cudaMemDiscardBatchAsync:
-    leaq .Lname133(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemDiscardBatchAsync@PLT
     .size cudaMemDiscardBatchAsync, .-cudaMemDiscardBatchAsync
     .globl cudaMemDiscardBatchAsync_ptsz
     .type cudaMemDiscardBatchAsync_ptsz, @function
 cudaMemDiscardBatchAsync_ptsz:
-    leaq .Lname134(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemDiscardBatchAsync_ptsz@PLT
     .size cudaMemDiscardBatchAsync_ptsz, .-cudaMemDiscardBatchAsync_ptsz
     .globl cudaMemGetDefaultMemPool
     .type cudaMemGetDefaultMemPool, @function
 cudaMemGetDefaultMemPool:
-    leaq .Lname135(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemGetDefaultMemPool@PLT
     .size cudaMemGetDefaultMemPool, .-cudaMemGetDefaultMemPool
     .globl cudaMemGetInfo
     .type cudaMemGetInfo, @function
@@ -1892,15 +1793,12 @@ cudaMemGetInfo:
     .globl cudaMemGetMemPool
     .type cudaMemGetMemPool, @function
 cudaMemGetMemPool:
-    leaq .Lname136(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemGetMemPool@PLT
     .size cudaMemGetMemPool, .-cudaMemGetMemPool
     .globl cudaMemPoolCreate
     .type cudaMemPoolCreate, @function
 cudaMemPoolCreate:
-    leaq .Lname137(%rip), %rdi
+    leaq .Lname103(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1913,7 +1811,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname104(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1921,7 +1819,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname105(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1929,10 +1827,7 @@ cudaMemPoolExportToShareableHandle:
     .globl cudaMemPoolGetAccess
     .type cudaMemPoolGetAccess, @function
 cudaMemPoolGetAccess:
-    leaq .Lname140(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPoolGetAccess@PLT
     .size cudaMemPoolGetAccess, .-cudaMemPoolGetAccess
     .globl cudaMemPoolGetAttribute
     .type cudaMemPoolGetAttribute, @function
@@ -1942,7 +1837,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname106(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1950,7 +1845,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname107(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1973,47 +1868,32 @@ cudaMemPoolTrimTo:
     .globl cudaMemPrefetchAsync
     .type cudaMemPrefetchAsync, @function
 cudaMemPrefetchAsync:
-    leaq .Lname143(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync__cu130@PLT
     .size cudaMemPrefetchAsync, .-cudaMemPrefetchAsync
     .globl cudaMemPrefetchAsync_ptsz
     .type cudaMemPrefetchAsync_ptsz, @function
 cudaMemPrefetchAsync_ptsz:
-    leaq .Lname144(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchAsync_ptsz__cu130@PLT
     .size cudaMemPrefetchAsync_ptsz, .-cudaMemPrefetchAsync_ptsz
     .globl cudaMemPrefetchBatchAsync
     .type cudaMemPrefetchBatchAsync, @function
 cudaMemPrefetchBatchAsync:
-    leaq .Lname145(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchBatchAsync@PLT
     .size cudaMemPrefetchBatchAsync, .-cudaMemPrefetchBatchAsync
     .globl cudaMemPrefetchBatchAsync_ptsz
     .type cudaMemPrefetchBatchAsync_ptsz, @function
 cudaMemPrefetchBatchAsync_ptsz:
-    leaq .Lname146(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemPrefetchBatchAsync_ptsz@PLT
     .size cudaMemPrefetchBatchAsync_ptsz, .-cudaMemPrefetchBatchAsync_ptsz
     .globl cudaMemRangeGetAttribute
     .type cudaMemRangeGetAttribute, @function
 cudaMemRangeGetAttribute:
-    leaq .Lname147(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttribute@PLT
     .size cudaMemRangeGetAttribute, .-cudaMemRangeGetAttribute
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname108(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2021,10 +1901,7 @@ cudaMemRangeGetAttributes:
     .globl cudaMemSetMemPool
     .type cudaMemSetMemPool, @function
 cudaMemSetMemPool:
-    leaq .Lname149(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemSetMemPool@PLT
     .size cudaMemSetMemPool, .-cudaMemSetMemPool
     .globl cudaMemcpy
     .type cudaMemcpy, @function
@@ -2059,7 +1936,7 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname109(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2067,7 +1944,7 @@ cudaMemcpy2DFromArray:
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname110(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2075,7 +1952,7 @@ cudaMemcpy2DFromArrayAsync:
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname111(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2083,7 +1960,7 @@ cudaMemcpy2DFromArrayAsync_ptsz:
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname112(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2091,7 +1968,7 @@ cudaMemcpy2DFromArray_ptds:
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname154(%rip), %rdi
+    leaq .Lname113(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2099,7 +1976,7 @@ cudaMemcpy2DToArray:
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname155(%rip), %rdi
+    leaq .Lname114(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2107,7 +1984,7 @@ cudaMemcpy2DToArrayAsync:
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname156(%rip), %rdi
+    leaq .Lname115(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2115,7 +1992,7 @@ cudaMemcpy2DToArrayAsync_ptsz:
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname157(%rip), %rdi
+    leaq .Lname116(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2128,7 +2005,7 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname158(%rip), %rdi
+    leaq .Lname117(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2136,7 +2013,7 @@ cudaMemcpy3D:
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname159(%rip), %rdi
+    leaq .Lname118(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2144,7 +2021,7 @@ cudaMemcpy3DAsync:
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname160(%rip), %rdi
+    leaq .Lname119(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2152,7 +2029,7 @@ cudaMemcpy3DAsync_ptsz:
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname161(%rip), %rdi
+    leaq .Lname120(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2160,7 +2037,7 @@ cudaMemcpy3DBatchAsync:
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname162(%rip), %rdi
+    leaq .Lname121(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2168,7 +2045,7 @@ cudaMemcpy3DBatchAsync_ptsz:
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname163(%rip), %rdi
+    leaq .Lname122(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2176,7 +2053,7 @@ cudaMemcpy3DPeer:
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname164(%rip), %rdi
+    leaq .Lname123(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2184,7 +2061,7 @@ cudaMemcpy3DPeerAsync:
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname165(%rip), %rdi
+    leaq .Lname124(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2192,7 +2069,7 @@ cudaMemcpy3DPeerAsync_ptsz:
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname166(%rip), %rdi
+    leaq .Lname125(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2200,7 +2077,7 @@ cudaMemcpy3DPeer_ptds:
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname167(%rip), %rdi
+    leaq .Lname126(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2228,7 +2105,7 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname168(%rip), %rdi
+    leaq .Lname127(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2236,7 +2113,7 @@ cudaMemcpyBatchAsync:
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname169(%rip), %rdi
+    leaq .Lname128(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2244,7 +2121,7 @@ cudaMemcpyBatchAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname170(%rip), %rdi
+    leaq .Lname129(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2252,7 +2129,7 @@ cudaMemcpyFromArray:
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname171(%rip), %rdi
+    leaq .Lname130(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2260,7 +2137,7 @@ cudaMemcpyFromArrayAsync:
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname172(%rip), %rdi
+    leaq .Lname131(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2268,7 +2145,7 @@ cudaMemcpyFromArrayAsync_ptsz:
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname173(%rip), %rdi
+    leaq .Lname132(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2296,10 +2173,7 @@ cudaMemcpyFromSymbol_ptds:
     .globl cudaMemcpyPeer
     .type cudaMemcpyPeer, @function
 cudaMemcpyPeer:
-    leaq .Lname174(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyPeer@PLT
     .size cudaMemcpyPeer, .-cudaMemcpyPeer
     .globl cudaMemcpyPeerAsync
     .type cudaMemcpyPeerAsync, @function
@@ -2309,7 +2183,7 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname175(%rip), %rdi
+    leaq .Lname133(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2317,7 +2191,7 @@ cudaMemcpyToArray:
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname176(%rip), %rdi
+    leaq .Lname134(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2325,7 +2199,7 @@ cudaMemcpyToArrayAsync:
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname177(%rip), %rdi
+    leaq .Lname135(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2333,7 +2207,7 @@ cudaMemcpyToArrayAsync_ptsz:
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname178(%rip), %rdi
+    leaq .Lname136(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2391,7 +2265,7 @@ cudaMemset2D_ptds:
     .globl cudaMemset3D
     .type cudaMemset3D, @function
 cudaMemset3D:
-    leaq .Lname179(%rip), %rdi
+    leaq .Lname137(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2399,7 +2273,7 @@ cudaMemset3D:
     .globl cudaMemset3DAsync
     .type cudaMemset3DAsync, @function
 cudaMemset3DAsync:
-    leaq .Lname180(%rip), %rdi
+    leaq .Lname138(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2407,7 +2281,7 @@ cudaMemset3DAsync:
     .globl cudaMemset3DAsync_ptsz
     .type cudaMemset3DAsync_ptsz, @function
 cudaMemset3DAsync_ptsz:
-    leaq .Lname181(%rip), %rdi
+    leaq .Lname139(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2415,7 +2289,7 @@ cudaMemset3DAsync_ptsz:
     .globl cudaMemset3D_ptds
     .type cudaMemset3D_ptds, @function
 cudaMemset3D_ptds:
-    leaq .Lname182(%rip), %rdi
+    leaq .Lname140(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2438,23 +2312,17 @@ cudaMemset_ptds:
     .globl cudaMipmappedArrayGetMemoryRequirements
     .type cudaMipmappedArrayGetMemoryRequirements, @function
 cudaMipmappedArrayGetMemoryRequirements:
-    leaq .Lname183(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetMemoryRequirements@PLT
     .size cudaMipmappedArrayGetMemoryRequirements, .-cudaMipmappedArrayGetMemoryRequirements
     .globl cudaMipmappedArrayGetSparseProperties
     .type cudaMipmappedArrayGetSparseProperties, @function
 cudaMipmappedArrayGetSparseProperties:
-    leaq .Lname184(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMipmappedArrayGetSparseProperties@PLT
     .size cudaMipmappedArrayGetSparseProperties, .-cudaMipmappedArrayGetSparseProperties
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname185(%rip), %rdi
+    leaq .Lname141(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2472,7 +2340,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname186(%rip), %rdi
+    leaq .Lname142(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2480,7 +2348,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname187(%rip), %rdi
+    leaq .Lname143(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2498,7 +2366,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerStart
     .type cudaProfilerStart, @function
 cudaProfilerStart:
-    leaq .Lname188(%rip), %rdi
+    leaq .Lname144(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2506,7 +2374,7 @@ cudaProfilerStart:
     .globl cudaProfilerStop
     .type cudaProfilerStop, @function
 cudaProfilerStop:
-    leaq .Lname189(%rip), %rdi
+    leaq .Lname145(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2529,15 +2397,12 @@ cudaSetDeviceFlags:
     .globl cudaSetValidDevices
     .type cudaSetValidDevices, @function
 cudaSetValidDevices:
-    leaq .Lname190(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaSetValidDevices@PLT
     .size cudaSetValidDevices, .-cudaSetValidDevices
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname191(%rip), %rdi
+    leaq .Lname146(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2545,7 +2410,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname192(%rip), %rdi
+    leaq .Lname147(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2563,18 +2428,12 @@ cudaStreamAddCallback_ptsz:
     .globl cudaStreamAttachMemAsync
     .type cudaStreamAttachMemAsync, @function
 cudaStreamAttachMemAsync:
-    leaq .Lname193(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync@PLT
     .size cudaStreamAttachMemAsync, .-cudaStreamAttachMemAsync
     .globl cudaStreamAttachMemAsync_ptsz
     .type cudaStreamAttachMemAsync_ptsz, @function
 cudaStreamAttachMemAsync_ptsz:
-    leaq .Lname194(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamAttachMemAsync_ptsz@PLT
     .size cudaStreamAttachMemAsync_ptsz, .-cudaStreamAttachMemAsync_ptsz
     .globl cudaStreamBeginCapture
     .type cudaStreamBeginCapture, @function
@@ -2584,7 +2443,7 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname195(%rip), %rdi
+    leaq .Lname148(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2592,7 +2451,7 @@ cudaStreamBeginCaptureToGraph:
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname196(%rip), %rdi
+    leaq .Lname149(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2645,18 +2504,12 @@ cudaStreamEndCapture_ptsz:
     .globl cudaStreamGetAttribute
     .type cudaStreamGetAttribute, @function
 cudaStreamGetAttribute:
-    leaq .Lname197(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute__cu130@PLT
     .size cudaStreamGetAttribute, .-cudaStreamGetAttribute
     .globl cudaStreamGetAttribute_ptsz
     .type cudaStreamGetAttribute_ptsz, @function
 cudaStreamGetAttribute_ptsz:
-    leaq .Lname198(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamGetAttribute_ptsz__cu130@PLT
     .size cudaStreamGetAttribute_ptsz, .-cudaStreamGetAttribute_ptsz
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
@@ -2671,7 +2524,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetDevResource
     .type cudaStreamGetDevResource, @function
 cudaStreamGetDevResource:
-    leaq .Lname199(%rip), %rdi
+    leaq .Lname150(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2679,7 +2532,7 @@ cudaStreamGetDevResource:
     .globl cudaStreamGetDevResource_ptsz
     .type cudaStreamGetDevResource_ptsz, @function
 cudaStreamGetDevResource_ptsz:
-    leaq .Lname200(%rip), %rdi
+    leaq .Lname151(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2747,7 +2600,7 @@ cudaStreamQuery_ptsz:
     .globl cudaStreamSetAttribute
     .type cudaStreamSetAttribute, @function
 cudaStreamSetAttribute:
-    leaq .Lname201(%rip), %rdi
+    leaq .Lname152(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2755,7 +2608,7 @@ cudaStreamSetAttribute:
     .globl cudaStreamSetAttribute_ptsz
     .type cudaStreamSetAttribute_ptsz, @function
 cudaStreamSetAttribute_ptsz:
-    leaq .Lname202(%rip), %rdi
+    leaq .Lname153(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2773,7 +2626,7 @@ cudaStreamSynchronize_ptsz:
     .globl cudaStreamUpdateCaptureDependencies
     .type cudaStreamUpdateCaptureDependencies, @function
 cudaStreamUpdateCaptureDependencies:
-    leaq .Lname203(%rip), %rdi
+    leaq .Lname154(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2781,7 +2634,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname204(%rip), %rdi
+    leaq .Lname155(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2804,7 +2657,7 @@ cudaThreadExchangeStreamCaptureMode:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname205(%rip), %rdi
+    leaq .Lname156(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2822,7 +2675,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname206(%rip), %rdi
+    leaq .Lname157(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2830,7 +2683,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname207(%rip), %rdi
+    leaq .Lname158(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2838,7 +2691,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname208(%rip), %rdi
+    leaq .Lname159(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2846,7 +2699,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname209(%rip), %rdi
+    leaq .Lname160(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2857,419 +2710,321 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname1:
     .asciz "__cudaRegisterUnifiedTable"
 .Lname2:
-    .asciz "cudaArrayGetInfo"
-.Lname3:
-    .asciz "cudaArrayGetMemoryRequirements"
-.Lname4:
-    .asciz "cudaArrayGetSparseProperties"
-.Lname5:
     .asciz "cudaCreateChannelDesc"
-.Lname6:
+.Lname3:
     .asciz "cudaCreateSurfaceObject"
-.Lname7:
+.Lname4:
     .asciz "cudaCreateTextureObject"
-.Lname8:
+.Lname5:
     .asciz "cudaDevResourceGenerateDesc"
-.Lname9:
+.Lname6:
     .asciz "cudaDevSmResourceSplit"
-.Lname10:
+.Lname7:
     .asciz "cudaDevSmResourceSplitByCount"
-.Lname11:
+.Lname8:
     .asciz "cudaDeviceGetDevResource"
-.Lname12:
-    .asciz "cudaDeviceGetGraphMemAttribute"
-.Lname13:
-    .asciz "cudaDeviceGetHostAtomicCapabilities"
-.Lname14:
+.Lname9:
     .asciz "cudaDeviceGetNvSciSyncAttributes"
-.Lname15:
-    .asciz "cudaDeviceGetP2PAtomicCapabilities"
-.Lname16:
+.Lname10:
     .asciz "cudaDeviceRegisterAsyncNotification"
-.Lname17:
-    .asciz "cudaDeviceSetGraphMemAttribute"
-.Lname18:
+.Lname11:
     .asciz "cudaEGLStreamConsumerAcquireFrame"
-.Lname19:
+.Lname12:
     .asciz "cudaEGLStreamConsumerConnect"
-.Lname20:
+.Lname13:
     .asciz "cudaEGLStreamConsumerConnectWithFlags"
-.Lname21:
+.Lname14:
     .asciz "cudaEGLStreamConsumerDisconnect"
-.Lname22:
+.Lname15:
     .asciz "cudaEGLStreamConsumerReleaseFrame"
-.Lname23:
+.Lname16:
     .asciz "cudaEGLStreamProducerConnect"
-.Lname24:
+.Lname17:
     .asciz "cudaEGLStreamProducerDisconnect"
-.Lname25:
+.Lname18:
     .asciz "cudaEGLStreamProducerPresentFrame"
-.Lname26:
+.Lname19:
     .asciz "cudaEGLStreamProducerReturnFrame"
-.Lname27:
+.Lname20:
     .asciz "cudaEventCreateFromEGLSync"
-.Lname28:
+.Lname21:
     .asciz "cudaExecutionCtxGetDevResource"
-.Lname29:
+.Lname22:
     .asciz "cudaExternalMemoryGetMappedBuffer"
-.Lname30:
+.Lname23:
     .asciz "cudaFuncGetName"
-.Lname31:
+.Lname24:
     .asciz "cudaFuncGetParamInfo"
-.Lname32:
+.Lname25:
     .asciz "cudaFuncSetSharedMemConfig"
-.Lname33:
+.Lname26:
     .asciz "cudaGLGetDevices"
-.Lname34:
+.Lname27:
     .asciz "cudaGLMapBufferObject"
-.Lname35:
+.Lname28:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname36:
+.Lname29:
     .asciz "cudaGLRegisterBufferObject"
-.Lname37:
+.Lname30:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname38:
+.Lname31:
     .asciz "cudaGLSetGLDevice"
-.Lname39:
+.Lname32:
     .asciz "cudaGLUnmapBufferObject"
-.Lname40:
+.Lname33:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname41:
+.Lname34:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname42:
-    .asciz "cudaGetChannelDesc"
-.Lname43:
+.Lname35:
     .asciz "cudaGetExportTable"
-.Lname44:
+.Lname36:
     .asciz "cudaGetFuncBySymbol"
-.Lname45:
-    .asciz "cudaGetSurfaceObjectResourceDesc"
-.Lname46:
-    .asciz "cudaGetTextureObjectResourceDesc"
-.Lname47:
-    .asciz "cudaGetTextureObjectResourceViewDesc"
-.Lname48:
-    .asciz "cudaGetTextureObjectTextureDesc"
-.Lname49:
-    .asciz "cudaGraphAddChildGraphNode"
-.Lname50:
-    .asciz "cudaGraphAddDependencies"
-.Lname51:
-    .asciz "cudaGraphAddEmptyNode"
-.Lname52:
-    .asciz "cudaGraphAddEventRecordNode"
-.Lname53:
-    .asciz "cudaGraphAddEventWaitNode"
-.Lname54:
+.Lname37:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname55:
+.Lname38:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname56:
+.Lname39:
     .asciz "cudaGraphAddHostNode"
-.Lname57:
+.Lname40:
     .asciz "cudaGraphAddKernelNode"
-.Lname58:
+.Lname41:
     .asciz "cudaGraphAddMemAllocNode"
-.Lname59:
-    .asciz "cudaGraphAddMemFreeNode"
-.Lname60:
+.Lname42:
     .asciz "cudaGraphAddMemcpyNode"
-.Lname61:
+.Lname43:
     .asciz "cudaGraphAddMemcpyNode1D"
-.Lname62:
+.Lname44:
     .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname63:
+.Lname45:
     .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname64:
-    .asciz "cudaGraphAddMemsetNode"
-.Lname65:
+.Lname46:
     .asciz "cudaGraphAddNode"
-.Lname66:
+.Lname47:
     .asciz "cudaGraphDebugDotPrint"
-.Lname67:
+.Lname48:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname68:
+.Lname49:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname69:
+.Lname50:
     .asciz "cudaGraphExecHostNodeSetParams"
-.Lname70:
+.Lname51:
     .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname71:
+.Lname52:
     .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname72:
+.Lname53:
     .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname73:
+.Lname54:
     .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname74:
+.Lname55:
     .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname75:
-    .asciz "cudaGraphExecMemsetNodeSetParams"
-.Lname76:
+.Lname56:
     .asciz "cudaGraphExecNodeSetParams"
-.Lname77:
-    .asciz "cudaGraphExecUpdate"
-.Lname78:
+.Lname57:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname79:
+.Lname58:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname80:
+.Lname59:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname81:
+.Lname60:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname82:
+.Lname61:
     .asciz "cudaGraphGetEdges"
-.Lname83:
+.Lname62:
     .asciz "cudaGraphHostNodeGetParams"
-.Lname84:
+.Lname63:
     .asciz "cudaGraphHostNodeSetParams"
-.Lname85:
+.Lname64:
     .asciz "cudaGraphInstantiateWithParams"
-.Lname86:
+.Lname65:
     .asciz "cudaGraphInstantiateWithParams_ptsz"
-.Lname87:
-    .asciz "cudaGraphKernelNodeGetAttribute"
-.Lname88:
+.Lname66:
     .asciz "cudaGraphKernelNodeGetParams"
-.Lname89:
+.Lname67:
     .asciz "cudaGraphKernelNodeSetAttribute"
-.Lname90:
+.Lname68:
     .asciz "cudaGraphKernelNodeSetParams"
-.Lname91:
+.Lname69:
     .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname92:
-    .asciz "cudaGraphMemFreeNodeGetParams"
-.Lname93:
+.Lname70:
     .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname94:
+.Lname71:
     .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname95:
+.Lname72:
     .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname96:
+.Lname73:
     .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname97:
+.Lname74:
     .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname98:
-    .asciz "cudaGraphMemsetNodeGetParams"
-.Lname99:
-    .asciz "cudaGraphMemsetNodeSetParams"
-.Lname100:
+.Lname75:
     .asciz "cudaGraphNodeGetDependencies"
-.Lname101:
+.Lname76:
     .asciz "cudaGraphNodeGetDependentNodes"
-.Lname102:
+.Lname77:
     .asciz "cudaGraphNodeSetParams"
-.Lname103:
-    .asciz "cudaGraphRemoveDependencies"
-.Lname104:
+.Lname78:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname105:
+.Lname79:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname106:
+.Lname80:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname107:
+.Lname81:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname108:
+.Lname82:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname109:
+.Lname83:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname110:
+.Lname84:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname111:
+.Lname85:
     .asciz "cudaImportExternalMemory"
-.Lname112:
+.Lname86:
     .asciz "cudaImportExternalSemaphore"
-.Lname113:
+.Lname87:
     .asciz "cudaIpcCloseMemHandle"
-.Lname114:
+.Lname88:
     .asciz "cudaIpcGetEventHandle"
-.Lname115:
+.Lname89:
     .asciz "cudaIpcGetMemHandle"
-.Lname116:
+.Lname90:
     .asciz "cudaIpcOpenMemHandle"
-.Lname117:
+.Lname91:
     .asciz "cudaLibraryGetGlobal"
-.Lname118:
+.Lname92:
     .asciz "cudaLibraryGetManaged"
-.Lname119:
+.Lname93:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname120:
+.Lname94:
     .asciz "cudaLibraryLoadData"
-.Lname121:
+.Lname95:
     .asciz "cudaLibraryLoadFromFile"
-.Lname122:
+.Lname96:
     .asciz "cudaLogsDumpToFile"
-.Lname123:
+.Lname97:
     .asciz "cudaLogsDumpToMemory"
-.Lname124:
+.Lname98:
     .asciz "cudaLogsRegisterCallback"
-.Lname125:
+.Lname99:
     .asciz "cudaMalloc3D"
-.Lname126:
+.Lname100:
     .asciz "cudaMallocFromPoolAsync"
-.Lname127:
+.Lname101:
     .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname128:
+.Lname102:
     .asciz "cudaMallocManaged"
-.Lname129:
-    .asciz "cudaMallocMipmappedArray"
-.Lname130:
-    .asciz "cudaMemAdvise"
-.Lname131:
-    .asciz "cudaMemDiscardAndPrefetchBatchAsync"
-.Lname132:
-    .asciz "cudaMemDiscardAndPrefetchBatchAsync_ptsz"
-.Lname133:
-    .asciz "cudaMemDiscardBatchAsync"
-.Lname134:
-    .asciz "cudaMemDiscardBatchAsync_ptsz"
-.Lname135:
-    .asciz "cudaMemGetDefaultMemPool"
-.Lname136:
-    .asciz "cudaMemGetMemPool"
-.Lname137:
+.Lname103:
     .asciz "cudaMemPoolCreate"
-.Lname138:
+.Lname104:
     .asciz "cudaMemPoolExportPointer"
-.Lname139:
+.Lname105:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname140:
-    .asciz "cudaMemPoolGetAccess"
-.Lname141:
+.Lname106:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname142:
+.Lname107:
     .asciz "cudaMemPoolImportPointer"
-.Lname143:
-    .asciz "cudaMemPrefetchAsync"
-.Lname144:
-    .asciz "cudaMemPrefetchAsync_ptsz"
-.Lname145:
-    .asciz "cudaMemPrefetchBatchAsync"
-.Lname146:
-    .asciz "cudaMemPrefetchBatchAsync_ptsz"
-.Lname147:
-    .asciz "cudaMemRangeGetAttribute"
-.Lname148:
+.Lname108:
     .asciz "cudaMemRangeGetAttributes"
-.Lname149:
-    .asciz "cudaMemSetMemPool"
-.Lname150:
+.Lname109:
     .asciz "cudaMemcpy2DFromArray"
-.Lname151:
+.Lname110:
     .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname152:
+.Lname111:
     .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname153:
+.Lname112:
     .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname154:
+.Lname113:
     .asciz "cudaMemcpy2DToArray"
-.Lname155:
+.Lname114:
     .asciz "cudaMemcpy2DToArrayAsync"
-.Lname156:
+.Lname115:
     .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname157:
+.Lname116:
     .asciz "cudaMemcpy2DToArray_ptds"
-.Lname158:
+.Lname117:
     .asciz "cudaMemcpy3D"
-.Lname159:
+.Lname118:
     .asciz "cudaMemcpy3DAsync"
-.Lname160:
+.Lname119:
     .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname161:
+.Lname120:
     .asciz "cudaMemcpy3DBatchAsync"
-.Lname162:
+.Lname121:
     .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname163:
+.Lname122:
     .asciz "cudaMemcpy3DPeer"
-.Lname164:
+.Lname123:
     .asciz "cudaMemcpy3DPeerAsync"
-.Lname165:
+.Lname124:
     .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname166:
+.Lname125:
     .asciz "cudaMemcpy3DPeer_ptds"
-.Lname167:
+.Lname126:
     .asciz "cudaMemcpy3D_ptds"
-.Lname168:
+.Lname127:
     .asciz "cudaMemcpyBatchAsync"
-.Lname169:
+.Lname128:
     .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname170:
+.Lname129:
     .asciz "cudaMemcpyFromArray"
-.Lname171:
+.Lname130:
     .asciz "cudaMemcpyFromArrayAsync"
-.Lname172:
+.Lname131:
     .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname173:
+.Lname132:
     .asciz "cudaMemcpyFromArray_ptds"
-.Lname174:
-    .asciz "cudaMemcpyPeer"
-.Lname175:
+.Lname133:
     .asciz "cudaMemcpyToArray"
-.Lname176:
+.Lname134:
     .asciz "cudaMemcpyToArrayAsync"
-.Lname177:
+.Lname135:
     .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname178:
+.Lname136:
     .asciz "cudaMemcpyToArray_ptds"
-.Lname179:
+.Lname137:
     .asciz "cudaMemset3D"
-.Lname180:
+.Lname138:
     .asciz "cudaMemset3DAsync"
-.Lname181:
+.Lname139:
     .asciz "cudaMemset3DAsync_ptsz"
-.Lname182:
+.Lname140:
     .asciz "cudaMemset3D_ptds"
-.Lname183:
-    .asciz "cudaMipmappedArrayGetMemoryRequirements"
-.Lname184:
-    .asciz "cudaMipmappedArrayGetSparseProperties"
-.Lname185:
+.Lname141:
     .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname186:
+.Lname142:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname187:
+.Lname143:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname188:
+.Lname144:
     .asciz "cudaProfilerStart"
-.Lname189:
+.Lname145:
     .asciz "cudaProfilerStop"
-.Lname190:
-    .asciz "cudaSetValidDevices"
-.Lname191:
+.Lname146:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname192:
+.Lname147:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname193:
-    .asciz "cudaStreamAttachMemAsync"
-.Lname194:
-    .asciz "cudaStreamAttachMemAsync_ptsz"
-.Lname195:
+.Lname148:
     .asciz "cudaStreamBeginCaptureToGraph"
-.Lname196:
+.Lname149:
     .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname197:
-    .asciz "cudaStreamGetAttribute"
-.Lname198:
-    .asciz "cudaStreamGetAttribute_ptsz"
-.Lname199:
+.Lname150:
     .asciz "cudaStreamGetDevResource"
-.Lname200:
+.Lname151:
     .asciz "cudaStreamGetDevResource_ptsz"
-.Lname201:
+.Lname152:
     .asciz "cudaStreamSetAttribute"
-.Lname202:
+.Lname153:
     .asciz "cudaStreamSetAttribute_ptsz"
-.Lname203:
+.Lname154:
     .asciz "cudaStreamUpdateCaptureDependencies"
-.Lname204:
+.Lname155:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname205:
+.Lname156:
     .asciz "cudaUserObjectCreate"
-.Lname206:
+.Lname157:
     .asciz "cudaVDPAUGetDevice"
-.Lname207:
+.Lname158:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname208:
+.Lname159:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname209:
+.Lname160:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -70,6 +70,17 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Clone, Copy)]
+pub struct cudaMemLocation {
+    pub r#type: u32,
+    pub id: i32,
+}
+const _: () = {
+    assert!(core::mem::size_of:: < cudaMemLocation > () == 8usize);
+    assert!(core::mem::offset_of!(cudaMemLocation, r#type) == 0usize);
+    assert!(core::mem::offset_of!(cudaMemLocation, id) == 4usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct cudaIpcEventHandle_st {
     pub reserved: [i8; 64usize],
 }
