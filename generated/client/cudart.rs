@@ -2268,6 +2268,76 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu130
         ) as u32
     }
 }
+///`cudaGraphKernelNodeSetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu118(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu118,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu121(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu121,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu126(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu126,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu128(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu128,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphKernelNodeSetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu130(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphKernelNodeSetAttribute__cu130,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch(
@@ -4454,6 +4524,16 @@ pub unsafe extern "C" fn __chidori_cudart_cudaPointerGetAttributes__cu130(
         crate::custom::cudart::get_pointer_attributes(&CTX, attributes, ptr)
     }
 }
+///`cudaProfilerStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaProfilerStart() -> u32 {
+    unsafe { crate::custom::cudart::cudaProfilerStart() }
+}
+///`cudaProfilerStop` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaProfilerStop() -> u32 {
+    unsafe { crate::custom::cudart::cudaProfilerStop() }
+}
 ///`cudaRuntimeGetVersion` for CUDA 11.8 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaRuntimeGetVersion__cu118(
@@ -5155,6 +5235,146 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamQuery_ptsz(
         crate::runtime::call(
             &chidori_cuda::calls::cudart::cudaStreamQuery_ptsz,
             &[(stream) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaStreamSetAttribute_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamSetAttribute_ptsz__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamSetAttribute_ptsz__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
         ) as u32
     }
 }

@@ -2125,6 +2125,76 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu130(
         ) as u32
     }
 }
+///`cuGraphKernelNodeSetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu118(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu118,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu121(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu121,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu126(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu126,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu128(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu128,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphKernelNodeSetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu130(
+    hNode: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphKernelNodeSetAttribute__cu130,
+            &[(hNode) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch(
@@ -5642,6 +5712,16 @@ pub unsafe extern "C" fn __chidori_driver_cuPointerSetAttribute(
         ) as u32
     }
 }
+///`cuProfilerStart` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuProfilerStart() -> u32 {
+    unsafe { crate::custom::driver::cuProfilerStart() }
+}
+///`cuProfilerStop` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuProfilerStop() -> u32 {
+    unsafe { crate::custom::driver::cuProfilerStop() }
+}
 ///`cuStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamAttachMemAsync(
@@ -6466,6 +6546,146 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamQuery_ptsz(
         ) as u32
     }
 }
+///`cuStreamSetAttribute` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu118(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu118,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu121(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu121,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 12.6 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu126(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu126,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu128(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu128,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
+///`cuStreamSetAttribute_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamSetAttribute_ptsz__cu130(
+    hStream: *mut c_void,
+    attr: u32,
+    value: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamSetAttribute_ptsz__cu130,
+            &[(hStream) as usize as u64, (attr) as u64, (value) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuStreamSynchronize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamSynchronize(
@@ -6845,6 +7065,141 @@ pub unsafe extern "C" fn __chidori_driver_cuSurfRefSetArray(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuSurfRefSetArray,
             &[(hSurfRef) as usize as u64, (hArray) as usize as u64, (Flags) as u64],
+        ) as u32
+    }
+}
+///`cuTensorMapEncodeIm2col` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeIm2col(
+    tensorMap: *mut c_void,
+    tensorDataType: u32,
+    tensorRank: u32,
+    globalAddress: *mut c_void,
+    globalDim: *mut c_void,
+    globalStrides: *mut c_void,
+    pixelBoxLowerCorner: *mut c_void,
+    pixelBoxUpperCorner: *mut c_void,
+    channelsPerPixel: u32,
+    pixelsPerColumn: u32,
+    elementStrides: *mut c_void,
+    interleave: u32,
+    swizzle: u32,
+    l2Promotion: u32,
+    oobFill: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapEncodeIm2col,
+            &[
+                (tensorMap) as usize as u64,
+                (tensorDataType) as u64,
+                (tensorRank) as u64,
+                (globalAddress) as usize as u64,
+                (globalDim) as usize as u64,
+                (globalStrides) as usize as u64,
+                (pixelBoxLowerCorner) as usize as u64,
+                (pixelBoxUpperCorner) as usize as u64,
+                (channelsPerPixel) as u64,
+                (pixelsPerColumn) as u64,
+                (elementStrides) as usize as u64,
+                (interleave) as u64,
+                (swizzle) as u64,
+                (l2Promotion) as u64,
+                (oobFill) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuTensorMapEncodeIm2colWide` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeIm2colWide(
+    tensorMap: *mut c_void,
+    tensorDataType: u32,
+    tensorRank: u32,
+    globalAddress: *mut c_void,
+    globalDim: *mut c_void,
+    globalStrides: *mut c_void,
+    pixelBoxLowerCornerWidth: i32,
+    pixelBoxUpperCornerWidth: i32,
+    channelsPerPixel: u32,
+    pixelsPerColumn: u32,
+    elementStrides: *mut c_void,
+    interleave: u32,
+    mode: u32,
+    swizzle: u32,
+    l2Promotion: u32,
+    oobFill: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapEncodeIm2colWide,
+            &[
+                (tensorMap) as usize as u64,
+                (tensorDataType) as u64,
+                (tensorRank) as u64,
+                (globalAddress) as usize as u64,
+                (globalDim) as usize as u64,
+                (globalStrides) as usize as u64,
+                (pixelBoxLowerCornerWidth) as i64 as u64,
+                (pixelBoxUpperCornerWidth) as i64 as u64,
+                (channelsPerPixel) as u64,
+                (pixelsPerColumn) as u64,
+                (elementStrides) as usize as u64,
+                (interleave) as u64,
+                (mode) as u64,
+                (swizzle) as u64,
+                (l2Promotion) as u64,
+                (oobFill) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuTensorMapEncodeTiled` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapEncodeTiled(
+    tensorMap: *mut c_void,
+    tensorDataType: u32,
+    tensorRank: u32,
+    globalAddress: *mut c_void,
+    globalDim: *mut c_void,
+    globalStrides: *mut c_void,
+    boxDim: *mut c_void,
+    elementStrides: *mut c_void,
+    interleave: u32,
+    swizzle: u32,
+    l2Promotion: u32,
+    oobFill: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapEncodeTiled,
+            &[
+                (tensorMap) as usize as u64,
+                (tensorDataType) as u64,
+                (tensorRank) as u64,
+                (globalAddress) as usize as u64,
+                (globalDim) as usize as u64,
+                (globalStrides) as usize as u64,
+                (boxDim) as usize as u64,
+                (elementStrides) as usize as u64,
+                (interleave) as u64,
+                (swizzle) as u64,
+                (l2Promotion) as u64,
+                (oobFill) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuTensorMapReplaceAddress` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTensorMapReplaceAddress(
+    tensorMap: *mut c_void,
+    globalAddress: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTensorMapReplaceAddress,
+            &[(tensorMap) as usize as u64, (globalAddress) as usize as u64],
         ) as u32
     }
 }

@@ -498,6 +498,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
+        "cuGraphKernelNodeSetAttribute" => {
+            Some(
+                driver::__chidori_driver_cuGraphKernelNodeSetAttribute__cu130
+                    as *const c_void,
+            )
+        }
         "cuGraphLaunch" => Some(driver::__chidori_driver_cuGraphLaunch as *const c_void),
         "cuGraphLaunch_ptsz" => {
             Some(driver::__chidori_driver_cuGraphLaunch_ptsz as *const c_void)
@@ -1094,6 +1100,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuPointerSetAttribute" => {
             Some(driver::__chidori_driver_cuPointerSetAttribute as *const c_void)
         }
+        "cuProfilerStart" => {
+            Some(driver::__chidori_driver_cuProfilerStart as *const c_void)
+        }
+        "cuProfilerStop" => {
+            Some(driver::__chidori_driver_cuProfilerStop as *const c_void)
+        }
         "cuStreamAttachMemAsync" => {
             Some(driver::__chidori_driver_cuStreamAttachMemAsync as *const c_void)
         }
@@ -1215,6 +1227,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuStreamQuery_ptsz" => {
             Some(driver::__chidori_driver_cuStreamQuery_ptsz as *const c_void)
         }
+        "cuStreamSetAttribute" => {
+            Some(driver::__chidori_driver_cuStreamSetAttribute__cu130 as *const c_void)
+        }
+        "cuStreamSetAttribute_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamSetAttribute_ptsz__cu130
+                    as *const c_void,
+            )
+        }
         "cuStreamSynchronize" => {
             Some(driver::__chidori_driver_cuStreamSynchronize as *const c_void)
         }
@@ -1298,6 +1319,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuSurfRefSetArray" => {
             Some(driver::__chidori_driver_cuSurfRefSetArray as *const c_void)
+        }
+        "cuTensorMapEncodeIm2col" => {
+            Some(driver::__chidori_driver_cuTensorMapEncodeIm2col as *const c_void)
+        }
+        "cuTensorMapEncodeIm2colWide" => {
+            Some(driver::__chidori_driver_cuTensorMapEncodeIm2colWide as *const c_void)
+        }
+        "cuTensorMapEncodeTiled" => {
+            Some(driver::__chidori_driver_cuTensorMapEncodeTiled as *const c_void)
+        }
+        "cuTensorMapReplaceAddress" => {
+            Some(driver::__chidori_driver_cuTensorMapReplaceAddress as *const c_void)
         }
         "cuTexObjectDestroy" => {
             Some(driver::__chidori_driver_cuTexObjectDestroy as *const c_void)

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use chidori_cuda::calls::{SCHEMA_HASH, VARIANTS};
 use chidori_cuda::structs;
 use chidori_protocol::PROTOCOL_VERSION;
-use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, Ret, Wire};
+use chidori_protocol::desc::{CallDesc, DEVICE_LEN, Dir, HandleKind, RecordRefused, Ret, Wire};
 use chidori_protocol::frame::{Frame, HEADER_LEN, Header, Kind};
 use chidori_protocol::messages::{
     self, Api, AsyncError, Call, Goodbye, GraphLoop, Hello, HostCallback, HostCallbackDone, KernelInfo, Launch,
@@ -434,6 +434,12 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
     }
     let fail =
         |status: i64, message: String| -> Result<(), Fatal> { reply_error(session, &header, desc, status, message) };
+    // Parameters that select a union's member may hold only the values the spec allows.
+    for (i, allowed) in chidori_cuda::checks::params(desc.name) {
+        if let Some(value) = args.get(usize::from(i)).filter(|v| !allowed.contains(v)) {
+            return fail(desc.codes.invalid_value, format!("{}: parameter {i} may not be {value}", desc.name));
+        }
+    }
 
     // Lay out the host memory of the call.
     let mut bulk_at = 0usize;
@@ -565,6 +571,36 @@ fn execute(session: &Arc<Session>, frame: &Frame) -> Result<(), Fatal> {
                     )));
                 }
                 let t = translation(session, desc, record);
+                // Handles inside input records are checked and mapped, restricted fields
+                // checked, in the client's layout, before any translation.
+                let checks = record.zip(desc.versions.last()).and_then(|(r, v)| chidori_cuda::checks::record(v, r));
+                if let (Some(checks), false) = (checks, dir == Dir::Out) {
+                    let mut bytes = take(len)?.to_vec();
+                    let handles = session.handles.lock().unwrap_or_else(|p| p.into_inner());
+                    let checked = checks.apply(&mut bytes, |kind, value| handles.resolve(kind, value));
+                    drop(handles);
+                    match checked {
+                        Ok(()) => {}
+                        Err(RecordRefused::Handle(why)) => {
+                            return fail(desc.codes.invalid_handle, format!("{}: parameter {i}: {why}", desc.name));
+                        }
+                        Err(RecordRefused::Value(why)) => {
+                            return fail(desc.codes.invalid_value, format!("{}: parameter {i}: {why}", desc.name));
+                        }
+                    }
+                    let mut b = match &t {
+                        Some(t) => {
+                            let mut b = Buffer::zeroed(t.server.size as usize);
+                            translate(t.client, t.server, &bytes, b.bytes_mut());
+                            b
+                        }
+                        None => Buffer::from(&bytes),
+                    };
+                    raw[i] = b.addr();
+                    buffers[i] = Some(b);
+                    translations[i] = t;
+                    continue;
+                }
                 if t.is_none() && dir == Dir::In {
                     // Read in place from the frame (copy payloads are most of the bytes).
                     let s = take(len)?;

@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 12535395610886671577u64;
+pub const SCHEMA_HASH: u64 = 10338777114764092494u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2367usize] = [
+pub static FUNCTIONS: [&str; 2377usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -735,6 +735,7 @@ pub static FUNCTIONS: [&str; 2367usize] = [
     "cudaGraphInstantiateWithFlags",
     "cudaGraphKernelNodeCopyAttributes",
     "cudaGraphKernelNodeGetAttribute",
+    "cudaGraphKernelNodeSetAttribute",
     "cudaGraphLaunch",
     "cudaGraphLaunch_ptsz",
     "cudaGraphMemFreeNodeGetParams",
@@ -858,6 +859,8 @@ pub static FUNCTIONS: [&str; 2367usize] = [
     "cudaStreamIsCapturing_ptsz",
     "cudaStreamQuery",
     "cudaStreamQuery_ptsz",
+    "cudaStreamSetAttribute",
+    "cudaStreamSetAttribute_ptsz",
     "cudaStreamSynchronize",
     "cudaStreamSynchronize_ptsz",
     "cudaStreamUpdateCaptureDependencies",
@@ -1824,6 +1827,7 @@ pub static FUNCTIONS: [&str; 2367usize] = [
     "cuGraphInstantiate_v2",
     "cuGraphKernelNodeCopyAttributes",
     "cuGraphKernelNodeGetAttribute",
+    "cuGraphKernelNodeSetAttribute",
     "cuGraphLaunch",
     "cuGraphLaunch_ptsz",
     "cuGraphMemFreeNodeGetParams",
@@ -2053,6 +2057,8 @@ pub static FUNCTIONS: [&str; 2367usize] = [
     "cuStreamIsCapturing_ptsz",
     "cuStreamQuery",
     "cuStreamQuery_ptsz",
+    "cuStreamSetAttribute",
+    "cuStreamSetAttribute_ptsz",
     "cuStreamSynchronize",
     "cuStreamSynchronize_ptsz",
     "cuStreamUpdateCaptureDependencies",
@@ -2079,6 +2085,10 @@ pub static FUNCTIONS: [&str; 2367usize] = [
     "cuSurfObjectGetResourceDesc",
     "cuSurfRefGetArray",
     "cuSurfRefSetArray",
+    "cuTensorMapEncodeIm2col",
+    "cuTensorMapEncodeIm2colWide",
+    "cuTensorMapEncodeTiled",
+    "cuTensorMapReplaceAddress",
     "cuTexObjectDestroy",
     "cuTexObjectGetResourceDesc",
     "cuTexObjectGetResourceViewDesc",
@@ -2376,7 +2386,7 @@ pub static FUNCTIONS: [&str; 2367usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2367usize] = [
+pub static LIBRARY_OF: [&str; 2377usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -2999,6 +3009,9 @@ pub static LIBRARY_OF: [&str; 2367usize] = [
     "cublaslt",
     "cublaslt",
     "cublaslt",
+    "cudart",
+    "cudart",
+    "cudart",
     "cudart",
     "cudart",
     "cudart",
@@ -4055,6 +4068,13 @@ pub static LIBRARY_OF: [&str; 2367usize] = [
     "cusparselt",
     "cusparselt",
     "cusparselt",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
     "driver",
     "driver",
     "driver",
@@ -4866,6 +4886,11 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaGraphKernelNodeGetAttribute__cu126,
     &cudart::cudaGraphKernelNodeGetAttribute__cu128,
     &cudart::cudaGraphKernelNodeGetAttribute__cu130,
+    &cudart::cudaGraphKernelNodeSetAttribute__cu118,
+    &cudart::cudaGraphKernelNodeSetAttribute__cu121,
+    &cudart::cudaGraphKernelNodeSetAttribute__cu126,
+    &cudart::cudaGraphKernelNodeSetAttribute__cu128,
+    &cudart::cudaGraphKernelNodeSetAttribute__cu130,
     &cudart::cudaGraphLaunch,
     &cudart::cudaGraphLaunch_ptsz,
     &cudart::cudaGraphMemFreeNodeGetParams,
@@ -5019,6 +5044,16 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaStreamIsCapturing_ptsz__call,
     &cudart::cudaStreamQuery,
     &cudart::cudaStreamQuery_ptsz,
+    &cudart::cudaStreamSetAttribute__cu118,
+    &cudart::cudaStreamSetAttribute__cu121,
+    &cudart::cudaStreamSetAttribute__cu126,
+    &cudart::cudaStreamSetAttribute__cu128,
+    &cudart::cudaStreamSetAttribute__cu130,
+    &cudart::cudaStreamSetAttribute_ptsz__cu118,
+    &cudart::cudaStreamSetAttribute_ptsz__cu121,
+    &cudart::cudaStreamSetAttribute_ptsz__cu126,
+    &cudart::cudaStreamSetAttribute_ptsz__cu128,
+    &cudart::cudaStreamSetAttribute_ptsz__cu130,
     &cudart::cudaStreamSynchronize,
     &cudart::cudaStreamSynchronize_ptsz,
     &cudart::cudaStreamUpdateCaptureDependencies__cu118,
@@ -5181,6 +5216,11 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuGraphKernelNodeGetAttribute__cu126,
     &driver::cuGraphKernelNodeGetAttribute__cu128,
     &driver::cuGraphKernelNodeGetAttribute__cu130,
+    &driver::cuGraphKernelNodeSetAttribute__cu118,
+    &driver::cuGraphKernelNodeSetAttribute__cu121,
+    &driver::cuGraphKernelNodeSetAttribute__cu126,
+    &driver::cuGraphKernelNodeSetAttribute__cu128,
+    &driver::cuGraphKernelNodeSetAttribute__cu130,
     &driver::cuGraphLaunch,
     &driver::cuGraphLaunch_ptsz,
     &driver::cuGraphMemFreeNodeGetParams,
@@ -5423,6 +5463,16 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuStreamIsCapturing_ptsz__call,
     &driver::cuStreamQuery,
     &driver::cuStreamQuery_ptsz,
+    &driver::cuStreamSetAttribute__cu118,
+    &driver::cuStreamSetAttribute__cu121,
+    &driver::cuStreamSetAttribute__cu126,
+    &driver::cuStreamSetAttribute__cu128,
+    &driver::cuStreamSetAttribute__cu130,
+    &driver::cuStreamSetAttribute_ptsz__cu118,
+    &driver::cuStreamSetAttribute_ptsz__cu121,
+    &driver::cuStreamSetAttribute_ptsz__cu126,
+    &driver::cuStreamSetAttribute_ptsz__cu128,
+    &driver::cuStreamSetAttribute_ptsz__cu130,
     &driver::cuStreamSynchronize,
     &driver::cuStreamSynchronize_ptsz,
     &driver::cuStreamUpdateCaptureDependencies,
@@ -5449,6 +5499,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuSurfObjectGetResourceDesc,
     &driver::cuSurfRefGetArray,
     &driver::cuSurfRefSetArray,
+    &driver::cuTensorMapEncodeIm2col,
+    &driver::cuTensorMapEncodeIm2colWide,
+    &driver::cuTensorMapEncodeTiled,
+    &driver::cuTensorMapReplaceAddress,
     &driver::cuTexObjectDestroy,
     &driver::cuTexObjectGetResourceDesc,
     &driver::cuTexObjectGetResourceViewDesc,
@@ -7381,8 +7435,8 @@ pub mod cublas {
     use chidori_protocol::desc::*;
     static LEN_cublasDotEx__host_0: Len = Len::Lit(16u64);
     pub static cublasAxpyEx: CallDesc = CallDesc {
-        wire: 740u32,
-        call: 677u32,
+        wire: 774u32,
+        call: 687u32,
         name: "cublasAxpyEx",
         form: None,
         library: "cublas",
@@ -7440,8 +7494,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasAxpyEx_64: CallDesc = CallDesc {
-        wire: 741u32,
-        call: 678u32,
+        wire: 775u32,
+        call: 688u32,
         name: "cublasAxpyEx_64",
         form: None,
         library: "cublas",
@@ -7499,8 +7553,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy: CallDesc = CallDesc {
-        wire: 742u32,
-        call: 679u32,
+        wire: 776u32,
+        call: 689u32,
         name: "cublasCaxpy",
         form: None,
         library: "cublas",
@@ -7534,8 +7588,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2: CallDesc = CallDesc {
-        wire: 743u32,
-        call: 680u32,
+        wire: 777u32,
+        call: 690u32,
         name: "cublasCaxpy_v2",
         form: None,
         library: "cublas",
@@ -7577,8 +7631,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2_64: CallDesc = CallDesc {
-        wire: 744u32,
-        call: 681u32,
+        wire: 778u32,
+        call: 691u32,
         name: "cublasCaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -7620,8 +7674,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy: CallDesc = CallDesc {
-        wire: 745u32,
-        call: 682u32,
+        wire: 779u32,
+        call: 692u32,
         name: "cublasCcopy",
         form: None,
         library: "cublas",
@@ -7654,8 +7708,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2: CallDesc = CallDesc {
-        wire: 746u32,
-        call: 683u32,
+        wire: 780u32,
+        call: 693u32,
         name: "cublasCcopy_v2",
         form: None,
         library: "cublas",
@@ -7692,8 +7746,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2_64: CallDesc = CallDesc {
-        wire: 747u32,
-        call: 684u32,
+        wire: 781u32,
+        call: 694u32,
         name: "cublasCcopy_v2_64",
         form: None,
         library: "cublas",
@@ -7730,8 +7784,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm: CallDesc = CallDesc {
-        wire: 748u32,
-        call: 685u32,
+        wire: 782u32,
+        call: 695u32,
         name: "cublasCdgmm",
         form: None,
         library: "cublas",
@@ -7781,8 +7835,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm_64: CallDesc = CallDesc {
-        wire: 749u32,
-        call: 686u32,
+        wire: 783u32,
+        call: 696u32,
         name: "cublasCdgmm_64",
         form: None,
         library: "cublas",
@@ -7832,8 +7886,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2: CallDesc = CallDesc {
-        wire: 750u32,
-        call: 687u32,
+        wire: 784u32,
+        call: 697u32,
         name: "cublasCdotc_v2",
         form: None,
         library: "cublas",
@@ -7875,8 +7929,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2_64: CallDesc = CallDesc {
-        wire: 751u32,
-        call: 688u32,
+        wire: 785u32,
+        call: 698u32,
         name: "cublasCdotc_v2_64",
         form: None,
         library: "cublas",
@@ -7918,8 +7972,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2: CallDesc = CallDesc {
-        wire: 752u32,
-        call: 689u32,
+        wire: 786u32,
+        call: 699u32,
         name: "cublasCdotu_v2",
         form: None,
         library: "cublas",
@@ -7961,8 +8015,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2_64: CallDesc = CallDesc {
-        wire: 753u32,
-        call: 690u32,
+        wire: 787u32,
+        call: 700u32,
         name: "cublasCdotu_v2_64",
         form: None,
         library: "cublas",
@@ -8004,8 +8058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv: CallDesc = CallDesc {
-        wire: 754u32,
-        call: 691u32,
+        wire: 788u32,
+        call: 701u32,
         name: "cublasCgbmv",
         form: None,
         library: "cublas",
@@ -8061,8 +8115,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2: CallDesc = CallDesc {
-        wire: 755u32,
-        call: 692u32,
+        wire: 789u32,
+        call: 702u32,
         name: "cublasCgbmv_v2",
         form: None,
         library: "cublas",
@@ -8130,8 +8184,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2_64: CallDesc = CallDesc {
-        wire: 756u32,
-        call: 693u32,
+        wire: 790u32,
+        call: 703u32,
         name: "cublasCgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -8199,8 +8253,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam: CallDesc = CallDesc {
-        wire: 757u32,
-        call: 694u32,
+        wire: 791u32,
+        call: 704u32,
         name: "cublasCgeam",
         form: None,
         library: "cublas",
@@ -8264,8 +8318,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam_64: CallDesc = CallDesc {
-        wire: 758u32,
-        call: 695u32,
+        wire: 792u32,
+        call: 705u32,
         name: "cublasCgeam_64",
         form: None,
         library: "cublas",
@@ -8329,8 +8383,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgelsBatched: CallDesc = CallDesc {
-        wire: 759u32,
-        call: 696u32,
+        wire: 793u32,
+        call: 706u32,
         name: "cublasCgelsBatched",
         form: None,
         library: "cublas",
@@ -8390,8 +8444,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm: CallDesc = CallDesc {
-        wire: 760u32,
-        call: 697u32,
+        wire: 794u32,
+        call: 707u32,
         name: "cublasCgemm",
         form: None,
         library: "cublas",
@@ -8447,8 +8501,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m: CallDesc = CallDesc {
-        wire: 761u32,
-        call: 698u32,
+        wire: 795u32,
+        call: 708u32,
         name: "cublasCgemm3m",
         form: None,
         library: "cublas",
@@ -8516,8 +8570,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched: CallDesc = CallDesc {
-        wire: 762u32,
-        call: 699u32,
+        wire: 796u32,
+        call: 709u32,
         name: "cublasCgemm3mBatched",
         form: None,
         library: "cublas",
@@ -8589,8 +8643,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched_64: CallDesc = CallDesc {
-        wire: 763u32,
-        call: 700u32,
+        wire: 797u32,
+        call: 710u32,
         name: "cublasCgemm3mBatched_64",
         form: None,
         library: "cublas",
@@ -8662,8 +8716,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx: CallDesc = CallDesc {
-        wire: 764u32,
-        call: 701u32,
+        wire: 798u32,
+        call: 711u32,
         name: "cublasCgemm3mEx",
         form: None,
         library: "cublas",
@@ -8743,8 +8797,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx_64: CallDesc = CallDesc {
-        wire: 765u32,
-        call: 702u32,
+        wire: 799u32,
+        call: 712u32,
         name: "cublasCgemm3mEx_64",
         form: None,
         library: "cublas",
@@ -8824,8 +8878,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched: CallDesc = CallDesc {
-        wire: 766u32,
-        call: 703u32,
+        wire: 800u32,
+        call: 713u32,
         name: "cublasCgemm3mStridedBatched",
         form: None,
         library: "cublas",
@@ -8909,8 +8963,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched_64: CallDesc = CallDesc {
-        wire: 767u32,
-        call: 704u32,
+        wire: 801u32,
+        call: 714u32,
         name: "cublasCgemm3mStridedBatched_64",
         form: None,
         library: "cublas",
@@ -8994,8 +9048,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m_64: CallDesc = CallDesc {
-        wire: 768u32,
-        call: 705u32,
+        wire: 802u32,
+        call: 715u32,
         name: "cublasCgemm3m_64",
         form: None,
         library: "cublas",
@@ -9063,8 +9117,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched: CallDesc = CallDesc {
-        wire: 769u32,
-        call: 706u32,
+        wire: 803u32,
+        call: 716u32,
         name: "cublasCgemmBatched",
         form: None,
         library: "cublas",
@@ -9136,8 +9190,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched_64: CallDesc = CallDesc {
-        wire: 770u32,
-        call: 707u32,
+        wire: 804u32,
+        call: 717u32,
         name: "cublasCgemmBatched_64",
         form: None,
         library: "cublas",
@@ -9209,8 +9263,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx: CallDesc = CallDesc {
-        wire: 771u32,
-        call: 708u32,
+        wire: 805u32,
+        call: 718u32,
         name: "cublasCgemmEx",
         form: None,
         library: "cublas",
@@ -9290,8 +9344,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx_64: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 709u32,
+        wire: 806u32,
+        call: 719u32,
         name: "cublasCgemmEx_64",
         form: None,
         library: "cublas",
@@ -9371,8 +9425,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 710u32,
+        wire: 807u32,
+        call: 720u32,
         name: "cublasCgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -9456,8 +9510,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 711u32,
+        wire: 808u32,
+        call: 721u32,
         name: "cublasCgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9541,8 +9595,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 712u32,
+        wire: 809u32,
+        call: 722u32,
         name: "cublasCgemm_v2",
         form: None,
         library: "cublas",
@@ -9610,8 +9664,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2_64: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 713u32,
+        wire: 810u32,
+        call: 723u32,
         name: "cublasCgemm_v2_64",
         form: None,
         library: "cublas",
@@ -9679,8 +9733,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 714u32,
+        wire: 811u32,
+        call: 724u32,
         name: "cublasCgemv",
         form: None,
         library: "cublas",
@@ -9728,8 +9782,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 715u32,
+        wire: 812u32,
+        call: 725u32,
         name: "cublasCgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -9805,8 +9859,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 716u32,
+        wire: 813u32,
+        call: 726u32,
         name: "cublasCgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9882,8 +9936,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 717u32,
+        wire: 814u32,
+        call: 727u32,
         name: "cublasCgemv_v2",
         form: None,
         library: "cublas",
@@ -9943,8 +9997,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2_64: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 718u32,
+        wire: 815u32,
+        call: 728u32,
         name: "cublasCgemv_v2_64",
         form: None,
         library: "cublas",
@@ -10004,8 +10058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeqrfBatched: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 719u32,
+        wire: 816u32,
+        call: 729u32,
         name: "cublasCgeqrfBatched",
         form: None,
         library: "cublas",
@@ -10052,8 +10106,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 720u32,
+        wire: 817u32,
+        call: 730u32,
         name: "cublasCgerc",
         form: None,
         library: "cublas",
@@ -10096,8 +10150,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 721u32,
+        wire: 818u32,
+        call: 731u32,
         name: "cublasCgerc_v2",
         form: None,
         library: "cublas",
@@ -10148,8 +10202,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2_64: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 722u32,
+        wire: 819u32,
+        call: 732u32,
         name: "cublasCgerc_v2_64",
         form: None,
         library: "cublas",
@@ -10200,8 +10254,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 723u32,
+        wire: 820u32,
+        call: 733u32,
         name: "cublasCgeru",
         form: None,
         library: "cublas",
@@ -10244,8 +10298,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 724u32,
+        wire: 821u32,
+        call: 734u32,
         name: "cublasCgeru_v2",
         form: None,
         library: "cublas",
@@ -10296,8 +10350,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2_64: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 725u32,
+        wire: 822u32,
+        call: 735u32,
         name: "cublasCgeru_v2_64",
         form: None,
         library: "cublas",
@@ -10348,8 +10402,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrfBatched: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 726u32,
+        wire: 823u32,
+        call: 736u32,
         name: "cublasCgetrfBatched",
         form: None,
         library: "cublas",
@@ -10387,8 +10441,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetriBatched: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 727u32,
+        wire: 824u32,
+        call: 737u32,
         name: "cublasCgetriBatched",
         form: None,
         library: "cublas",
@@ -10436,8 +10490,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrsBatched: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 728u32,
+        wire: 825u32,
+        call: 738u32,
         name: "cublasCgetrsBatched",
         form: None,
         library: "cublas",
@@ -10493,8 +10547,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 729u32,
+        wire: 826u32,
+        call: 739u32,
         name: "cublasChbmv",
         form: None,
         library: "cublas",
@@ -10542,8 +10596,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 730u32,
+        wire: 827u32,
+        call: 740u32,
         name: "cublasChbmv_v2",
         form: None,
         library: "cublas",
@@ -10603,8 +10657,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2_64: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 731u32,
+        wire: 828u32,
+        call: 741u32,
         name: "cublasChbmv_v2_64",
         form: None,
         library: "cublas",
@@ -10664,8 +10718,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 732u32,
+        wire: 829u32,
+        call: 742u32,
         name: "cublasChemm",
         form: None,
         library: "cublas",
@@ -10717,8 +10771,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 733u32,
+        wire: 830u32,
+        call: 743u32,
         name: "cublasChemm_v2",
         form: None,
         library: "cublas",
@@ -10782,8 +10836,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2_64: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 734u32,
+        wire: 831u32,
+        call: 744u32,
         name: "cublasChemm_v2_64",
         form: None,
         library: "cublas",
@@ -10847,8 +10901,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 735u32,
+        wire: 832u32,
+        call: 745u32,
         name: "cublasChemv",
         form: None,
         library: "cublas",
@@ -10892,8 +10946,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 736u32,
+        wire: 833u32,
+        call: 746u32,
         name: "cublasChemv_v2",
         form: None,
         library: "cublas",
@@ -10949,8 +11003,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2_64: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 737u32,
+        wire: 834u32,
+        call: 747u32,
         name: "cublasChemv_v2_64",
         form: None,
         library: "cublas",
@@ -11006,8 +11060,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 738u32,
+        wire: 835u32,
+        call: 748u32,
         name: "cublasCher",
         form: None,
         library: "cublas",
@@ -11048,8 +11102,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 739u32,
+        wire: 836u32,
+        call: 749u32,
         name: "cublasCher2",
         form: None,
         library: "cublas",
@@ -11092,8 +11146,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 740u32,
+        wire: 837u32,
+        call: 750u32,
         name: "cublasCher2_v2",
         form: None,
         library: "cublas",
@@ -11144,8 +11198,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2_64: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 741u32,
+        wire: 838u32,
+        call: 751u32,
         name: "cublasCher2_v2_64",
         form: None,
         library: "cublas",
@@ -11196,8 +11250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 742u32,
+        wire: 839u32,
+        call: 752u32,
         name: "cublasCher2k",
         form: None,
         library: "cublas",
@@ -11252,8 +11306,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 743u32,
+        wire: 840u32,
+        call: 753u32,
         name: "cublasCher2k_v2",
         form: None,
         library: "cublas",
@@ -11317,8 +11371,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2_64: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 744u32,
+        wire: 841u32,
+        call: 754u32,
         name: "cublasCher2k_v2_64",
         form: None,
         library: "cublas",
@@ -11382,8 +11436,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 745u32,
+        wire: 842u32,
+        call: 755u32,
         name: "cublasCher_v2",
         form: None,
         library: "cublas",
@@ -11429,8 +11483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2_64: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 746u32,
+        wire: 843u32,
+        call: 756u32,
         name: "cublasCher_v2_64",
         form: None,
         library: "cublas",
@@ -11476,8 +11530,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 747u32,
+        wire: 844u32,
+        call: 757u32,
         name: "cublasCherk",
         form: None,
         library: "cublas",
@@ -11530,8 +11584,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 748u32,
+        wire: 845u32,
+        call: 758u32,
         name: "cublasCherk3mEx",
         form: None,
         library: "cublas",
@@ -11598,8 +11652,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx_64: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 749u32,
+        wire: 846u32,
+        call: 759u32,
         name: "cublasCherk3mEx_64",
         form: None,
         library: "cublas",
@@ -11666,8 +11720,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 750u32,
+        wire: 847u32,
+        call: 760u32,
         name: "cublasCherkEx",
         form: None,
         library: "cublas",
@@ -11734,8 +11788,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx_64: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 751u32,
+        wire: 848u32,
+        call: 761u32,
         name: "cublasCherkEx_64",
         form: None,
         library: "cublas",
@@ -11802,8 +11856,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 752u32,
+        wire: 849u32,
+        call: 762u32,
         name: "cublasCherk_v2",
         form: None,
         library: "cublas",
@@ -11862,8 +11916,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2_64: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 753u32,
+        wire: 850u32,
+        call: 763u32,
         name: "cublasCherk_v2_64",
         form: None,
         library: "cublas",
@@ -11922,8 +11976,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 754u32,
+        wire: 851u32,
+        call: 764u32,
         name: "cublasCherkx",
         form: None,
         library: "cublas",
@@ -11987,8 +12041,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx_64: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 755u32,
+        wire: 852u32,
+        call: 765u32,
         name: "cublasCherkx_64",
         form: None,
         library: "cublas",
@@ -12052,8 +12106,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 756u32,
+        wire: 853u32,
+        call: 766u32,
         name: "cublasChpmv",
         form: None,
         library: "cublas",
@@ -12098,8 +12152,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 757u32,
+        wire: 854u32,
+        call: 767u32,
         name: "cublasChpmv_v2",
         form: None,
         library: "cublas",
@@ -12156,8 +12210,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2_64: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 758u32,
+        wire: 855u32,
+        call: 768u32,
         name: "cublasChpmv_v2_64",
         form: None,
         library: "cublas",
@@ -12214,8 +12268,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 759u32,
+        wire: 856u32,
+        call: 769u32,
         name: "cublasCopyEx",
         form: None,
         library: "cublas",
@@ -12260,8 +12314,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx_64: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 760u32,
+        wire: 857u32,
+        call: 770u32,
         name: "cublasCopyEx_64",
         form: None,
         library: "cublas",
@@ -12306,8 +12360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCreate_v2__call: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 761u32,
+        wire: 858u32,
+        call: 771u32,
         name: "cublasCreate_v2",
         form: Some("call"),
         library: "cublas",
@@ -12330,8 +12384,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 762u32,
+        wire: 859u32,
+        call: 772u32,
         name: "cublasCrot",
         form: None,
         library: "cublas",
@@ -12369,8 +12423,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 763u32,
+        wire: 860u32,
+        call: 773u32,
         name: "cublasCrot_v2",
         form: None,
         library: "cublas",
@@ -12417,8 +12471,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2_64: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 764u32,
+        wire: 861u32,
+        call: 774u32,
         name: "cublasCrot_v2_64",
         form: None,
         library: "cublas",
@@ -12465,8 +12519,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrotg_v2: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 765u32,
+        wire: 862u32,
+        call: 775u32,
         name: "cublasCrotg_v2",
         form: None,
         library: "cublas",
@@ -12509,8 +12563,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 766u32,
+        wire: 863u32,
+        call: 776u32,
         name: "cublasCscal",
         form: None,
         library: "cublas",
@@ -12539,8 +12593,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 767u32,
+        wire: 864u32,
+        call: 777u32,
         name: "cublasCscal_v2",
         form: None,
         library: "cublas",
@@ -12577,8 +12631,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2_64: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 768u32,
+        wire: 865u32,
+        call: 778u32,
         name: "cublasCscal_v2_64",
         form: None,
         library: "cublas",
@@ -12615,8 +12669,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 769u32,
+        wire: 866u32,
+        call: 779u32,
         name: "cublasCsrot",
         form: None,
         library: "cublas",
@@ -12657,8 +12711,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 770u32,
+        wire: 867u32,
+        call: 780u32,
         name: "cublasCsrot_v2",
         form: None,
         library: "cublas",
@@ -12705,8 +12759,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2_64: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 771u32,
+        wire: 868u32,
+        call: 781u32,
         name: "cublasCsrot_v2_64",
         form: None,
         library: "cublas",
@@ -12753,8 +12807,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 772u32,
+        wire: 869u32,
+        call: 782u32,
         name: "cublasCsscal",
         form: None,
         library: "cublas",
@@ -12786,8 +12840,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 773u32,
+        wire: 870u32,
+        call: 783u32,
         name: "cublasCsscal_v2",
         form: None,
         library: "cublas",
@@ -12824,8 +12878,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2_64: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 774u32,
+        wire: 871u32,
+        call: 784u32,
         name: "cublasCsscal_v2_64",
         form: None,
         library: "cublas",
@@ -12862,8 +12916,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 775u32,
+        wire: 872u32,
+        call: 785u32,
         name: "cublasCswap",
         form: None,
         library: "cublas",
@@ -12896,8 +12950,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 776u32,
+        wire: 873u32,
+        call: 786u32,
         name: "cublasCswap_v2",
         form: None,
         library: "cublas",
@@ -12934,8 +12988,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2_64: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 777u32,
+        wire: 874u32,
+        call: 787u32,
         name: "cublasCswap_v2_64",
         form: None,
         library: "cublas",
@@ -12972,8 +13026,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 778u32,
+        wire: 875u32,
+        call: 788u32,
         name: "cublasCsymm",
         form: None,
         library: "cublas",
@@ -13025,8 +13079,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 779u32,
+        wire: 876u32,
+        call: 789u32,
         name: "cublasCsymm_v2",
         form: None,
         library: "cublas",
@@ -13090,8 +13144,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2_64: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 780u32,
+        wire: 877u32,
+        call: 790u32,
         name: "cublasCsymm_v2_64",
         form: None,
         library: "cublas",
@@ -13155,8 +13209,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 781u32,
+        wire: 878u32,
+        call: 791u32,
         name: "cublasCsymv_v2",
         form: None,
         library: "cublas",
@@ -13212,8 +13266,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2_64: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 782u32,
+        wire: 879u32,
+        call: 792u32,
         name: "cublasCsymv_v2_64",
         form: None,
         library: "cublas",
@@ -13269,8 +13323,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 783u32,
+        wire: 880u32,
+        call: 793u32,
         name: "cublasCsyr2_v2",
         form: None,
         library: "cublas",
@@ -13321,8 +13375,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2_64: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 784u32,
+        wire: 881u32,
+        call: 794u32,
         name: "cublasCsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -13373,8 +13427,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 785u32,
+        wire: 882u32,
+        call: 795u32,
         name: "cublasCsyr2k",
         form: None,
         library: "cublas",
@@ -13426,8 +13480,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 786u32,
+        wire: 883u32,
+        call: 796u32,
         name: "cublasCsyr2k_v2",
         form: None,
         library: "cublas",
@@ -13491,8 +13545,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 787u32,
+        wire: 884u32,
+        call: 797u32,
         name: "cublasCsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -13556,8 +13610,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 788u32,
+        wire: 885u32,
+        call: 798u32,
         name: "cublasCsyr_v2",
         form: None,
         library: "cublas",
@@ -13603,8 +13657,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2_64: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 789u32,
+        wire: 886u32,
+        call: 799u32,
         name: "cublasCsyr_v2_64",
         form: None,
         library: "cublas",
@@ -13650,8 +13704,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 790u32,
+        wire: 887u32,
+        call: 800u32,
         name: "cublasCsyrk",
         form: None,
         library: "cublas",
@@ -13698,8 +13752,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 791u32,
+        wire: 888u32,
+        call: 801u32,
         name: "cublasCsyrk3mEx",
         form: None,
         library: "cublas",
@@ -13766,8 +13820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx_64: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 792u32,
+        wire: 889u32,
+        call: 802u32,
         name: "cublasCsyrk3mEx_64",
         form: None,
         library: "cublas",
@@ -13834,8 +13888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 793u32,
+        wire: 890u32,
+        call: 803u32,
         name: "cublasCsyrkEx",
         form: None,
         library: "cublas",
@@ -13902,8 +13956,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx_64: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 794u32,
+        wire: 891u32,
+        call: 804u32,
         name: "cublasCsyrkEx_64",
         form: None,
         library: "cublas",
@@ -13970,8 +14024,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 795u32,
+        wire: 892u32,
+        call: 805u32,
         name: "cublasCsyrk_v2",
         form: None,
         library: "cublas",
@@ -14030,8 +14084,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2_64: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 796u32,
+        wire: 893u32,
+        call: 806u32,
         name: "cublasCsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -14090,8 +14144,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 797u32,
+        wire: 894u32,
+        call: 807u32,
         name: "cublasCsyrkx",
         form: None,
         library: "cublas",
@@ -14155,8 +14209,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx_64: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 798u32,
+        wire: 895u32,
+        call: 808u32,
         name: "cublasCsyrkx_64",
         form: None,
         library: "cublas",
@@ -14220,8 +14274,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 799u32,
+        wire: 896u32,
+        call: 809u32,
         name: "cublasCtbmv",
         form: None,
         library: "cublas",
@@ -14270,8 +14324,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 800u32,
+        wire: 897u32,
+        call: 810u32,
         name: "cublasCtbmv_v2",
         form: None,
         library: "cublas",
@@ -14324,8 +14378,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2_64: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 801u32,
+        wire: 898u32,
+        call: 811u32,
         name: "cublasCtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -14378,8 +14432,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 802u32,
+        wire: 899u32,
+        call: 812u32,
         name: "cublasCtbsv",
         form: None,
         library: "cublas",
@@ -14428,8 +14482,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 803u32,
+        wire: 900u32,
+        call: 813u32,
         name: "cublasCtbsv_v2",
         form: None,
         library: "cublas",
@@ -14482,8 +14536,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2_64: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 804u32,
+        wire: 901u32,
+        call: 814u32,
         name: "cublasCtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -14536,8 +14590,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 805u32,
+        wire: 902u32,
+        call: 815u32,
         name: "cublasCtpmv",
         form: None,
         library: "cublas",
@@ -14583,8 +14637,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 806u32,
+        wire: 903u32,
+        call: 816u32,
         name: "cublasCtpmv_v2",
         form: None,
         library: "cublas",
@@ -14634,8 +14688,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2_64: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 807u32,
+        wire: 904u32,
+        call: 817u32,
         name: "cublasCtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -14685,8 +14739,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 808u32,
+        wire: 905u32,
+        call: 818u32,
         name: "cublasCtpsv",
         form: None,
         library: "cublas",
@@ -14732,8 +14786,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 809u32,
+        wire: 906u32,
+        call: 819u32,
         name: "cublasCtpsv_v2",
         form: None,
         library: "cublas",
@@ -14783,8 +14837,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2_64: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 810u32,
+        wire: 907u32,
+        call: 820u32,
         name: "cublasCtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -14834,8 +14888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpttr: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 811u32,
+        wire: 908u32,
+        call: 821u32,
         name: "cublasCtpttr",
         form: None,
         library: "cublas",
@@ -14877,8 +14931,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 812u32,
+        wire: 909u32,
+        call: 822u32,
         name: "cublasCtrmm",
         form: None,
         library: "cublas",
@@ -14932,8 +14986,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 813u32,
+        wire: 910u32,
+        call: 823u32,
         name: "cublasCtrmm_v2",
         form: None,
         library: "cublas",
@@ -15000,8 +15054,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2_64: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 814u32,
+        wire: 911u32,
+        call: 824u32,
         name: "cublasCtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -15068,8 +15122,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 815u32,
+        wire: 912u32,
+        call: 825u32,
         name: "cublasCtrmv",
         form: None,
         library: "cublas",
@@ -15114,8 +15168,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 816u32,
+        wire: 913u32,
+        call: 826u32,
         name: "cublasCtrmv_v2",
         form: None,
         library: "cublas",
@@ -15164,8 +15218,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2_64: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 817u32,
+        wire: 914u32,
+        call: 827u32,
         name: "cublasCtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -15214,8 +15268,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 818u32,
+        wire: 915u32,
+        call: 828u32,
         name: "cublasCtrsm",
         form: None,
         library: "cublas",
@@ -15269,8 +15323,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 819u32,
+        wire: 916u32,
+        call: 829u32,
         name: "cublasCtrsmBatched",
         form: None,
         library: "cublas",
@@ -15336,8 +15390,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched_64: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 820u32,
+        wire: 917u32,
+        call: 830u32,
         name: "cublasCtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -15403,8 +15457,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 821u32,
+        wire: 918u32,
+        call: 831u32,
         name: "cublasCtrsm_v2",
         form: None,
         library: "cublas",
@@ -15466,8 +15520,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2_64: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 822u32,
+        wire: 919u32,
+        call: 832u32,
         name: "cublasCtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -15529,8 +15583,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 823u32,
+        wire: 920u32,
+        call: 833u32,
         name: "cublasCtrsv",
         form: None,
         library: "cublas",
@@ -15575,8 +15629,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 824u32,
+        wire: 921u32,
+        call: 834u32,
         name: "cublasCtrsv_v2",
         form: None,
         library: "cublas",
@@ -15625,8 +15679,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2_64: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 825u32,
+        wire: 922u32,
+        call: 835u32,
         name: "cublasCtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -15675,8 +15729,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 826u32,
+        wire: 923u32,
+        call: 836u32,
         name: "cublasDasum",
         form: None,
         library: "cublas",
@@ -15707,8 +15761,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 827u32,
+        wire: 924u32,
+        call: 837u32,
         name: "cublasDasum_v2",
         form: None,
         library: "cublas",
@@ -15745,8 +15799,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2_64: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 828u32,
+        wire: 925u32,
+        call: 838u32,
         name: "cublasDasum_v2_64",
         form: None,
         library: "cublas",
@@ -15783,8 +15837,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 829u32,
+        wire: 926u32,
+        call: 839u32,
         name: "cublasDaxpy",
         form: None,
         library: "cublas",
@@ -15821,8 +15875,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 830u32,
+        wire: 927u32,
+        call: 840u32,
         name: "cublasDaxpy_v2",
         form: None,
         library: "cublas",
@@ -15864,8 +15918,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2_64: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 831u32,
+        wire: 928u32,
+        call: 841u32,
         name: "cublasDaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -15907,8 +15961,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 832u32,
+        wire: 929u32,
+        call: 842u32,
         name: "cublasDcopy",
         form: None,
         library: "cublas",
@@ -15941,8 +15995,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 833u32,
+        wire: 930u32,
+        call: 843u32,
         name: "cublasDcopy_v2",
         form: None,
         library: "cublas",
@@ -15979,8 +16033,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2_64: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 834u32,
+        wire: 931u32,
+        call: 844u32,
         name: "cublasDcopy_v2_64",
         form: None,
         library: "cublas",
@@ -16017,8 +16071,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 835u32,
+        wire: 932u32,
+        call: 845u32,
         name: "cublasDdgmm",
         form: None,
         library: "cublas",
@@ -16068,8 +16122,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm_64: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 836u32,
+        wire: 933u32,
+        call: 846u32,
         name: "cublasDdgmm_64",
         form: None,
         library: "cublas",
@@ -16119,8 +16173,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 837u32,
+        wire: 934u32,
+        call: 847u32,
         name: "cublasDdot",
         form: None,
         library: "cublas",
@@ -16156,8 +16210,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 838u32,
+        wire: 935u32,
+        call: 848u32,
         name: "cublasDdot_v2",
         form: None,
         library: "cublas",
@@ -16199,8 +16253,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2_64: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 839u32,
+        wire: 936u32,
+        call: 849u32,
         name: "cublasDdot_v2_64",
         form: None,
         library: "cublas",
@@ -16242,8 +16296,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 840u32,
+        wire: 937u32,
+        call: 850u32,
         name: "cublasDestroy_v2",
         form: None,
         library: "cublas",
@@ -16266,8 +16320,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 841u32,
+        wire: 938u32,
+        call: 851u32,
         name: "cublasDgbmv",
         form: None,
         library: "cublas",
@@ -16329,8 +16383,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 842u32,
+        wire: 939u32,
+        call: 852u32,
         name: "cublasDgbmv_v2",
         form: None,
         library: "cublas",
@@ -16398,8 +16452,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2_64: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 843u32,
+        wire: 940u32,
+        call: 853u32,
         name: "cublasDgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -16467,8 +16521,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 844u32,
+        wire: 941u32,
+        call: 854u32,
         name: "cublasDgeam",
         form: None,
         library: "cublas",
@@ -16532,8 +16586,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam_64: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 845u32,
+        wire: 942u32,
+        call: 855u32,
         name: "cublasDgeam_64",
         form: None,
         library: "cublas",
@@ -16597,8 +16651,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgelsBatched: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 846u32,
+        wire: 943u32,
+        call: 856u32,
         name: "cublasDgelsBatched",
         form: None,
         library: "cublas",
@@ -16658,8 +16712,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 847u32,
+        wire: 944u32,
+        call: 857u32,
         name: "cublasDgemm",
         form: None,
         library: "cublas",
@@ -16721,8 +16775,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 848u32,
+        wire: 945u32,
+        call: 858u32,
         name: "cublasDgemmBatched",
         form: None,
         library: "cublas",
@@ -16794,8 +16848,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched_64: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 849u32,
+        wire: 946u32,
+        call: 859u32,
         name: "cublasDgemmBatched_64",
         form: None,
         library: "cublas",
@@ -16867,8 +16921,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 850u32,
+        wire: 947u32,
+        call: 860u32,
         name: "cublasDgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -16952,8 +17006,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 851u32,
+        wire: 948u32,
+        call: 861u32,
         name: "cublasDgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -17037,8 +17091,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 852u32,
+        wire: 949u32,
+        call: 862u32,
         name: "cublasDgemm_v2",
         form: None,
         library: "cublas",
@@ -17106,8 +17160,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2_64: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 853u32,
+        wire: 950u32,
+        call: 863u32,
         name: "cublasDgemm_v2_64",
         form: None,
         library: "cublas",
@@ -17175,8 +17229,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 854u32,
+        wire: 951u32,
+        call: 864u32,
         name: "cublasDgemv",
         form: None,
         library: "cublas",
@@ -17230,8 +17284,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 855u32,
+        wire: 952u32,
+        call: 865u32,
         name: "cublasDgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -17307,8 +17361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 856u32,
+        wire: 953u32,
+        call: 866u32,
         name: "cublasDgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -17384,8 +17438,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 857u32,
+        wire: 954u32,
+        call: 867u32,
         name: "cublasDgemv_v2",
         form: None,
         library: "cublas",
@@ -17445,8 +17499,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2_64: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 858u32,
+        wire: 955u32,
+        call: 868u32,
         name: "cublasDgemv_v2_64",
         form: None,
         library: "cublas",
@@ -17506,8 +17560,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeqrfBatched: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 859u32,
+        wire: 956u32,
+        call: 869u32,
         name: "cublasDgeqrfBatched",
         form: None,
         library: "cublas",
@@ -17554,8 +17608,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 860u32,
+        wire: 957u32,
+        call: 870u32,
         name: "cublasDger",
         form: None,
         library: "cublas",
@@ -17601,8 +17655,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 861u32,
+        wire: 958u32,
+        call: 871u32,
         name: "cublasDger_v2",
         form: None,
         library: "cublas",
@@ -17653,8 +17707,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2_64: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 862u32,
+        wire: 959u32,
+        call: 872u32,
         name: "cublasDger_v2_64",
         form: None,
         library: "cublas",
@@ -17705,8 +17759,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrfBatched: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 863u32,
+        wire: 960u32,
+        call: 873u32,
         name: "cublasDgetrfBatched",
         form: None,
         library: "cublas",
@@ -17744,8 +17798,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetriBatched: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 864u32,
+        wire: 961u32,
+        call: 874u32,
         name: "cublasDgetriBatched",
         form: None,
         library: "cublas",
@@ -17793,8 +17847,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrsBatched: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 865u32,
+        wire: 962u32,
+        call: 875u32,
         name: "cublasDgetrsBatched",
         form: None,
         library: "cublas",
@@ -17850,8 +17904,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 866u32,
+        wire: 963u32,
+        call: 876u32,
         name: "cublasDnrm2",
         form: None,
         library: "cublas",
@@ -17882,8 +17936,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 867u32,
+        wire: 964u32,
+        call: 877u32,
         name: "cublasDnrm2_v2",
         form: None,
         library: "cublas",
@@ -17920,8 +17974,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2_64: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 868u32,
+        wire: 965u32,
+        call: 878u32,
         name: "cublasDnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -17958,8 +18012,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__device: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 869u32,
+        wire: 966u32,
+        call: 879u32,
         name: "cublasDotEx",
         form: Some("device"),
         library: "cublas",
@@ -18013,8 +18067,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__host: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 869u32,
+        wire: 967u32,
+        call: 879u32,
         name: "cublasDotEx",
         form: Some("host"),
         library: "cublas",
@@ -18073,8 +18127,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 870u32,
+        wire: 968u32,
+        call: 880u32,
         name: "cublasDrot",
         form: None,
         library: "cublas",
@@ -18115,8 +18169,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 871u32,
+        wire: 969u32,
+        call: 881u32,
         name: "cublasDrot_v2",
         form: None,
         library: "cublas",
@@ -18163,8 +18217,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 872u32,
+        wire: 970u32,
+        call: 882u32,
         name: "cublasDrot_v2_64",
         form: None,
         library: "cublas",
@@ -18211,8 +18265,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 873u32,
+        wire: 971u32,
+        call: 883u32,
         name: "cublasDrotg_v2",
         form: None,
         library: "cublas",
@@ -18255,8 +18309,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotm_v2: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 874u32,
+        wire: 972u32,
+        call: 884u32,
         name: "cublasDrotm_v2",
         form: None,
         library: "cublas",
@@ -18298,8 +18352,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotmg_v2: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 875u32,
+        wire: 973u32,
+        call: 885u32,
         name: "cublasDrotmg_v2",
         form: None,
         library: "cublas",
@@ -18347,8 +18401,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 876u32,
+        wire: 974u32,
+        call: 886u32,
         name: "cublasDsbmv",
         form: None,
         library: "cublas",
@@ -18402,8 +18456,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 877u32,
+        wire: 975u32,
+        call: 887u32,
         name: "cublasDsbmv_v2",
         form: None,
         library: "cublas",
@@ -18463,8 +18517,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 878u32,
+        wire: 976u32,
+        call: 888u32,
         name: "cublasDsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -18524,8 +18578,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 879u32,
+        wire: 977u32,
+        call: 889u32,
         name: "cublasDscal",
         form: None,
         library: "cublas",
@@ -18557,8 +18611,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 880u32,
+        wire: 978u32,
+        call: 890u32,
         name: "cublasDscal_v2",
         form: None,
         library: "cublas",
@@ -18595,8 +18649,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 881u32,
+        wire: 979u32,
+        call: 891u32,
         name: "cublasDscal_v2_64",
         form: None,
         library: "cublas",
@@ -18633,8 +18687,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 882u32,
+        wire: 980u32,
+        call: 892u32,
         name: "cublasDswap",
         form: None,
         library: "cublas",
@@ -18667,8 +18721,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 883u32,
+        wire: 981u32,
+        call: 893u32,
         name: "cublasDswap_v2",
         form: None,
         library: "cublas",
@@ -18705,8 +18759,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 884u32,
+        wire: 982u32,
+        call: 894u32,
         name: "cublasDswap_v2_64",
         form: None,
         library: "cublas",
@@ -18743,8 +18797,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 885u32,
+        wire: 983u32,
+        call: 895u32,
         name: "cublasDsymm",
         form: None,
         library: "cublas",
@@ -18802,8 +18856,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 886u32,
+        wire: 984u32,
+        call: 896u32,
         name: "cublasDsymm_v2",
         form: None,
         library: "cublas",
@@ -18867,8 +18921,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 887u32,
+        wire: 985u32,
+        call: 897u32,
         name: "cublasDsymm_v2_64",
         form: None,
         library: "cublas",
@@ -18932,8 +18986,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 888u32,
+        wire: 986u32,
+        call: 898u32,
         name: "cublasDsymv",
         form: None,
         library: "cublas",
@@ -18983,8 +19037,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 889u32,
+        wire: 987u32,
+        call: 899u32,
         name: "cublasDsymv_v2",
         form: None,
         library: "cublas",
@@ -19040,8 +19094,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 890u32,
+        wire: 988u32,
+        call: 900u32,
         name: "cublasDsymv_v2_64",
         form: None,
         library: "cublas",
@@ -19097,8 +19151,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 891u32,
+        wire: 989u32,
+        call: 901u32,
         name: "cublasDsyr",
         form: None,
         library: "cublas",
@@ -19139,8 +19193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 892u32,
+        wire: 990u32,
+        call: 902u32,
         name: "cublasDsyr2",
         form: None,
         library: "cublas",
@@ -19186,8 +19240,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 893u32,
+        wire: 991u32,
+        call: 903u32,
         name: "cublasDsyr2_v2",
         form: None,
         library: "cublas",
@@ -19238,8 +19292,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 894u32,
+        wire: 992u32,
+        call: 904u32,
         name: "cublasDsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -19290,8 +19344,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 895u32,
+        wire: 993u32,
+        call: 905u32,
         name: "cublasDsyr2k",
         form: None,
         library: "cublas",
@@ -19349,8 +19403,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 896u32,
+        wire: 994u32,
+        call: 906u32,
         name: "cublasDsyr2k_v2",
         form: None,
         library: "cublas",
@@ -19414,8 +19468,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 897u32,
+        wire: 995u32,
+        call: 907u32,
         name: "cublasDsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -19479,8 +19533,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 898u32,
+        wire: 996u32,
+        call: 908u32,
         name: "cublasDsyr_v2",
         form: None,
         library: "cublas",
@@ -19526,8 +19580,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 899u32,
+        wire: 997u32,
+        call: 909u32,
         name: "cublasDsyr_v2_64",
         form: None,
         library: "cublas",
@@ -19573,8 +19627,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 900u32,
+        wire: 998u32,
+        call: 910u32,
         name: "cublasDsyrk",
         form: None,
         library: "cublas",
@@ -19627,8 +19681,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 901u32,
+        wire: 999u32,
+        call: 911u32,
         name: "cublasDsyrk_v2",
         form: None,
         library: "cublas",
@@ -19687,8 +19741,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 902u32,
+        wire: 1000u32,
+        call: 912u32,
         name: "cublasDsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -19747,8 +19801,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 903u32,
+        wire: 1001u32,
+        call: 913u32,
         name: "cublasDsyrkx",
         form: None,
         library: "cublas",
@@ -19812,8 +19866,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 904u32,
+        wire: 1002u32,
+        call: 914u32,
         name: "cublasDsyrkx_64",
         form: None,
         library: "cublas",
@@ -19877,8 +19931,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 905u32,
+        wire: 1003u32,
+        call: 915u32,
         name: "cublasDtbmv",
         form: None,
         library: "cublas",
@@ -19927,8 +19981,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 906u32,
+        wire: 1004u32,
+        call: 916u32,
         name: "cublasDtbmv_v2",
         form: None,
         library: "cublas",
@@ -19981,8 +20035,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 907u32,
+        wire: 1005u32,
+        call: 917u32,
         name: "cublasDtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -20035,8 +20089,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 908u32,
+        wire: 1006u32,
+        call: 918u32,
         name: "cublasDtbsv",
         form: None,
         library: "cublas",
@@ -20085,8 +20139,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 909u32,
+        wire: 1007u32,
+        call: 919u32,
         name: "cublasDtbsv_v2",
         form: None,
         library: "cublas",
@@ -20139,8 +20193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 910u32,
+        wire: 1008u32,
+        call: 920u32,
         name: "cublasDtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -20193,8 +20247,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 911u32,
+        wire: 1009u32,
+        call: 921u32,
         name: "cublasDtrmm",
         form: None,
         library: "cublas",
@@ -20251,8 +20305,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 912u32,
+        wire: 1010u32,
+        call: 922u32,
         name: "cublasDtrmm_v2",
         form: None,
         library: "cublas",
@@ -20319,8 +20373,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 913u32,
+        wire: 1011u32,
+        call: 923u32,
         name: "cublasDtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -20387,8 +20441,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 914u32,
+        wire: 1012u32,
+        call: 924u32,
         name: "cublasDtrmv",
         form: None,
         library: "cublas",
@@ -20433,8 +20487,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 915u32,
+        wire: 1013u32,
+        call: 925u32,
         name: "cublasDtrmv_v2",
         form: None,
         library: "cublas",
@@ -20483,8 +20537,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 916u32,
+        wire: 1014u32,
+        call: 926u32,
         name: "cublasDtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -20533,8 +20587,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 917u32,
+        wire: 1015u32,
+        call: 927u32,
         name: "cublasDtrsm",
         form: None,
         library: "cublas",
@@ -20591,8 +20645,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 918u32,
+        wire: 1016u32,
+        call: 928u32,
         name: "cublasDtrsmBatched",
         form: None,
         library: "cublas",
@@ -20658,8 +20712,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 919u32,
+        wire: 1017u32,
+        call: 929u32,
         name: "cublasDtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -20725,8 +20779,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 920u32,
+        wire: 1018u32,
+        call: 930u32,
         name: "cublasDtrsm_v2",
         form: None,
         library: "cublas",
@@ -20788,8 +20842,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 921u32,
+        wire: 1019u32,
+        call: 931u32,
         name: "cublasDtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -20851,8 +20905,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 922u32,
+        wire: 1020u32,
+        call: 932u32,
         name: "cublasDtrsv",
         form: None,
         library: "cublas",
@@ -20897,8 +20951,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 923u32,
+        wire: 1021u32,
+        call: 933u32,
         name: "cublasDtrsv_v2",
         form: None,
         library: "cublas",
@@ -20947,8 +21001,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 924u32,
+        wire: 1022u32,
+        call: 934u32,
         name: "cublasDtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -20997,8 +21051,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 925u32,
+        wire: 1023u32,
+        call: 935u32,
         name: "cublasDzasum",
         form: None,
         library: "cublas",
@@ -21029,8 +21083,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 926u32,
+        wire: 1024u32,
+        call: 936u32,
         name: "cublasDzasum_v2",
         form: None,
         library: "cublas",
@@ -21067,8 +21121,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 927u32,
+        wire: 1025u32,
+        call: 937u32,
         name: "cublasDzasum_v2_64",
         form: None,
         library: "cublas",
@@ -21105,8 +21159,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 928u32,
+        wire: 1026u32,
+        call: 938u32,
         name: "cublasDznrm2",
         form: None,
         library: "cublas",
@@ -21137,8 +21191,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 929u32,
+        wire: 1027u32,
+        call: 939u32,
         name: "cublasDznrm2_v2",
         form: None,
         library: "cublas",
@@ -21175,8 +21229,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 930u32,
+        wire: 1028u32,
+        call: 940u32,
         name: "cublasDznrm2_v2_64",
         form: None,
         library: "cublas",
@@ -21213,8 +21267,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 931u32,
+        wire: 1029u32,
+        call: 941u32,
         name: "cublasGemmBatchedEx",
         form: None,
         library: "cublas",
@@ -21306,8 +21360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 932u32,
+        wire: 1030u32,
+        call: 942u32,
         name: "cublasGemmBatchedEx_64",
         form: None,
         library: "cublas",
@@ -21399,8 +21453,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 933u32,
+        wire: 1031u32,
+        call: 943u32,
         name: "cublasGemmEx",
         form: None,
         library: "cublas",
@@ -21488,8 +21542,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 934u32,
+        wire: 1032u32,
+        call: 944u32,
         name: "cublasGemmEx_64",
         form: None,
         library: "cublas",
@@ -21577,8 +21631,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 935u32,
+        wire: 1033u32,
+        call: 945u32,
         name: "cublasGemmStridedBatchedEx",
         form: None,
         library: "cublas",
@@ -21682,8 +21736,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 936u32,
+        wire: 1034u32,
+        call: 946u32,
         name: "cublasGemmStridedBatchedEx_64",
         form: None,
         library: "cublas",
@@ -21787,8 +21841,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 937u32,
+        wire: 1035u32,
+        call: 947u32,
         name: "cublasGetAtomicsMode",
         form: None,
         library: "cublas",
@@ -21817,8 +21871,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 938u32,
+        wire: 1036u32,
+        call: 948u32,
         name: "cublasGetCudartVersion",
         form: None,
         library: "cublas",
@@ -21839,8 +21893,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 939u32,
+        wire: 1037u32,
+        call: 949u32,
         name: "cublasGetError",
         form: None,
         library: "cublas",
@@ -21858,8 +21912,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetMathMode__call: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 940u32,
+        wire: 1038u32,
+        call: 950u32,
         name: "cublasGetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -21888,8 +21942,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 941u32,
+        wire: 1039u32,
+        call: 951u32,
         name: "cublasGetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -21918,8 +21972,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 942u32,
+        wire: 1040u32,
+        call: 952u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -21946,8 +22000,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 943u32,
+        wire: 1041u32,
+        call: 953u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -21988,8 +22042,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 944u32,
+        wire: 1042u32,
+        call: 954u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -22030,8 +22084,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 945u32,
+        wire: 1043u32,
+        call: 955u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -22072,8 +22126,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 946u32,
+        wire: 1044u32,
+        call: 956u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -22114,8 +22168,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 947u32,
+        wire: 1045u32,
+        call: 957u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -22146,8 +22200,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 948u32,
+        wire: 1046u32,
+        call: 958u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -22184,8 +22238,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 949u32,
+        wire: 1047u32,
+        call: 959u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -22222,8 +22276,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 950u32,
+        wire: 1048u32,
+        call: 960u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -22254,8 +22308,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 951u32,
+        wire: 1049u32,
+        call: 961u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -22292,8 +22346,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 952u32,
+        wire: 1050u32,
+        call: 962u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -22330,8 +22384,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 953u32,
+        wire: 1051u32,
+        call: 963u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -22362,8 +22416,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 954u32,
+        wire: 1052u32,
+        call: 964u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -22400,8 +22454,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 955u32,
+        wire: 1053u32,
+        call: 965u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -22438,8 +22492,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 956u32,
+        wire: 1054u32,
+        call: 966u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -22470,8 +22524,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 957u32,
+        wire: 1055u32,
+        call: 967u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -22508,8 +22562,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 958u32,
+        wire: 1056u32,
+        call: 968u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -22546,8 +22600,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 959u32,
+        wire: 1057u32,
+        call: 969u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -22565,8 +22619,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 960u32,
+        wire: 1058u32,
+        call: 970u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -22597,8 +22651,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 961u32,
+        wire: 1059u32,
+        call: 971u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -22635,8 +22689,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 962u32,
+        wire: 1060u32,
+        call: 972u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -22673,8 +22727,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 963u32,
+        wire: 1061u32,
+        call: 973u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -22705,8 +22759,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 964u32,
+        wire: 1062u32,
+        call: 974u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -22743,8 +22797,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 965u32,
+        wire: 1063u32,
+        call: 975u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -22781,8 +22835,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 966u32,
+        wire: 1064u32,
+        call: 976u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -22813,8 +22867,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 967u32,
+        wire: 1065u32,
+        call: 977u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -22851,8 +22905,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 968u32,
+        wire: 1066u32,
+        call: 978u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -22889,8 +22943,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 969u32,
+        wire: 1067u32,
+        call: 979u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -22921,8 +22975,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 970u32,
+        wire: 1068u32,
+        call: 980u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -22959,8 +23013,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 971u32,
+        wire: 1069u32,
+        call: 981u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -22997,8 +23051,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 972u32,
+        wire: 1070u32,
+        call: 982u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -23061,8 +23115,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 973u32,
+        wire: 1071u32,
+        call: 983u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -23125,8 +23179,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 974u32,
+        wire: 1072u32,
+        call: 984u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -23157,8 +23211,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 975u32,
+        wire: 1073u32,
+        call: 985u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -23195,8 +23249,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 976u32,
+        wire: 1074u32,
+        call: 986u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -23233,8 +23287,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 977u32,
+        wire: 1075u32,
+        call: 987u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -23271,8 +23325,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 978u32,
+        wire: 1076u32,
+        call: 988u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -23314,8 +23368,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 979u32,
+        wire: 1077u32,
+        call: 989u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -23357,8 +23411,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 980u32,
+        wire: 1078u32,
+        call: 990u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -23407,8 +23461,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 981u32,
+        wire: 1079u32,
+        call: 991u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -23457,8 +23511,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 982u32,
+        wire: 1080u32,
+        call: 992u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -23489,8 +23543,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 983u32,
+        wire: 1081u32,
+        call: 993u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -23527,8 +23581,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 984u32,
+        wire: 1082u32,
+        call: 994u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -23565,8 +23619,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 985u32,
+        wire: 1083u32,
+        call: 995u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -23597,8 +23651,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 986u32,
+        wire: 1084u32,
+        call: 996u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -23635,8 +23689,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 987u32,
+        wire: 1085u32,
+        call: 997u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -23673,8 +23727,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 988u32,
+        wire: 1086u32,
+        call: 998u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -23707,8 +23761,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 989u32,
+        wire: 1087u32,
+        call: 999u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -23745,8 +23799,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 990u32,
+        wire: 1088u32,
+        call: 1000u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -23783,8 +23837,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 991u32,
+        wire: 1089u32,
+        call: 1001u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -23834,8 +23888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 992u32,
+        wire: 1090u32,
+        call: 1002u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -23885,8 +23939,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 993u32,
+        wire: 1091u32,
+        call: 1003u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -23922,8 +23976,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 994u32,
+        wire: 1092u32,
+        call: 1004u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -23965,8 +24019,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 995u32,
+        wire: 1093u32,
+        call: 1005u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -24008,8 +24062,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 996u32,
+        wire: 1094u32,
+        call: 1006u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -24036,8 +24090,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 997u32,
+        wire: 1095u32,
+        call: 1007u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -24064,8 +24118,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 998u32,
+        wire: 1096u32,
+        call: 1008u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -24092,8 +24146,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 999u32,
+        wire: 1097u32,
+        call: 1009u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -24120,8 +24174,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 1000u32,
+        wire: 1098u32,
+        call: 1010u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -24148,8 +24202,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 1001u32,
+        wire: 1099u32,
+        call: 1011u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -24176,8 +24230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 1002u32,
+        wire: 1100u32,
+        call: 1012u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -24200,8 +24254,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 1003u32,
+        wire: 1101u32,
+        call: 1013u32,
         name: "cublasSetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -24228,8 +24282,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 1004u32,
+        wire: 1102u32,
+        call: 1014u32,
         name: "cublasSetPointerMode_v2",
         form: Some("call"),
         library: "cublas",
@@ -24256,8 +24310,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 1005u32,
+        wire: 1103u32,
+        call: 1015u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -24284,8 +24338,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 1006u32,
+        wire: 1104u32,
+        call: 1016u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -24312,8 +24366,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 1007u32,
+        wire: 1105u32,
+        call: 1017u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -24341,8 +24395,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 1008u32,
+        wire: 1106u32,
+        call: 1018u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -24404,8 +24458,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 1009u32,
+        wire: 1107u32,
+        call: 1019u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -24473,8 +24527,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 1010u32,
+        wire: 1108u32,
+        call: 1020u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -24542,8 +24596,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 1011u32,
+        wire: 1109u32,
+        call: 1021u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -24607,8 +24661,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 1012u32,
+        wire: 1110u32,
+        call: 1022u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -24672,8 +24726,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 1013u32,
+        wire: 1111u32,
+        call: 1023u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -24733,8 +24787,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 1014u32,
+        wire: 1112u32,
+        call: 1024u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -24796,8 +24850,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 1015u32,
+        wire: 1113u32,
+        call: 1025u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -24869,8 +24923,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 1016u32,
+        wire: 1114u32,
+        call: 1026u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -24942,8 +24996,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 1017u32,
+        wire: 1115u32,
+        call: 1027u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -25023,8 +25077,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 1018u32,
+        wire: 1116u32,
+        call: 1028u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -25104,8 +25158,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 1019u32,
+        wire: 1117u32,
+        call: 1029u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -25189,8 +25243,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 1020u32,
+        wire: 1118u32,
+        call: 1030u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -25274,8 +25328,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 1021u32,
+        wire: 1119u32,
+        call: 1031u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -25343,8 +25397,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 1022u32,
+        wire: 1120u32,
+        call: 1032u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -25412,8 +25466,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 1023u32,
+        wire: 1121u32,
+        call: 1033u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -25467,8 +25521,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 1024u32,
+        wire: 1122u32,
+        call: 1034u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -25544,8 +25598,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 1025u32,
+        wire: 1123u32,
+        call: 1035u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -25621,8 +25675,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 1026u32,
+        wire: 1124u32,
+        call: 1036u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -25682,8 +25736,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 1027u32,
+        wire: 1125u32,
+        call: 1037u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -25743,8 +25797,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 1028u32,
+        wire: 1126u32,
+        call: 1038u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -25791,8 +25845,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 1029u32,
+        wire: 1127u32,
+        call: 1039u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -25838,8 +25892,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 1030u32,
+        wire: 1128u32,
+        call: 1040u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -25890,8 +25944,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 1031u32,
+        wire: 1129u32,
+        call: 1041u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -25942,8 +25996,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 1032u32,
+        wire: 1130u32,
+        call: 1042u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -25981,8 +26035,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 1033u32,
+        wire: 1131u32,
+        call: 1043u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -26030,8 +26084,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 1034u32,
+        wire: 1132u32,
+        call: 1044u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -26087,8 +26141,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 1035u32,
+        wire: 1133u32,
+        call: 1045u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -26106,8 +26160,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 1036u32,
+        wire: 1134u32,
+        call: 1046u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -26138,8 +26192,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 1037u32,
+        wire: 1135u32,
+        call: 1047u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -26176,8 +26230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 1038u32,
+        wire: 1136u32,
+        call: 1048u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -26214,8 +26268,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 1039u32,
+        wire: 1137u32,
+        call: 1049u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -26256,8 +26310,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 1040u32,
+        wire: 1138u32,
+        call: 1050u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -26304,8 +26358,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 1041u32,
+        wire: 1139u32,
+        call: 1051u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -26352,8 +26406,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 1042u32,
+        wire: 1140u32,
+        call: 1052u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -26396,8 +26450,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotm_v2: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 1043u32,
+        wire: 1141u32,
+        call: 1053u32,
         name: "cublasSrotm_v2",
         form: None,
         library: "cublas",
@@ -26439,8 +26493,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotmg_v2: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 1044u32,
+        wire: 1142u32,
+        call: 1054u32,
         name: "cublasSrotmg_v2",
         form: None,
         library: "cublas",
@@ -26488,8 +26542,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 1045u32,
+        wire: 1143u32,
+        call: 1055u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -26543,8 +26597,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 1046u32,
+        wire: 1144u32,
+        call: 1056u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -26604,8 +26658,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 1047u32,
+        wire: 1145u32,
+        call: 1057u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -26665,8 +26719,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 1048u32,
+        wire: 1146u32,
+        call: 1058u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -26698,8 +26752,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 1049u32,
+        wire: 1147u32,
+        call: 1059u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -26736,8 +26790,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 1050u32,
+        wire: 1148u32,
+        call: 1060u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -26774,8 +26828,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 1051u32,
+        wire: 1149u32,
+        call: 1061u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -26808,8 +26862,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 1052u32,
+        wire: 1150u32,
+        call: 1062u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -26846,8 +26900,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 1053u32,
+        wire: 1151u32,
+        call: 1063u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -26884,8 +26938,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 1054u32,
+        wire: 1152u32,
+        call: 1064u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -26943,8 +26997,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 1055u32,
+        wire: 1153u32,
+        call: 1065u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -27008,8 +27062,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 1056u32,
+        wire: 1154u32,
+        call: 1066u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -27073,8 +27127,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 1057u32,
+        wire: 1155u32,
+        call: 1067u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -27124,8 +27178,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 1058u32,
+        wire: 1156u32,
+        call: 1068u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -27181,8 +27235,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 1059u32,
+        wire: 1157u32,
+        call: 1069u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -27238,8 +27292,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 1060u32,
+        wire: 1158u32,
+        call: 1070u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -27280,8 +27334,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1061u32,
+        wire: 1159u32,
+        call: 1071u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -27327,8 +27381,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1062u32,
+        wire: 1160u32,
+        call: 1072u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -27379,8 +27433,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1063u32,
+        wire: 1161u32,
+        call: 1073u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -27431,8 +27485,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1064u32,
+        wire: 1162u32,
+        call: 1074u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -27490,8 +27544,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1065u32,
+        wire: 1163u32,
+        call: 1075u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -27555,8 +27609,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1066u32,
+        wire: 1164u32,
+        call: 1076u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -27620,8 +27674,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1067u32,
+        wire: 1165u32,
+        call: 1077u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -27667,8 +27721,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1068u32,
+        wire: 1166u32,
+        call: 1078u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -27714,8 +27768,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1069u32,
+        wire: 1167u32,
+        call: 1079u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -27768,8 +27822,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1070u32,
+        wire: 1168u32,
+        call: 1080u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -27828,8 +27882,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1071u32,
+        wire: 1169u32,
+        call: 1081u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -27888,8 +27942,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1072u32,
+        wire: 1170u32,
+        call: 1082u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -27953,8 +28007,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1073u32,
+        wire: 1171u32,
+        call: 1083u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -28018,8 +28072,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1074u32,
+        wire: 1172u32,
+        call: 1084u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -28068,8 +28122,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1075u32,
+        wire: 1173u32,
+        call: 1085u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -28122,8 +28176,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1076u32,
+        wire: 1174u32,
+        call: 1086u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -28176,8 +28230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1077u32,
+        wire: 1175u32,
+        call: 1087u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -28226,8 +28280,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1078u32,
+        wire: 1176u32,
+        call: 1088u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -28280,8 +28334,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1079u32,
+        wire: 1177u32,
+        call: 1089u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -28334,8 +28388,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1080u32,
+        wire: 1178u32,
+        call: 1090u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -28392,8 +28446,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1081u32,
+        wire: 1179u32,
+        call: 1091u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -28460,8 +28514,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1082u32,
+        wire: 1180u32,
+        call: 1092u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -28528,8 +28582,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1083u32,
+        wire: 1181u32,
+        call: 1093u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -28574,8 +28628,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1084u32,
+        wire: 1182u32,
+        call: 1094u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -28624,8 +28678,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1085u32,
+        wire: 1183u32,
+        call: 1095u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -28674,8 +28728,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1086u32,
+        wire: 1184u32,
+        call: 1096u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -28732,8 +28786,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1087u32,
+        wire: 1185u32,
+        call: 1097u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -28799,8 +28853,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1088u32,
+        wire: 1186u32,
+        call: 1098u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -28866,8 +28920,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1089u32,
+        wire: 1187u32,
+        call: 1099u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -28929,8 +28983,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1090u32,
+        wire: 1188u32,
+        call: 1100u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -28992,8 +29046,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1091u32,
+        wire: 1189u32,
+        call: 1101u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -29038,8 +29092,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1092u32,
+        wire: 1190u32,
+        call: 1102u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -29088,8 +29142,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1093u32,
+        wire: 1191u32,
+        call: 1103u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -29138,8 +29192,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1094u32,
+        wire: 1192u32,
+        call: 1104u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -29184,8 +29238,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1095u32,
+        wire: 1193u32,
+        call: 1105u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -29230,8 +29284,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1096u32,
+        wire: 1194u32,
+        call: 1106u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -29313,8 +29367,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1097u32,
+        wire: 1195u32,
+        call: 1107u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -29338,8 +29392,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1098u32,
+        wire: 1196u32,
+        call: 1108u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -29407,8 +29461,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1099u32,
+        wire: 1197u32,
+        call: 1109u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -29472,8 +29526,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1100u32,
+        wire: 1198u32,
+        call: 1110u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -29537,8 +29591,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1101u32,
+        wire: 1199u32,
+        call: 1111u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -29597,8 +29651,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1102u32,
+        wire: 1200u32,
+        call: 1112u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -29662,8 +29716,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1103u32,
+        wire: 1201u32,
+        call: 1113u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -29686,8 +29740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1104u32,
+        wire: 1202u32,
+        call: 1114u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -29752,8 +29806,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1105u32,
+        wire: 1203u32,
+        call: 1115u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -29817,8 +29871,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1106u32,
+        wire: 1204u32,
+        call: 1116u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -29882,8 +29936,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1107u32,
+        wire: 1205u32,
+        call: 1117u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -29942,8 +29996,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1108u32,
+        wire: 1206u32,
+        call: 1118u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -30007,8 +30061,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1109u32,
+        wire: 1207u32,
+        call: 1119u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -30075,8 +30129,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1110u32,
+        wire: 1208u32,
+        call: 1120u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -30138,8 +30192,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1111u32,
+        wire: 1209u32,
+        call: 1121u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -30162,8 +30216,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1112u32,
+        wire: 1210u32,
+        call: 1122u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -30231,8 +30285,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1113u32,
+        wire: 1211u32,
+        call: 1123u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -30296,8 +30350,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1114u32,
+        wire: 1212u32,
+        call: 1124u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -30361,8 +30415,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1115u32,
+        wire: 1213u32,
+        call: 1125u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -30421,8 +30475,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1116u32,
+        wire: 1214u32,
+        call: 1126u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -30486,8 +30540,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1117u32,
+        wire: 1215u32,
+        call: 1127u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -30554,8 +30608,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1118u32,
+        wire: 1216u32,
+        call: 1128u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -30617,8 +30671,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1119u32,
+        wire: 1217u32,
+        call: 1129u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -30647,8 +30701,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1120u32,
+        wire: 1218u32,
+        call: 1130u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -30675,8 +30729,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1121u32,
+        wire: 1219u32,
+        call: 1131u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -30711,8 +30765,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1122u32,
+        wire: 1220u32,
+        call: 1132u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -30739,8 +30793,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1123u32,
+        wire: 1221u32,
+        call: 1133u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -30808,8 +30862,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1124u32,
+        wire: 1222u32,
+        call: 1134u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -30873,8 +30927,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1125u32,
+        wire: 1223u32,
+        call: 1135u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -30938,8 +30992,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1126u32,
+        wire: 1224u32,
+        call: 1136u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -30998,8 +31052,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1127u32,
+        wire: 1225u32,
+        call: 1137u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -31063,8 +31117,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1128u32,
+        wire: 1226u32,
+        call: 1138u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -31131,8 +31185,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1129u32,
+        wire: 1227u32,
+        call: 1139u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -31194,8 +31248,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1130u32,
+        wire: 1228u32,
+        call: 1140u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -31263,8 +31317,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1131u32,
+        wire: 1229u32,
+        call: 1141u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -31328,8 +31382,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1132u32,
+        wire: 1230u32,
+        call: 1142u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -31393,8 +31447,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1133u32,
+        wire: 1231u32,
+        call: 1143u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -31453,8 +31507,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1134u32,
+        wire: 1232u32,
+        call: 1144u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -31518,8 +31572,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1135u32,
+        wire: 1233u32,
+        call: 1145u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -31584,8 +31638,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1136u32,
+        wire: 1234u32,
+        call: 1146u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -31649,8 +31703,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1137u32,
+        wire: 1235u32,
+        call: 1147u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -31714,8 +31768,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1138u32,
+        wire: 1236u32,
+        call: 1148u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -31774,8 +31828,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1139u32,
+        wire: 1237u32,
+        call: 1149u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -31839,8 +31893,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1140u32,
+        wire: 1238u32,
+        call: 1150u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -31907,8 +31961,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1141u32,
+        wire: 1239u32,
+        call: 1151u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -31970,8 +32024,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1142u32,
+        wire: 1240u32,
+        call: 1152u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -32005,8 +32059,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1143u32,
+        wire: 1241u32,
+        call: 1153u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -32048,8 +32102,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1144u32,
+        wire: 1242u32,
+        call: 1154u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -32091,8 +32145,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1145u32,
+        wire: 1243u32,
+        call: 1155u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -32125,8 +32179,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1146u32,
+        wire: 1244u32,
+        call: 1156u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -32163,8 +32217,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1147u32,
+        wire: 1245u32,
+        call: 1157u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -32201,8 +32255,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1148u32,
+        wire: 1246u32,
+        call: 1158u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -32252,8 +32306,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1149u32,
+        wire: 1247u32,
+        call: 1159u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -32303,8 +32357,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1150u32,
+        wire: 1248u32,
+        call: 1160u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -32346,8 +32400,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1151u32,
+        wire: 1249u32,
+        call: 1161u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -32389,8 +32443,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1152u32,
+        wire: 1250u32,
+        call: 1162u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -32432,8 +32486,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1153u32,
+        wire: 1251u32,
+        call: 1163u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -32475,8 +32529,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1154u32,
+        wire: 1252u32,
+        call: 1164u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -32517,8 +32571,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1155u32,
+        wire: 1253u32,
+        call: 1165u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -32565,8 +32619,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1156u32,
+        wire: 1254u32,
+        call: 1166u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -32613,8 +32667,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1157u32,
+        wire: 1255u32,
+        call: 1167u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -32646,8 +32700,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1158u32,
+        wire: 1256u32,
+        call: 1168u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -32684,8 +32738,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1159u32,
+        wire: 1257u32,
+        call: 1169u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -32722,8 +32776,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1160u32,
+        wire: 1258u32,
+        call: 1170u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -32779,8 +32833,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1161u32,
+        wire: 1259u32,
+        call: 1171u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -32848,8 +32902,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1162u32,
+        wire: 1260u32,
+        call: 1172u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -32917,8 +32971,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1163u32,
+        wire: 1261u32,
+        call: 1173u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -32982,8 +33036,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1164u32,
+        wire: 1262u32,
+        call: 1174u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -33047,8 +33101,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1165u32,
+        wire: 1263u32,
+        call: 1175u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -33108,8 +33162,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1166u32,
+        wire: 1264u32,
+        call: 1176u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -33165,8 +33219,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1167u32,
+        wire: 1265u32,
+        call: 1177u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -33234,8 +33288,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1168u32,
+        wire: 1266u32,
+        call: 1178u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -33303,8 +33357,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1169u32,
+        wire: 1267u32,
+        call: 1179u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -33376,8 +33430,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1170u32,
+        wire: 1268u32,
+        call: 1180u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -33449,8 +33503,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1171u32,
+        wire: 1269u32,
+        call: 1181u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -33534,8 +33588,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1172u32,
+        wire: 1270u32,
+        call: 1182u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -33619,8 +33673,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1173u32,
+        wire: 1271u32,
+        call: 1183u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -33688,8 +33742,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1174u32,
+        wire: 1272u32,
+        call: 1184u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -33757,8 +33811,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1175u32,
+        wire: 1273u32,
+        call: 1185u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -33806,8 +33860,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1176u32,
+        wire: 1274u32,
+        call: 1186u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -33883,8 +33937,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1177u32,
+        wire: 1275u32,
+        call: 1187u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -33960,8 +34014,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1178u32,
+        wire: 1276u32,
+        call: 1188u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -34021,8 +34075,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1179u32,
+        wire: 1277u32,
+        call: 1189u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -34082,8 +34136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1180u32,
+        wire: 1278u32,
+        call: 1190u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -34130,8 +34184,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1181u32,
+        wire: 1279u32,
+        call: 1191u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -34174,8 +34228,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1182u32,
+        wire: 1280u32,
+        call: 1192u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -34226,8 +34280,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1183u32,
+        wire: 1281u32,
+        call: 1193u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -34278,8 +34332,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1184u32,
+        wire: 1282u32,
+        call: 1194u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -34322,8 +34376,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1185u32,
+        wire: 1283u32,
+        call: 1195u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -34374,8 +34428,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1186u32,
+        wire: 1284u32,
+        call: 1196u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -34426,8 +34480,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1187u32,
+        wire: 1285u32,
+        call: 1197u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -34465,8 +34519,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1188u32,
+        wire: 1286u32,
+        call: 1198u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -34514,8 +34568,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1189u32,
+        wire: 1287u32,
+        call: 1199u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -34571,8 +34625,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1190u32,
+        wire: 1288u32,
+        call: 1200u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -34620,8 +34674,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1191u32,
+        wire: 1289u32,
+        call: 1201u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -34681,8 +34735,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1192u32,
+        wire: 1290u32,
+        call: 1202u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -34742,8 +34796,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1193u32,
+        wire: 1291u32,
+        call: 1203u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -34795,8 +34849,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1194u32,
+        wire: 1292u32,
+        call: 1204u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -34860,8 +34914,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1195u32,
+        wire: 1293u32,
+        call: 1205u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -34925,8 +34979,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1196u32,
+        wire: 1294u32,
+        call: 1206u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -34970,8 +35024,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1197u32,
+        wire: 1295u32,
+        call: 1207u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -35027,8 +35081,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1198u32,
+        wire: 1296u32,
+        call: 1208u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -35084,8 +35138,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1199u32,
+        wire: 1297u32,
+        call: 1209u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -35126,8 +35180,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1200u32,
+        wire: 1298u32,
+        call: 1210u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -35170,8 +35224,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1201u32,
+        wire: 1299u32,
+        call: 1211u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -35222,8 +35276,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1202u32,
+        wire: 1300u32,
+        call: 1212u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -35274,8 +35328,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1203u32,
+        wire: 1301u32,
+        call: 1213u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -35330,8 +35384,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1204u32,
+        wire: 1302u32,
+        call: 1214u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -35395,8 +35449,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1205u32,
+        wire: 1303u32,
+        call: 1215u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -35460,8 +35514,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1206u32,
+        wire: 1304u32,
+        call: 1216u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -35507,8 +35561,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1207u32,
+        wire: 1305u32,
+        call: 1217u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -35554,8 +35608,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1208u32,
+        wire: 1306u32,
+        call: 1218u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -35608,8 +35662,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1209u32,
+        wire: 1307u32,
+        call: 1219u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -35668,8 +35722,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1210u32,
+        wire: 1308u32,
+        call: 1220u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -35728,8 +35782,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1211u32,
+        wire: 1309u32,
+        call: 1221u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -35793,8 +35847,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1212u32,
+        wire: 1310u32,
+        call: 1222u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -35858,8 +35912,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1213u32,
+        wire: 1311u32,
+        call: 1223u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -35904,8 +35958,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1214u32,
+        wire: 1312u32,
+        call: 1224u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -35962,8 +36016,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1215u32,
+        wire: 1313u32,
+        call: 1225u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -36020,8 +36074,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1216u32,
+        wire: 1314u32,
+        call: 1226u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -36059,8 +36113,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1217u32,
+        wire: 1315u32,
+        call: 1227u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -36107,8 +36161,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1218u32,
+        wire: 1316u32,
+        call: 1228u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -36155,8 +36209,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1219u32,
+        wire: 1317u32,
+        call: 1229u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -36199,8 +36253,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1220u32,
+        wire: 1318u32,
+        call: 1230u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -36229,8 +36283,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1221u32,
+        wire: 1319u32,
+        call: 1231u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -36267,8 +36321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1222u32,
+        wire: 1320u32,
+        call: 1232u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -36305,8 +36359,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1223u32,
+        wire: 1321u32,
+        call: 1233u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -36339,8 +36393,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1224u32,
+        wire: 1322u32,
+        call: 1234u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -36377,8 +36431,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1225u32,
+        wire: 1323u32,
+        call: 1235u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -36415,8 +36469,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1226u32,
+        wire: 1324u32,
+        call: 1236u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -36468,8 +36522,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1227u32,
+        wire: 1325u32,
+        call: 1237u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -36533,8 +36587,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1228u32,
+        wire: 1326u32,
+        call: 1238u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -36598,8 +36652,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1229u32,
+        wire: 1327u32,
+        call: 1239u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -36655,8 +36709,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1230u32,
+        wire: 1328u32,
+        call: 1240u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -36712,8 +36766,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1231u32,
+        wire: 1329u32,
+        call: 1241u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -36764,8 +36818,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1232u32,
+        wire: 1330u32,
+        call: 1242u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -36816,8 +36870,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1233u32,
+        wire: 1331u32,
+        call: 1243u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -36869,8 +36923,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1234u32,
+        wire: 1332u32,
+        call: 1244u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -36934,8 +36988,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1235u32,
+        wire: 1333u32,
+        call: 1245u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -36999,8 +37053,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1236u32,
+        wire: 1334u32,
+        call: 1246u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -37046,8 +37100,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1237u32,
+        wire: 1335u32,
+        call: 1247u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -37093,8 +37147,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1238u32,
+        wire: 1336u32,
+        call: 1248u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -37141,8 +37195,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1239u32,
+        wire: 1337u32,
+        call: 1249u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -37201,8 +37255,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1240u32,
+        wire: 1338u32,
+        call: 1250u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -37261,8 +37315,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1241u32,
+        wire: 1339u32,
+        call: 1251u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -37326,8 +37380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1242u32,
+        wire: 1340u32,
+        call: 1252u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -37391,8 +37445,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1243u32,
+        wire: 1341u32,
+        call: 1253u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -37441,8 +37495,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1244u32,
+        wire: 1342u32,
+        call: 1254u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -37495,8 +37549,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1245u32,
+        wire: 1343u32,
+        call: 1255u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -37549,8 +37603,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1246u32,
+        wire: 1344u32,
+        call: 1256u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -37599,8 +37653,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1247u32,
+        wire: 1345u32,
+        call: 1257u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -37653,8 +37707,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1248u32,
+        wire: 1346u32,
+        call: 1258u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -37707,8 +37761,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1249u32,
+        wire: 1347u32,
+        call: 1259u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -37754,8 +37808,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1250u32,
+        wire: 1348u32,
+        call: 1260u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -37805,8 +37859,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1251u32,
+        wire: 1349u32,
+        call: 1261u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -37856,8 +37910,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1252u32,
+        wire: 1350u32,
+        call: 1262u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -37903,8 +37957,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1253u32,
+        wire: 1351u32,
+        call: 1263u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -37954,8 +38008,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1254u32,
+        wire: 1352u32,
+        call: 1264u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -38005,8 +38059,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1255u32,
+        wire: 1353u32,
+        call: 1265u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -38048,8 +38102,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1256u32,
+        wire: 1354u32,
+        call: 1266u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -38103,8 +38157,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1257u32,
+        wire: 1355u32,
+        call: 1267u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -38171,8 +38225,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1258u32,
+        wire: 1356u32,
+        call: 1268u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -38239,8 +38293,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1259u32,
+        wire: 1357u32,
+        call: 1269u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -38285,8 +38339,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1260u32,
+        wire: 1358u32,
+        call: 1270u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -38335,8 +38389,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1261u32,
+        wire: 1359u32,
+        call: 1271u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -38385,8 +38439,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1262u32,
+        wire: 1360u32,
+        call: 1272u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -38440,8 +38494,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1263u32,
+        wire: 1361u32,
+        call: 1273u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -38507,8 +38561,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1264u32,
+        wire: 1362u32,
+        call: 1274u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -38574,8 +38628,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1265u32,
+        wire: 1363u32,
+        call: 1275u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -38637,8 +38691,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1266u32,
+        wire: 1364u32,
+        call: 1276u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -38700,8 +38754,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1267u32,
+        wire: 1365u32,
+        call: 1277u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -38746,8 +38800,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1268u32,
+        wire: 1366u32,
+        call: 1278u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -38796,8 +38850,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1269u32,
+        wire: 1367u32,
+        call: 1279u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -38861,8 +38915,8 @@ pub mod cublaslt {
     );
     static LEN_cublasLtMatrixLayoutSetAttribute__call_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1270u32,
+        wire: 1368u32,
+        call: 1280u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -38885,8 +38939,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1271u32,
+        wire: 1369u32,
+        call: 1281u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -38909,8 +38963,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1272u32,
+        wire: 1370u32,
+        call: 1282u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -38936,8 +38990,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1273u32,
+        wire: 1371u32,
+        call: 1283u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -38960,8 +39014,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1274u32,
+        wire: 1372u32,
+        call: 1284u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -38984,8 +39038,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1275u32,
+        wire: 1373u32,
+        call: 1285u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -39012,8 +39066,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1276u32,
+        wire: 1374u32,
+        call: 1286u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -39034,8 +39088,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1277u32,
+        wire: 1375u32,
+        call: 1287u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -39056,8 +39110,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1278u32,
+        wire: 1376u32,
+        call: 1288u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -39080,8 +39134,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1279u32,
+        wire: 1377u32,
+        call: 1289u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -39099,8 +39153,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1280u32,
+        wire: 1378u32,
+        call: 1290u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -39123,8 +39177,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1281u32,
+        wire: 1379u32,
+        call: 1291u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -39147,8 +39201,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1282u32,
+        wire: 1380u32,
+        call: 1292u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -39220,8 +39274,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1282u32,
+        wire: 1381u32,
+        call: 1292u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -39293,8 +39347,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1283u32,
+        wire: 1382u32,
+        call: 1293u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39357,8 +39411,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1283u32,
+        wire: 1383u32,
+        call: 1293u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39421,8 +39475,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1283u32,
+        wire: 1384u32,
+        call: 1293u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39485,8 +39539,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1284u32,
+        wire: 1385u32,
+        call: 1294u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39517,8 +39571,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1284u32,
+        wire: 1386u32,
+        call: 1294u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39549,8 +39603,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1285u32,
+        wire: 1387u32,
+        call: 1295u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39573,8 +39627,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1285u32,
+        wire: 1388u32,
+        call: 1295u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39597,8 +39651,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1286u32,
+        wire: 1389u32,
+        call: 1296u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -39633,8 +39687,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1286u32,
+        wire: 1390u32,
+        call: 1296u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -39669,8 +39723,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1287u32,
+        wire: 1391u32,
+        call: 1297u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -39707,8 +39761,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1287u32,
+        wire: 1392u32,
+        call: 1297u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -39745,8 +39799,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1288u32,
+        wire: 1393u32,
+        call: 1298u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39769,8 +39823,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1288u32,
+        wire: 1394u32,
+        call: 1298u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39793,8 +39847,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1289u32,
+        wire: 1395u32,
+        call: 1299u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39817,8 +39871,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1289u32,
+        wire: 1396u32,
+        call: 1299u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39841,8 +39895,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1290u32,
+        wire: 1397u32,
+        call: 1300u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -39869,8 +39923,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1290u32,
+        wire: 1398u32,
+        call: 1300u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -39897,8 +39951,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1291u32,
+        wire: 1399u32,
+        call: 1301u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -39935,8 +39989,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1291u32,
+        wire: 1400u32,
+        call: 1301u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -39973,8 +40027,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1292u32,
+        wire: 1401u32,
+        call: 1302u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -40013,8 +40067,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1293u32,
+        wire: 1402u32,
+        call: 1303u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -40037,8 +40091,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1294u32,
+        wire: 1403u32,
+        call: 1304u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -40081,8 +40135,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1295u32,
+        wire: 1404u32,
+        call: 1305u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -40119,8 +40173,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1296u32,
+        wire: 1405u32,
+        call: 1306u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -40147,8 +40201,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1297u32,
+        wire: 1406u32,
+        call: 1307u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -40171,8 +40225,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1298u32,
+        wire: 1407u32,
+        call: 1308u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -43941,9 +43995,179 @@ pub mod cudart {
         },
         only_waits: false,
     };
-    pub static cudaGraphLaunch: CallDesc = CallDesc {
+    pub static cudaGraphKernelNodeSetAttribute__cu118: CallDesc = CallDesc {
         wire: 119u32,
         call: 106u32,
+        name: "cudaGraphKernelNodeSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaGraphKernelNodeSetAttribute__cu121: CallDesc = CallDesc {
+        wire: 120u32,
+        call: 106u32,
+        name: "cudaGraphKernelNodeSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaGraphKernelNodeSetAttribute__cu126: CallDesc = CallDesc {
+        wire: 121u32,
+        call: 106u32,
+        name: "cudaGraphKernelNodeSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["12.6"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaGraphKernelNodeSetAttribute__cu128: CallDesc = CallDesc {
+        wire: 122u32,
+        call: 106u32,
+        name: "cudaGraphKernelNodeSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaGraphKernelNodeSetAttribute__cu130: CallDesc = CallDesc {
+        wire: 123u32,
+        call: 106u32,
+        name: "cudaGraphKernelNodeSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaGraphLaunch: CallDesc = CallDesc {
+        wire: 124u32,
+        call: 107u32,
         name: "cudaGraphLaunch",
         form: None,
         library: "cudart",
@@ -43970,8 +44194,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 120u32,
-        call: 107u32,
+        wire: 125u32,
+        call: 108u32,
         name: "cudaGraphLaunch_ptsz",
         form: None,
         library: "cudart",
@@ -43998,8 +44222,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 121u32,
-        call: 108u32,
+        wire: 126u32,
+        call: 109u32,
         name: "cudaGraphMemFreeNodeGetParams",
         form: None,
         library: "cudart",
@@ -44028,8 +44252,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphMemsetNodeGetParams: CallDesc = CallDesc {
-        wire: 122u32,
-        call: 109u32,
+        wire: 127u32,
+        call: 110u32,
         name: "cudaGraphMemsetNodeGetParams",
         form: None,
         library: "cudart",
@@ -44058,8 +44282,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 123u32,
-        call: 110u32,
+        wire: 128u32,
+        call: 111u32,
         name: "cudaGraphMemsetNodeSetParams",
         form: None,
         library: "cudart",
@@ -44088,8 +44312,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 124u32,
-        call: 111u32,
+        wire: 129u32,
+        call: 112u32,
         name: "cudaGraphNodeFindInClone",
         form: None,
         library: "cudart",
@@ -44120,8 +44344,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 125u32,
-        call: 112u32,
+        wire: 130u32,
+        call: 113u32,
         name: "cudaGraphNodeGetContainingGraph",
         form: None,
         library: "cudart",
@@ -44148,8 +44372,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetDependencies__cu118: CallDesc = CallDesc {
-        wire: 126u32,
-        call: 113u32,
+        wire: 131u32,
+        call: 114u32,
         name: "cudaGraphNodeGetDependencies",
         form: None,
         library: "cudart",
@@ -44182,8 +44406,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetDependentNodes__cu118: CallDesc = CallDesc {
-        wire: 127u32,
-        call: 114u32,
+        wire: 132u32,
+        call: 115u32,
         name: "cudaGraphNodeGetDependentNodes",
         form: None,
         library: "cudart",
@@ -44216,8 +44440,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 128u32,
-        call: 115u32,
+        wire: 133u32,
+        call: 116u32,
         name: "cudaGraphNodeGetEnabled",
         form: None,
         library: "cudart",
@@ -44250,8 +44474,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 129u32,
-        call: 116u32,
+        wire: 134u32,
+        call: 117u32,
         name: "cudaGraphNodeGetLocalId",
         form: None,
         library: "cudart",
@@ -44280,8 +44504,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 130u32,
-        call: 117u32,
+        wire: 135u32,
+        call: 118u32,
         name: "cudaGraphNodeGetToolsId",
         form: None,
         library: "cudart",
@@ -44310,8 +44534,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetType: CallDesc = CallDesc {
-        wire: 131u32,
-        call: 118u32,
+        wire: 136u32,
+        call: 119u32,
         name: "cudaGraphNodeGetType",
         form: None,
         library: "cudart",
@@ -44340,8 +44564,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 132u32,
-        call: 119u32,
+        wire: 137u32,
+        call: 120u32,
         name: "cudaGraphNodeSetEnabled",
         form: None,
         library: "cudart",
@@ -44372,8 +44596,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 133u32,
-        call: 120u32,
+        wire: 138u32,
+        call: 121u32,
         name: "cudaGraphReleaseUserObject",
         form: None,
         library: "cudart",
@@ -44404,8 +44628,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphRemoveDependencies__cu118: CallDesc = CallDesc {
-        wire: 134u32,
-        call: 121u32,
+        wire: 139u32,
+        call: 122u32,
         name: "cudaGraphRemoveDependencies",
         form: None,
         library: "cudart",
@@ -44440,8 +44664,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphRemoveDependencies__cu130: CallDesc = CallDesc {
-        wire: 135u32,
-        call: 121u32,
+        wire: 140u32,
+        call: 122u32,
         name: "cudaGraphRemoveDependencies",
         form: None,
         library: "cudart",
@@ -44482,8 +44706,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 136u32,
-        call: 122u32,
+        wire: 141u32,
+        call: 123u32,
         name: "cudaGraphRetainUserObject",
         form: None,
         library: "cudart",
@@ -44518,8 +44742,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphUpload: CallDesc = CallDesc {
-        wire: 137u32,
-        call: 123u32,
+        wire: 142u32,
+        call: 124u32,
         name: "cudaGraphUpload",
         form: None,
         library: "cudart",
@@ -44546,8 +44770,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 138u32,
-        call: 124u32,
+        wire: 143u32,
+        call: 125u32,
         name: "cudaGraphUpload_ptsz",
         form: None,
         library: "cudart",
@@ -44574,8 +44798,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsMapResources: CallDesc = CallDesc {
-        wire: 139u32,
-        call: 125u32,
+        wire: 144u32,
+        call: 126u32,
         name: "cudaGraphicsMapResources",
         form: None,
         library: "cudart",
@@ -44606,8 +44830,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 140u32,
-        call: 126u32,
+        wire: 145u32,
+        call: 127u32,
         name: "cudaGraphicsResourceGetMappedMipmappedArray",
         form: None,
         library: "cudart",
@@ -44634,8 +44858,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 141u32,
-        call: 127u32,
+        wire: 146u32,
+        call: 128u32,
         name: "cudaGraphicsResourceSetMapFlags",
         form: None,
         library: "cudart",
@@ -44662,8 +44886,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 142u32,
-        call: 128u32,
+        wire: 147u32,
+        call: 129u32,
         name: "cudaGraphicsSubResourceGetMappedArray",
         form: None,
         library: "cudart",
@@ -44698,8 +44922,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 143u32,
-        call: 129u32,
+        wire: 148u32,
+        call: 130u32,
         name: "cudaGraphicsUnmapResources",
         form: None,
         library: "cudart",
@@ -44730,8 +44954,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 144u32,
-        call: 130u32,
+        wire: 149u32,
+        call: 131u32,
         name: "cudaGraphicsUnregisterResource",
         form: None,
         library: "cudart",
@@ -44754,8 +44978,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGreenCtxCreate: CallDesc = CallDesc {
-        wire: 145u32,
-        call: 131u32,
+        wire: 150u32,
+        call: 132u32,
         name: "cudaGreenCtxCreate",
         form: None,
         library: "cudart",
@@ -44790,8 +45014,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaInitDevice: CallDesc = CallDesc {
-        wire: 146u32,
-        call: 132u32,
+        wire: 151u32,
+        call: 133u32,
         name: "cudaInitDevice",
         form: None,
         library: "cudart",
@@ -44822,8 +45046,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 147u32,
-        call: 133u32,
+        wire: 152u32,
+        call: 134u32,
         name: "cudaIpcOpenEventHandle",
         form: None,
         library: "cudart",
@@ -44847,8 +45071,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaKernelSetAttributeForDevice: CallDesc = CallDesc {
-        wire: 148u32,
-        call: 134u32,
+        wire: 153u32,
+        call: 135u32,
         name: "cudaKernelSetAttributeForDevice",
         form: None,
         library: "cudart",
@@ -44883,8 +45107,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLaunchHostFunc__host: CallDesc = CallDesc {
-        wire: 149u32,
-        call: 135u32,
+        wire: 154u32,
+        call: 136u32,
         name: "cudaLaunchHostFunc",
         form: Some("host"),
         library: "cudart",
@@ -44915,8 +45139,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
-        wire: 150u32,
-        call: 136u32,
+        wire: 155u32,
+        call: 137u32,
         name: "cudaLaunchHostFunc_ptsz",
         form: Some("host"),
         library: "cudart",
@@ -44947,8 +45171,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 151u32,
-        call: 137u32,
+        wire: 156u32,
+        call: 138u32,
         name: "cudaLibraryEnumerateKernels",
         form: None,
         library: "cudart",
@@ -44979,8 +45203,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLibraryGetKernel: CallDesc = CallDesc {
-        wire: 152u32,
-        call: 138u32,
+        wire: 157u32,
+        call: 139u32,
         name: "cudaLibraryGetKernel",
         form: None,
         library: "cudart",
@@ -45008,8 +45232,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 153u32,
-        call: 139u32,
+        wire: 158u32,
+        call: 140u32,
         name: "cudaLibraryGetKernelCount",
         form: None,
         library: "cudart",
@@ -45038,8 +45262,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLibraryUnload: CallDesc = CallDesc {
-        wire: 154u32,
-        call: 140u32,
+        wire: 159u32,
+        call: 141u32,
         name: "cudaLibraryUnload",
         form: None,
         library: "cudart",
@@ -45062,8 +45286,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLogsCurrent: CallDesc = CallDesc {
-        wire: 155u32,
-        call: 141u32,
+        wire: 160u32,
+        call: 142u32,
         name: "cudaLogsCurrent",
         form: None,
         library: "cudart",
@@ -45092,8 +45316,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 156u32,
-        call: 142u32,
+        wire: 161u32,
+        call: 143u32,
         name: "cudaLogsUnregisterCallback",
         form: None,
         library: "cudart",
@@ -45116,8 +45340,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMalloc__call: CallDesc = CallDesc {
-        wire: 157u32,
-        call: 143u32,
+        wire: 162u32,
+        call: 144u32,
         name: "cudaMalloc",
         form: Some("call"),
         library: "cudart",
@@ -45146,8 +45370,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMalloc3DArray: CallDesc = CallDesc {
-        wire: 158u32,
-        call: 144u32,
+        wire: 163u32,
+        call: 145u32,
         name: "cudaMalloc3DArray",
         form: None,
         library: "cudart",
@@ -45181,8 +45405,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocArray: CallDesc = CallDesc {
-        wire: 159u32,
-        call: 145u32,
+        wire: 164u32,
+        call: 146u32,
         name: "cudaMallocArray",
         form: None,
         library: "cudart",
@@ -45223,8 +45447,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocAsync__call: CallDesc = CallDesc {
-        wire: 160u32,
-        call: 146u32,
+        wire: 165u32,
+        call: 147u32,
         name: "cudaMallocAsync",
         form: Some("call"),
         library: "cudart",
@@ -45257,8 +45481,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocAsync_ptsz__call: CallDesc = CallDesc {
-        wire: 161u32,
-        call: 147u32,
+        wire: 166u32,
+        call: 148u32,
         name: "cudaMallocAsync_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -45291,8 +45515,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocMipmappedArray: CallDesc = CallDesc {
-        wire: 162u32,
-        call: 148u32,
+        wire: 167u32,
+        call: 149u32,
         name: "cudaMallocMipmappedArray",
         form: None,
         library: "cudart",
@@ -45330,8 +45554,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocPitch__call: CallDesc = CallDesc {
-        wire: 163u32,
-        call: 149u32,
+        wire: 168u32,
+        call: 150u32,
         name: "cudaMallocPitch",
         form: Some("call"),
         library: "cudart",
@@ -45370,8 +45594,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemAdvise__cu118: CallDesc = CallDesc {
-        wire: 164u32,
-        call: 150u32,
+        wire: 169u32,
+        call: 151u32,
         name: "cudaMemAdvise",
         form: None,
         library: "cudart",
@@ -45403,8 +45627,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemAdvise__cu130: CallDesc = CallDesc {
-        wire: 165u32,
-        call: 150u32,
+        wire: 170u32,
+        call: 151u32,
         name: "cudaMemAdvise",
         form: None,
         library: "cudart",
@@ -45433,8 +45657,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardAndPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 166u32,
-        call: 151u32,
+        wire: 171u32,
+        call: 152u32,
         name: "cudaMemDiscardAndPrefetchBatchAsync",
         form: None,
         library: "cudart",
@@ -45493,8 +45717,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardAndPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 167u32,
-        call: 152u32,
+        wire: 172u32,
+        call: 153u32,
         name: "cudaMemDiscardAndPrefetchBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -45553,8 +45777,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardBatchAsync: CallDesc = CallDesc {
-        wire: 168u32,
-        call: 153u32,
+        wire: 173u32,
+        call: 154u32,
         name: "cudaMemDiscardBatchAsync",
         form: None,
         library: "cudart",
@@ -45597,8 +45821,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 169u32,
-        call: 154u32,
+        wire: 174u32,
+        call: 155u32,
         name: "cudaMemDiscardBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -45641,8 +45865,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 170u32,
-        call: 155u32,
+        wire: 175u32,
+        call: 156u32,
         name: "cudaMemGetDefaultMemPool",
         form: None,
         library: "cudart",
@@ -45675,8 +45899,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetInfo: CallDesc = CallDesc {
-        wire: 171u32,
-        call: 156u32,
+        wire: 176u32,
+        call: 157u32,
         name: "cudaMemGetInfo",
         form: None,
         library: "cudart",
@@ -45707,8 +45931,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetMemPool: CallDesc = CallDesc {
-        wire: 172u32,
-        call: 157u32,
+        wire: 177u32,
+        call: 158u32,
         name: "cudaMemGetMemPool",
         form: None,
         library: "cudart",
@@ -45741,8 +45965,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolDestroy: CallDesc = CallDesc {
-        wire: 173u32,
-        call: 158u32,
+        wire: 178u32,
+        call: 159u32,
         name: "cudaMemPoolDestroy",
         form: None,
         library: "cudart",
@@ -45765,8 +45989,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolGetAccess: CallDesc = CallDesc {
-        wire: 174u32,
-        call: 159u32,
+        wire: 179u32,
+        call: 160u32,
         name: "cudaMemPoolGetAccess",
         form: None,
         library: "cudart",
@@ -45801,8 +46025,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolGetAttribute: CallDesc = CallDesc {
-        wire: 175u32,
-        call: 160u32,
+        wire: 180u32,
+        call: 161u32,
         name: "cudaMemPoolGetAttribute",
         form: None,
         library: "cudart",
@@ -45835,8 +46059,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolSetAccess: CallDesc = CallDesc {
-        wire: 176u32,
-        call: 161u32,
+        wire: 181u32,
+        call: 162u32,
         name: "cudaMemPoolSetAccess",
         form: None,
         library: "cudart",
@@ -45869,8 +46093,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolSetAttribute: CallDesc = CallDesc {
-        wire: 177u32,
-        call: 162u32,
+        wire: 182u32,
+        call: 163u32,
         name: "cudaMemPoolSetAttribute",
         form: None,
         library: "cudart",
@@ -45903,8 +46127,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 178u32,
-        call: 163u32,
+        wire: 183u32,
+        call: 164u32,
         name: "cudaMemPoolTrimTo",
         form: None,
         library: "cudart",
@@ -45931,8 +46155,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync__cu118: CallDesc = CallDesc {
-        wire: 179u32,
-        call: 164u32,
+        wire: 184u32,
+        call: 165u32,
         name: "cudaMemPrefetchAsync",
         form: None,
         library: "cudart",
@@ -45964,8 +46188,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync__cu130: CallDesc = CallDesc {
-        wire: 180u32,
-        call: 164u32,
+        wire: 185u32,
+        call: 165u32,
         name: "cudaMemPrefetchAsync",
         form: None,
         library: "cudart",
@@ -45998,8 +46222,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync_ptsz__cu118: CallDesc = CallDesc {
-        wire: 181u32,
-        call: 165u32,
+        wire: 186u32,
+        call: 166u32,
         name: "cudaMemPrefetchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -46031,8 +46255,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync_ptsz__cu130: CallDesc = CallDesc {
-        wire: 182u32,
-        call: 165u32,
+        wire: 187u32,
+        call: 166u32,
         name: "cudaMemPrefetchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -46065,8 +46289,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 183u32,
-        call: 166u32,
+        wire: 188u32,
+        call: 167u32,
         name: "cudaMemPrefetchBatchAsync",
         form: None,
         library: "cudart",
@@ -46125,8 +46349,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 184u32,
-        call: 167u32,
+        wire: 189u32,
+        call: 168u32,
         name: "cudaMemPrefetchBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -46185,8 +46409,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemRangeGetAttribute: CallDesc = CallDesc {
-        wire: 185u32,
-        call: 168u32,
+        wire: 190u32,
+        call: 169u32,
         name: "cudaMemRangeGetAttribute",
         form: None,
         library: "cudart",
@@ -46224,8 +46448,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemSetMemPool: CallDesc = CallDesc {
-        wire: 186u32,
-        call: 169u32,
+        wire: 191u32,
+        call: 170u32,
         name: "cudaMemSetMemPool",
         form: None,
         library: "cudart",
@@ -46258,8 +46482,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__d2d: CallDesc = CallDesc {
-        wire: 187u32,
-        call: 170u32,
+        wire: 192u32,
+        call: 171u32,
         name: "cudaMemcpy",
         form: Some("d2d"),
         library: "cudart",
@@ -46288,8 +46512,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__d2h: CallDesc = CallDesc {
-        wire: 188u32,
-        call: 170u32,
+        wire: 193u32,
+        call: 171u32,
         name: "cudaMemcpy",
         form: Some("d2h"),
         library: "cudart",
@@ -46323,8 +46547,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__h2d: CallDesc = CallDesc {
-        wire: 189u32,
-        call: 170u32,
+        wire: 194u32,
+        call: 171u32,
         name: "cudaMemcpy",
         form: Some("h2d"),
         library: "cudart",
@@ -46358,8 +46582,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__d2d: CallDesc = CallDesc {
-        wire: 190u32,
-        call: 171u32,
+        wire: 195u32,
+        call: 172u32,
         name: "cudaMemcpy2D",
         form: Some("d2d"),
         library: "cudart",
@@ -46400,8 +46624,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__d2h: CallDesc = CallDesc {
-        wire: 191u32,
-        call: 171u32,
+        wire: 196u32,
+        call: 172u32,
         name: "cudaMemcpy2D",
         form: Some("d2h"),
         library: "cudart",
@@ -46447,8 +46671,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__h2d: CallDesc = CallDesc {
-        wire: 192u32,
-        call: 171u32,
+        wire: 197u32,
+        call: 172u32,
         name: "cudaMemcpy2D",
         form: Some("h2d"),
         library: "cudart",
@@ -46494,8 +46718,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DArrayToArray: CallDesc = CallDesc {
-        wire: 193u32,
-        call: 172u32,
+        wire: 198u32,
+        call: 173u32,
         name: "cudaMemcpy2DArrayToArray",
         form: None,
         library: "cudart",
@@ -46550,8 +46774,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 194u32,
-        call: 173u32,
+        wire: 199u32,
+        call: 174u32,
         name: "cudaMemcpy2DArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -46606,8 +46830,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__d2d: CallDesc = CallDesc {
-        wire: 195u32,
-        call: 174u32,
+        wire: 200u32,
+        call: 175u32,
         name: "cudaMemcpy2DAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -46652,8 +46876,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__d2h: CallDesc = CallDesc {
-        wire: 196u32,
-        call: 174u32,
+        wire: 201u32,
+        call: 175u32,
         name: "cudaMemcpy2DAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -46703,8 +46927,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__h2d: CallDesc = CallDesc {
-        wire: 197u32,
-        call: 174u32,
+        wire: 202u32,
+        call: 175u32,
         name: "cudaMemcpy2DAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -46754,8 +46978,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 198u32,
-        call: 175u32,
+        wire: 203u32,
+        call: 176u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -46800,8 +47024,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 199u32,
-        call: 175u32,
+        wire: 204u32,
+        call: 176u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -46851,8 +47075,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 200u32,
-        call: 175u32,
+        wire: 205u32,
+        call: 176u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -46902,8 +47126,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__d2d: CallDesc = CallDesc {
-        wire: 201u32,
-        call: 176u32,
+        wire: 206u32,
+        call: 177u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -46944,8 +47168,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__d2h: CallDesc = CallDesc {
-        wire: 202u32,
-        call: 176u32,
+        wire: 207u32,
+        call: 177u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -46991,8 +47215,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__h2d: CallDesc = CallDesc {
-        wire: 203u32,
-        call: 176u32,
+        wire: 208u32,
+        call: 177u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -47038,8 +47262,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyArrayToArray: CallDesc = CallDesc {
-        wire: 204u32,
-        call: 177u32,
+        wire: 209u32,
+        call: 178u32,
         name: "cudaMemcpyArrayToArray",
         form: None,
         library: "cudart",
@@ -47090,8 +47314,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 205u32,
-        call: 178u32,
+        wire: 210u32,
+        call: 179u32,
         name: "cudaMemcpyArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -47142,8 +47366,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__d2d: CallDesc = CallDesc {
-        wire: 206u32,
-        call: 179u32,
+        wire: 211u32,
+        call: 180u32,
         name: "cudaMemcpyAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -47176,8 +47400,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__d2h: CallDesc = CallDesc {
-        wire: 207u32,
-        call: 179u32,
+        wire: 212u32,
+        call: 180u32,
         name: "cudaMemcpyAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -47215,8 +47439,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__h2d: CallDesc = CallDesc {
-        wire: 208u32,
-        call: 179u32,
+        wire: 213u32,
+        call: 180u32,
         name: "cudaMemcpyAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -47254,8 +47478,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 209u32,
-        call: 180u32,
+        wire: 214u32,
+        call: 181u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -47288,8 +47512,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 210u32,
-        call: 180u32,
+        wire: 215u32,
+        call: 181u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -47327,8 +47551,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 211u32,
-        call: 180u32,
+        wire: 216u32,
+        call: 181u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -47366,8 +47590,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyPeer: CallDesc = CallDesc {
-        wire: 212u32,
-        call: 181u32,
+        wire: 217u32,
+        call: 182u32,
         name: "cudaMemcpyPeer",
         form: None,
         library: "cudart",
@@ -47400,8 +47624,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 213u32,
-        call: 182u32,
+        wire: 218u32,
+        call: 183u32,
         name: "cudaMemcpyPeerAsync",
         form: None,
         library: "cudart",
@@ -47438,8 +47662,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__d2d: CallDesc = CallDesc {
-        wire: 214u32,
-        call: 183u32,
+        wire: 219u32,
+        call: 184u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -47468,8 +47692,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__d2h: CallDesc = CallDesc {
-        wire: 215u32,
-        call: 183u32,
+        wire: 220u32,
+        call: 184u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -47503,8 +47727,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__h2d: CallDesc = CallDesc {
-        wire: 216u32,
-        call: 183u32,
+        wire: 221u32,
+        call: 184u32,
         name: "cudaMemcpy_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -47538,8 +47762,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset: CallDesc = CallDesc {
-        wire: 217u32,
-        call: 184u32,
+        wire: 222u32,
+        call: 185u32,
         name: "cudaMemset",
         form: None,
         library: "cudart",
@@ -47567,8 +47791,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2D: CallDesc = CallDesc {
-        wire: 218u32,
-        call: 185u32,
+        wire: 223u32,
+        call: 186u32,
         name: "cudaMemset2D",
         form: None,
         library: "cudart",
@@ -47604,8 +47828,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2DAsync: CallDesc = CallDesc {
-        wire: 219u32,
-        call: 186u32,
+        wire: 224u32,
+        call: 187u32,
         name: "cudaMemset2DAsync",
         form: None,
         library: "cudart",
@@ -47645,8 +47869,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2DAsync_ptsz: CallDesc = CallDesc {
-        wire: 220u32,
-        call: 187u32,
+        wire: 225u32,
+        call: 188u32,
         name: "cudaMemset2DAsync_ptsz",
         form: None,
         library: "cudart",
@@ -47686,8 +47910,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2D_ptds: CallDesc = CallDesc {
-        wire: 221u32,
-        call: 188u32,
+        wire: 226u32,
+        call: 189u32,
         name: "cudaMemset2D_ptds",
         form: None,
         library: "cudart",
@@ -47723,8 +47947,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemsetAsync: CallDesc = CallDesc {
-        wire: 222u32,
-        call: 189u32,
+        wire: 227u32,
+        call: 190u32,
         name: "cudaMemsetAsync",
         form: None,
         library: "cudart",
@@ -47756,8 +47980,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemsetAsync_ptsz: CallDesc = CallDesc {
-        wire: 223u32,
-        call: 190u32,
+        wire: 228u32,
+        call: 191u32,
         name: "cudaMemsetAsync_ptsz",
         form: None,
         library: "cudart",
@@ -47789,8 +48013,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset_ptds: CallDesc = CallDesc {
-        wire: 224u32,
-        call: 191u32,
+        wire: 229u32,
+        call: 192u32,
         name: "cudaMemset_ptds",
         form: None,
         library: "cudart",
@@ -47818,8 +48042,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMipmappedArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 225u32,
-        call: 192u32,
+        wire: 230u32,
+        call: 193u32,
         name: "cudaMipmappedArrayGetMemoryRequirements",
         form: None,
         library: "cudart",
@@ -47852,8 +48076,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMipmappedArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 226u32,
-        call: 193u32,
+        wire: 231u32,
+        call: 194u32,
         name: "cudaMipmappedArrayGetSparseProperties",
         form: None,
         library: "cudart",
@@ -47882,8 +48106,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDevice__call: CallDesc = CallDesc {
-        wire: 227u32,
-        call: 194u32,
+        wire: 232u32,
+        call: 195u32,
         name: "cudaSetDevice",
         form: Some("call"),
         library: "cudart",
@@ -47906,8 +48130,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDeviceFlags__call: CallDesc = CallDesc {
-        wire: 228u32,
-        call: 195u32,
+        wire: 233u32,
+        call: 196u32,
         name: "cudaSetDeviceFlags",
         form: Some("call"),
         library: "cudart",
@@ -47930,8 +48154,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDoubleForDevice: CallDesc = CallDesc {
-        wire: 229u32,
-        call: 196u32,
+        wire: 234u32,
+        call: 197u32,
         name: "cudaSetDoubleForDevice",
         form: None,
         library: "cudart",
@@ -47956,8 +48180,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDoubleForHost: CallDesc = CallDesc {
-        wire: 230u32,
-        call: 197u32,
+        wire: 235u32,
+        call: 198u32,
         name: "cudaSetDoubleForHost",
         form: None,
         library: "cudart",
@@ -47982,8 +48206,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetValidDevices: CallDesc = CallDesc {
-        wire: 231u32,
-        call: 198u32,
+        wire: 236u32,
+        call: 199u32,
         name: "cudaSetValidDevices",
         form: None,
         library: "cudart",
@@ -48012,8 +48236,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAddCallback__host: CallDesc = CallDesc {
-        wire: 232u32,
-        call: 199u32,
+        wire: 237u32,
+        call: 200u32,
         name: "cudaStreamAddCallback",
         form: Some("host"),
         library: "cudart",
@@ -48048,8 +48272,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAddCallback_ptsz__host: CallDesc = CallDesc {
-        wire: 233u32,
-        call: 200u32,
+        wire: 238u32,
+        call: 201u32,
         name: "cudaStreamAddCallback_ptsz",
         form: Some("host"),
         library: "cudart",
@@ -48084,8 +48308,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 234u32,
-        call: 201u32,
+        wire: 239u32,
+        call: 202u32,
         name: "cudaStreamAttachMemAsync",
         form: None,
         library: "cudart",
@@ -48117,8 +48341,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 235u32,
-        call: 202u32,
+        wire: 240u32,
+        call: 203u32,
         name: "cudaStreamAttachMemAsync_ptsz",
         form: None,
         library: "cudart",
@@ -48150,8 +48374,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 236u32,
-        call: 203u32,
+        wire: 241u32,
+        call: 204u32,
         name: "cudaStreamBeginCapture",
         form: Some("call"),
         library: "cudart",
@@ -48178,8 +48402,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 237u32,
-        call: 204u32,
+        wire: 242u32,
+        call: 205u32,
         name: "cudaStreamBeginCapture_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -48206,8 +48430,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 238u32,
-        call: 205u32,
+        wire: 243u32,
+        call: 206u32,
         name: "cudaStreamCopyAttributes",
         form: None,
         library: "cudart",
@@ -48234,8 +48458,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 239u32,
-        call: 206u32,
+        wire: 244u32,
+        call: 207u32,
         name: "cudaStreamCopyAttributes_ptsz",
         form: None,
         library: "cudart",
@@ -48262,8 +48486,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreate: CallDesc = CallDesc {
-        wire: 240u32,
-        call: 207u32,
+        wire: 245u32,
+        call: 208u32,
         name: "cudaStreamCreate",
         form: None,
         library: "cudart",
@@ -48286,8 +48510,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreateWithFlags: CallDesc = CallDesc {
-        wire: 241u32,
-        call: 208u32,
+        wire: 246u32,
+        call: 209u32,
         name: "cudaStreamCreateWithFlags",
         form: None,
         library: "cudart",
@@ -48314,8 +48538,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreateWithPriority__call: CallDesc = CallDesc {
-        wire: 242u32,
-        call: 209u32,
+        wire: 247u32,
+        call: 210u32,
         name: "cudaStreamCreateWithPriority",
         form: Some("call"),
         library: "cudart",
@@ -48346,8 +48570,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamDestroy: CallDesc = CallDesc {
-        wire: 243u32,
-        call: 210u32,
+        wire: 248u32,
+        call: 211u32,
         name: "cudaStreamDestroy",
         form: None,
         library: "cudart",
@@ -48370,8 +48594,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 244u32,
-        call: 211u32,
+        wire: 249u32,
+        call: 212u32,
         name: "cudaStreamEndCapture",
         form: Some("call"),
         library: "cudart",
@@ -48398,8 +48622,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 245u32,
-        call: 212u32,
+        wire: 250u32,
+        call: 213u32,
         name: "cudaStreamEndCapture_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -48426,8 +48650,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 246u32,
-        call: 213u32,
+        wire: 251u32,
+        call: 214u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48460,8 +48684,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 247u32,
-        call: 213u32,
+        wire: 252u32,
+        call: 214u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48494,8 +48718,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 248u32,
-        call: 213u32,
+        wire: 253u32,
+        call: 214u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48528,8 +48752,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 249u32,
-        call: 213u32,
+        wire: 254u32,
+        call: 214u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48562,8 +48786,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 250u32,
-        call: 213u32,
+        wire: 255u32,
+        call: 214u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48596,8 +48820,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 251u32,
-        call: 214u32,
+        wire: 256u32,
+        call: 215u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48630,8 +48854,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 252u32,
-        call: 214u32,
+        wire: 257u32,
+        call: 215u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48664,8 +48888,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 253u32,
-        call: 214u32,
+        wire: 258u32,
+        call: 215u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48698,8 +48922,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 254u32,
-        call: 214u32,
+        wire: 259u32,
+        call: 215u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48732,8 +48956,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 255u32,
-        call: 214u32,
+        wire: 260u32,
+        call: 215u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48766,8 +48990,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo__cu118__call: CallDesc = CallDesc {
-        wire: 256u32,
-        call: 215u32,
+        wire: 261u32,
+        call: 216u32,
         name: "cudaStreamGetCaptureInfo",
         form: Some("call"),
         library: "cudart",
@@ -48802,8 +49026,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo__cu130__call: CallDesc = CallDesc {
-        wire: 257u32,
-        call: 215u32,
+        wire: 262u32,
+        call: 216u32,
         name: "cudaStreamGetCaptureInfo",
         form: Some("call"),
         library: "cudart",
@@ -48850,8 +49074,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu118__call: CallDesc = CallDesc {
-        wire: 258u32,
-        call: 216u32,
+        wire: 263u32,
+        call: 217u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -48886,8 +49110,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu130__call: CallDesc = CallDesc {
-        wire: 259u32,
-        call: 216u32,
+        wire: 264u32,
+        call: 217u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -48934,8 +49158,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetDevice: CallDesc = CallDesc {
-        wire: 260u32,
-        call: 217u32,
+        wire: 265u32,
+        call: 218u32,
         name: "cudaStreamGetDevice",
         form: None,
         library: "cudart",
@@ -48964,8 +49188,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 261u32,
-        call: 218u32,
+        wire: 266u32,
+        call: 219u32,
         name: "cudaStreamGetDevice_ptsz",
         form: None,
         library: "cudart",
@@ -48994,8 +49218,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetFlags: CallDesc = CallDesc {
-        wire: 262u32,
-        call: 219u32,
+        wire: 267u32,
+        call: 220u32,
         name: "cudaStreamGetFlags",
         form: None,
         library: "cudart",
@@ -49024,8 +49248,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 263u32,
-        call: 220u32,
+        wire: 268u32,
+        call: 221u32,
         name: "cudaStreamGetFlags_ptsz",
         form: None,
         library: "cudart",
@@ -49054,8 +49278,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetId: CallDesc = CallDesc {
-        wire: 264u32,
-        call: 221u32,
+        wire: 269u32,
+        call: 222u32,
         name: "cudaStreamGetId",
         form: None,
         library: "cudart",
@@ -49084,8 +49308,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 265u32,
-        call: 222u32,
+        wire: 270u32,
+        call: 223u32,
         name: "cudaStreamGetId_ptsz",
         form: None,
         library: "cudart",
@@ -49114,8 +49338,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetPriority: CallDesc = CallDesc {
-        wire: 266u32,
-        call: 223u32,
+        wire: 271u32,
+        call: 224u32,
         name: "cudaStreamGetPriority",
         form: None,
         library: "cudart",
@@ -49144,8 +49368,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 267u32,
-        call: 224u32,
+        wire: 272u32,
+        call: 225u32,
         name: "cudaStreamGetPriority_ptsz",
         form: None,
         library: "cudart",
@@ -49174,8 +49398,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 268u32,
-        call: 225u32,
+        wire: 273u32,
+        call: 226u32,
         name: "cudaStreamIsCapturing",
         form: Some("call"),
         library: "cudart",
@@ -49204,8 +49428,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 269u32,
-        call: 226u32,
+        wire: 274u32,
+        call: 227u32,
         name: "cudaStreamIsCapturing_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -49234,8 +49458,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamQuery: CallDesc = CallDesc {
-        wire: 270u32,
-        call: 227u32,
+        wire: 275u32,
+        call: 228u32,
         name: "cudaStreamQuery",
         form: None,
         library: "cudart",
@@ -49258,8 +49482,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 271u32,
-        call: 228u32,
+        wire: 276u32,
+        call: 229u32,
         name: "cudaStreamQuery_ptsz",
         form: None,
         library: "cudart",
@@ -49281,9 +49505,349 @@ pub mod cudart {
         },
         only_waits: false,
     };
+    pub static cudaStreamSetAttribute__cu118: CallDesc = CallDesc {
+        wire: 277u32,
+        call: 230u32,
+        name: "cudaStreamSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute__cu121: CallDesc = CallDesc {
+        wire: 278u32,
+        call: 230u32,
+        name: "cudaStreamSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute__cu126: CallDesc = CallDesc {
+        wire: 279u32,
+        call: 230u32,
+        name: "cudaStreamSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["12.6"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute__cu128: CallDesc = CallDesc {
+        wire: 280u32,
+        call: 230u32,
+        name: "cudaStreamSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute__cu130: CallDesc = CallDesc {
+        wire: 281u32,
+        call: 230u32,
+        name: "cudaStreamSetAttribute",
+        form: None,
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute_ptsz__cu118: CallDesc = CallDesc {
+        wire: 282u32,
+        call: 231u32,
+        name: "cudaStreamSetAttribute_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute_ptsz__cu121: CallDesc = CallDesc {
+        wire: 283u32,
+        call: 231u32,
+        name: "cudaStreamSetAttribute_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute_ptsz__cu126: CallDesc = CallDesc {
+        wire: 284u32,
+        call: 231u32,
+        name: "cudaStreamSetAttribute_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["12.6"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute_ptsz__cu128: CallDesc = CallDesc {
+        wire: 285u32,
+        call: 231u32,
+        name: "cudaStreamSetAttribute_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamSetAttribute_ptsz__cu130: CallDesc = CallDesc {
+        wire: 286u32,
+        call: 231u32,
+        name: "cudaStreamSetAttribute_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaLaunchAttributeValue"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cudaStreamSynchronize: CallDesc = CallDesc {
-        wire: 272u32,
-        call: 229u32,
+        wire: 287u32,
+        call: 232u32,
         name: "cudaStreamSynchronize",
         form: None,
         library: "cudart",
@@ -49306,8 +49870,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 273u32,
-        call: 230u32,
+        wire: 288u32,
+        call: 233u32,
         name: "cudaStreamSynchronize_ptsz",
         form: None,
         library: "cudart",
@@ -49330,8 +49894,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaStreamUpdateCaptureDependencies__cu118: CallDesc = CallDesc {
-        wire: 274u32,
-        call: 231u32,
+        wire: 289u32,
+        call: 234u32,
         name: "cudaStreamUpdateCaptureDependencies",
         form: None,
         library: "cudart",
@@ -49366,8 +49930,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu126: CallDesc = CallDesc {
-        wire: 275u32,
-        call: 232u32,
+        wire: 290u32,
+        call: 235u32,
         name: "cudaStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "cudart",
@@ -49402,8 +49966,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamWaitEvent: CallDesc = CallDesc {
-        wire: 276u32,
-        call: 233u32,
+        wire: 291u32,
+        call: 236u32,
         name: "cudaStreamWaitEvent",
         form: None,
         library: "cudart",
@@ -49434,8 +49998,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 277u32,
-        call: 234u32,
+        wire: 292u32,
+        call: 237u32,
         name: "cudaStreamWaitEvent_ptsz",
         form: None,
         library: "cudart",
@@ -49466,8 +50030,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 278u32,
-        call: 235u32,
+        wire: 293u32,
+        call: 238u32,
         name: "cudaThreadExchangeStreamCaptureMode",
         form: None,
         library: "cudart",
@@ -49492,8 +50056,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadExit: CallDesc = CallDesc {
-        wire: 279u32,
-        call: 236u32,
+        wire: 294u32,
+        call: 239u32,
         name: "cudaThreadExit",
         form: None,
         library: "cudart",
@@ -49511,8 +50075,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadGetCacheConfig: CallDesc = CallDesc {
-        wire: 280u32,
-        call: 237u32,
+        wire: 295u32,
+        call: 240u32,
         name: "cudaThreadGetCacheConfig",
         form: None,
         library: "cudart",
@@ -49537,8 +50101,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadGetLimit: CallDesc = CallDesc {
-        wire: 281u32,
-        call: 238u32,
+        wire: 296u32,
+        call: 241u32,
         name: "cudaThreadGetLimit",
         form: None,
         library: "cudart",
@@ -49567,8 +50131,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSetCacheConfig: CallDesc = CallDesc {
-        wire: 282u32,
-        call: 239u32,
+        wire: 297u32,
+        call: 242u32,
         name: "cudaThreadSetCacheConfig",
         form: None,
         library: "cudart",
@@ -49591,8 +50155,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSetLimit: CallDesc = CallDesc {
-        wire: 283u32,
-        call: 240u32,
+        wire: 298u32,
+        call: 243u32,
         name: "cudaThreadSetLimit",
         form: None,
         library: "cudart",
@@ -49619,8 +50183,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSynchronize: CallDesc = CallDesc {
-        wire: 284u32,
-        call: 241u32,
+        wire: 299u32,
+        call: 244u32,
         name: "cudaThreadSynchronize",
         form: None,
         library: "cudart",
@@ -49638,8 +50202,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaUnbindTexture: CallDesc = CallDesc {
-        wire: 285u32,
-        call: 242u32,
+        wire: 300u32,
+        call: 245u32,
         name: "cudaUnbindTexture",
         form: None,
         library: "cudart",
@@ -49664,8 +50228,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaUserObjectRelease: CallDesc = CallDesc {
-        wire: 286u32,
-        call: 243u32,
+        wire: 301u32,
+        call: 246u32,
         name: "cudaUserObjectRelease",
         form: None,
         library: "cudart",
@@ -49692,8 +50256,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaUserObjectRetain: CallDesc = CallDesc {
-        wire: 287u32,
-        call: 244u32,
+        wire: 302u32,
+        call: 247u32,
         name: "cudaUserObjectRetain",
         form: None,
         library: "cudart",
@@ -49932,8 +50496,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1299u32,
+        wire: 1408u32,
+        call: 1309u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -49992,8 +50556,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1299u32,
+        wire: 1409u32,
+        call: 1309u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -50052,8 +50616,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1300u32,
+        wire: 1410u32,
+        call: 1310u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -50102,8 +50666,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1300u32,
+        wire: 1411u32,
+        call: 1310u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -50152,8 +50716,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1301u32,
+        wire: 1412u32,
+        call: 1311u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -50171,8 +50735,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1302u32,
+        wire: 1413u32,
+        call: 1312u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -50190,8 +50754,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1303u32,
+        wire: 1414u32,
+        call: 1313u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -50209,8 +50773,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1304u32,
+        wire: 1415u32,
+        call: 1314u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -50237,8 +50801,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1304u32,
+        wire: 1416u32,
+        call: 1314u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -50265,8 +50829,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1304u32,
+        wire: 1417u32,
+        call: 1314u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -50293,8 +50857,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1304u32,
+        wire: 1418u32,
+        call: 1314u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -50321,8 +50885,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1305u32,
+        wire: 1419u32,
+        call: 1315u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -50345,8 +50909,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1305u32,
+        wire: 1420u32,
+        call: 1315u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -50369,8 +50933,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1306u32,
+        wire: 1421u32,
+        call: 1316u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -50401,8 +50965,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1306u32,
+        wire: 1422u32,
+        call: 1316u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -50433,8 +50997,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1307u32,
+        wire: 1423u32,
+        call: 1317u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -50457,8 +51021,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1307u32,
+        wire: 1424u32,
+        call: 1317u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -50481,8 +51045,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1307u32,
+        wire: 1425u32,
+        call: 1317u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -50505,8 +51069,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1307u32,
+        wire: 1426u32,
+        call: 1317u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -50529,8 +51093,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1308u32,
+        wire: 1427u32,
+        call: 1318u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -50577,8 +51141,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1308u32,
+        wire: 1428u32,
+        call: 1318u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -50623,8 +51187,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1308u32,
+        wire: 1429u32,
+        call: 1318u32,
         name: "cudnnBackendGetAttribute",
         form: Some("refill"),
         library: "cudnn",
@@ -50664,8 +51228,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1308u32,
+        wire: 1430u32,
+        call: 1318u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -50712,8 +51276,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1308u32,
+        wire: 1431u32,
+        call: 1318u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -50758,8 +51322,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1308u32,
+        wire: 1432u32,
+        call: 1318u32,
         name: "cudnnBackendGetAttribute",
         form: Some("refill"),
         library: "cudnn",
@@ -50799,8 +51363,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1309u32,
+        wire: 1433u32,
+        call: 1319u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -50823,8 +51387,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1309u32,
+        wire: 1434u32,
+        call: 1319u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -50847,8 +51411,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1310u32,
+        wire: 1435u32,
+        call: 1320u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -50883,8 +51447,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1311u32,
+        wire: 1436u32,
+        call: 1321u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -50925,8 +51489,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1311u32,
+        wire: 1437u32,
+        call: 1321u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -50965,8 +51529,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1311u32,
+        wire: 1438u32,
+        call: 1321u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -51007,8 +51571,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1311u32,
+        wire: 1439u32,
+        call: 1321u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -51049,8 +51613,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1311u32,
+        wire: 1440u32,
+        call: 1321u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -51089,8 +51653,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1311u32,
+        wire: 1441u32,
+        call: 1321u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -51131,8 +51695,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1312u32,
+        wire: 1442u32,
+        call: 1322u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -51167,8 +51731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1313u32,
+        wire: 1443u32,
+        call: 1323u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -51276,8 +51840,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1313u32,
+        wire: 1444u32,
+        call: 1323u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -51385,8 +51949,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1314u32,
+        wire: 1445u32,
+        call: 1324u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -51447,8 +52011,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1314u32,
+        wire: 1446u32,
+        call: 1324u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -51509,8 +52073,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1315u32,
+        wire: 1447u32,
+        call: 1325u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -51577,8 +52141,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1315u32,
+        wire: 1448u32,
+        call: 1325u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -51645,8 +52209,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1316u32,
+        wire: 1449u32,
+        call: 1326u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -51736,8 +52300,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1316u32,
+        wire: 1450u32,
+        call: 1326u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -51827,8 +52391,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1317u32,
+        wire: 1451u32,
+        call: 1327u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -51859,8 +52423,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1317u32,
+        wire: 1452u32,
+        call: 1327u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -51891,8 +52455,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1318u32,
+        wire: 1453u32,
+        call: 1328u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -51942,8 +52506,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1318u32,
+        wire: 1454u32,
+        call: 1328u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -51993,8 +52557,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1319u32,
+        wire: 1455u32,
+        call: 1329u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -52012,8 +52576,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1320u32,
+        wire: 1456u32,
+        call: 1330u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -52031,8 +52595,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1321u32,
+        wire: 1457u32,
+        call: 1331u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -52050,8 +52614,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1322u32,
+        wire: 1458u32,
+        call: 1332u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -52114,8 +52678,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1322u32,
+        wire: 1459u32,
+        call: 1332u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -52178,8 +52742,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1323u32,
+        wire: 1460u32,
+        call: 1333u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -52242,8 +52806,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1323u32,
+        wire: 1461u32,
+        call: 1333u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -52306,8 +52870,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1324u32,
+        wire: 1462u32,
+        call: 1334u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -52384,8 +52948,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1324u32,
+        wire: 1463u32,
+        call: 1334u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -52462,8 +53026,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1325u32,
+        wire: 1464u32,
+        call: 1335u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -52526,8 +53090,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1325u32,
+        wire: 1465u32,
+        call: 1335u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -52590,8 +53154,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1326u32,
+        wire: 1466u32,
+        call: 1336u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -52618,8 +53182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1327u32,
+        wire: 1467u32,
+        call: 1337u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -52642,8 +53206,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1327u32,
+        wire: 1468u32,
+        call: 1337u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -52666,8 +53230,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1328u32,
+        wire: 1469u32,
+        call: 1338u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -52690,8 +53254,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1328u32,
+        wire: 1470u32,
+        call: 1338u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -52714,8 +53278,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1329u32,
+        wire: 1471u32,
+        call: 1339u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -52738,8 +53302,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1330u32,
+        wire: 1472u32,
+        call: 1340u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -52766,8 +53330,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1331u32,
+        wire: 1473u32,
+        call: 1341u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -52790,8 +53354,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1331u32,
+        wire: 1474u32,
+        call: 1341u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -52814,8 +53378,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1332u32,
+        wire: 1475u32,
+        call: 1342u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -52838,8 +53402,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1332u32,
+        wire: 1476u32,
+        call: 1342u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -52862,8 +53426,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1333u32,
+        wire: 1477u32,
+        call: 1343u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -52886,8 +53450,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1333u32,
+        wire: 1478u32,
+        call: 1343u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -52910,8 +53474,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1334u32,
+        wire: 1479u32,
+        call: 1344u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -52934,8 +53498,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1334u32,
+        wire: 1480u32,
+        call: 1344u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -52958,8 +53522,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1335u32,
+        wire: 1481u32,
+        call: 1345u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -52982,8 +53546,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1335u32,
+        wire: 1482u32,
+        call: 1345u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -53006,8 +53570,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1336u32,
+        wire: 1483u32,
+        call: 1346u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -53034,8 +53598,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1336u32,
+        wire: 1484u32,
+        call: 1346u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -53062,8 +53626,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1337u32,
+        wire: 1485u32,
+        call: 1347u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -53090,8 +53654,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1337u32,
+        wire: 1486u32,
+        call: 1347u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -53118,8 +53682,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1338u32,
+        wire: 1487u32,
+        call: 1348u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -53146,8 +53710,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1338u32,
+        wire: 1488u32,
+        call: 1348u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -53174,8 +53738,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1339u32,
+        wire: 1489u32,
+        call: 1349u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -53198,8 +53762,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1339u32,
+        wire: 1490u32,
+        call: 1349u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -53222,8 +53786,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1340u32,
+        wire: 1491u32,
+        call: 1350u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53246,8 +53810,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1340u32,
+        wire: 1492u32,
+        call: 1350u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53270,8 +53834,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1341u32,
+        wire: 1493u32,
+        call: 1351u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -53306,8 +53870,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1342u32,
+        wire: 1494u32,
+        call: 1352u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -53330,8 +53894,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1342u32,
+        wire: 1495u32,
+        call: 1352u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -53354,8 +53918,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1343u32,
+        wire: 1496u32,
+        call: 1353u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -53378,8 +53942,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1343u32,
+        wire: 1497u32,
+        call: 1353u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -53402,8 +53966,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1344u32,
+        wire: 1498u32,
+        call: 1354u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -53426,8 +53990,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1344u32,
+        wire: 1499u32,
+        call: 1354u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -53450,8 +54014,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1345u32,
+        wire: 1500u32,
+        call: 1355u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53474,8 +54038,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1345u32,
+        wire: 1501u32,
+        call: 1355u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53498,8 +54062,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1346u32,
+        wire: 1502u32,
+        call: 1356u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -53522,8 +54086,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1346u32,
+        wire: 1503u32,
+        call: 1356u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -53546,8 +54110,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1347u32,
+        wire: 1504u32,
+        call: 1357u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -53570,8 +54134,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1347u32,
+        wire: 1505u32,
+        call: 1357u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -53594,8 +54158,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1348u32,
+        wire: 1506u32,
+        call: 1358u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53618,8 +54182,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1348u32,
+        wire: 1507u32,
+        call: 1358u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53642,8 +54206,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1349u32,
+        wire: 1508u32,
+        call: 1359u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -53666,8 +54230,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1349u32,
+        wire: 1509u32,
+        call: 1359u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -53690,8 +54254,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1350u32,
+        wire: 1510u32,
+        call: 1360u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53722,8 +54286,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1350u32,
+        wire: 1511u32,
+        call: 1360u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53754,8 +54318,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1351u32,
+        wire: 1512u32,
+        call: 1361u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53794,8 +54358,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1351u32,
+        wire: 1513u32,
+        call: 1361u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53834,8 +54398,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1352u32,
+        wire: 1514u32,
+        call: 1362u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -53858,8 +54422,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1352u32,
+        wire: 1515u32,
+        call: 1362u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -53882,8 +54446,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1353u32,
+        wire: 1516u32,
+        call: 1363u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -53906,8 +54470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1353u32,
+        wire: 1517u32,
+        call: 1363u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -53930,8 +54494,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1354u32,
+        wire: 1518u32,
+        call: 1364u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -53954,8 +54518,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1355u32,
+        wire: 1519u32,
+        call: 1365u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -53982,8 +54546,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1356u32,
+        wire: 1520u32,
+        call: 1366u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -54006,8 +54570,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1356u32,
+        wire: 1521u32,
+        call: 1366u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -54030,8 +54594,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1357u32,
+        wire: 1522u32,
+        call: 1367u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -54054,8 +54618,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1357u32,
+        wire: 1523u32,
+        call: 1367u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -54078,8 +54642,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1358u32,
+        wire: 1524u32,
+        call: 1368u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -54102,8 +54666,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1358u32,
+        wire: 1525u32,
+        call: 1368u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -54126,8 +54690,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1359u32,
+        wire: 1526u32,
+        call: 1369u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -54150,8 +54714,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1359u32,
+        wire: 1527u32,
+        call: 1369u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -54174,8 +54738,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1360u32,
+        wire: 1528u32,
+        call: 1370u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -54198,8 +54762,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1360u32,
+        wire: 1529u32,
+        call: 1370u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -54222,8 +54786,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1361u32,
+        wire: 1530u32,
+        call: 1371u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -54246,8 +54810,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1361u32,
+        wire: 1531u32,
+        call: 1371u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -54270,8 +54834,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1362u32,
+        wire: 1532u32,
+        call: 1372u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -54294,8 +54858,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1362u32,
+        wire: 1533u32,
+        call: 1372u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -54318,8 +54882,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1363u32,
+        wire: 1534u32,
+        call: 1373u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -54342,8 +54906,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1363u32,
+        wire: 1535u32,
+        call: 1373u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -54366,8 +54930,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1364u32,
+        wire: 1536u32,
+        call: 1374u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -54390,8 +54954,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1364u32,
+        wire: 1537u32,
+        call: 1374u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -54414,8 +54978,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1365u32,
+        wire: 1538u32,
+        call: 1375u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54438,8 +55002,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1365u32,
+        wire: 1539u32,
+        call: 1375u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54462,8 +55026,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1366u32,
+        wire: 1540u32,
+        call: 1376u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -54486,8 +55050,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1367u32,
+        wire: 1541u32,
+        call: 1377u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -54510,8 +55074,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1367u32,
+        wire: 1542u32,
+        call: 1377u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -54534,8 +55098,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1368u32,
+        wire: 1543u32,
+        call: 1378u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -54558,8 +55122,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1368u32,
+        wire: 1544u32,
+        call: 1378u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -54582,8 +55146,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1369u32,
+        wire: 1545u32,
+        call: 1379u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -54606,8 +55170,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1369u32,
+        wire: 1546u32,
+        call: 1379u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -54630,8 +55194,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1370u32,
+        wire: 1547u32,
+        call: 1380u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54654,8 +55218,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1370u32,
+        wire: 1548u32,
+        call: 1380u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54678,8 +55242,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1371u32,
+        wire: 1549u32,
+        call: 1381u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -54702,8 +55266,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1371u32,
+        wire: 1550u32,
+        call: 1381u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -54726,8 +55290,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1372u32,
+        wire: 1551u32,
+        call: 1382u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -54750,8 +55314,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1372u32,
+        wire: 1552u32,
+        call: 1382u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -54774,8 +55338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1373u32,
+        wire: 1553u32,
+        call: 1383u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54798,8 +55362,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1373u32,
+        wire: 1554u32,
+        call: 1383u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54822,8 +55386,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1374u32,
+        wire: 1555u32,
+        call: 1384u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -54846,8 +55410,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1374u32,
+        wire: 1556u32,
+        call: 1384u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -54870,8 +55434,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1375u32,
+        wire: 1557u32,
+        call: 1385u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -54913,8 +55477,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1375u32,
+        wire: 1558u32,
+        call: 1385u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -54956,8 +55520,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1376u32,
+        wire: 1559u32,
+        call: 1386u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -54999,8 +55563,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1376u32,
+        wire: 1560u32,
+        call: 1386u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -55042,8 +55606,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1377u32,
+        wire: 1561u32,
+        call: 1387u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -55072,8 +55636,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1377u32,
+        wire: 1562u32,
+        call: 1387u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -55102,8 +55666,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1378u32,
+        wire: 1563u32,
+        call: 1388u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -55132,8 +55696,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1378u32,
+        wire: 1564u32,
+        call: 1388u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -55162,8 +55726,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1379u32,
+        wire: 1565u32,
+        call: 1389u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55226,8 +55790,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1379u32,
+        wire: 1566u32,
+        call: 1389u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55290,8 +55854,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1380u32,
+        wire: 1567u32,
+        call: 1390u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55354,8 +55918,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1380u32,
+        wire: 1568u32,
+        call: 1390u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55418,8 +55982,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1381u32,
+        wire: 1569u32,
+        call: 1391u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55482,8 +56046,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1381u32,
+        wire: 1570u32,
+        call: 1391u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55546,8 +56110,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1382u32,
+        wire: 1571u32,
+        call: 1392u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -55578,8 +56142,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1382u32,
+        wire: 1572u32,
+        call: 1392u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -55610,8 +56174,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1383u32,
+        wire: 1573u32,
+        call: 1393u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -55652,8 +56216,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1383u32,
+        wire: 1574u32,
+        call: 1393u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -55694,8 +56258,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1384u32,
+        wire: 1575u32,
+        call: 1394u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -55724,8 +56288,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1384u32,
+        wire: 1576u32,
+        call: 1394u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -55754,8 +56318,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1385u32,
+        wire: 1577u32,
+        call: 1395u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -55800,8 +56364,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1386u32,
+        wire: 1578u32,
+        call: 1396u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -55834,8 +56398,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1387u32,
+        wire: 1579u32,
+        call: 1397u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -55900,8 +56464,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1387u32,
+        wire: 1580u32,
+        call: 1397u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -55966,8 +56530,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1388u32,
+        wire: 1581u32,
+        call: 1398u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56024,8 +56588,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1388u32,
+        wire: 1582u32,
+        call: 1398u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56082,8 +56646,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1389u32,
+        wire: 1583u32,
+        call: 1399u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -56128,8 +56692,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1389u32,
+        wire: 1584u32,
+        call: 1399u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -56174,8 +56738,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1390u32,
+        wire: 1585u32,
+        call: 1400u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -56204,8 +56768,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1390u32,
+        wire: 1586u32,
+        call: 1400u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -56234,8 +56798,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1391u32,
+        wire: 1587u32,
+        call: 1401u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -56276,8 +56840,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1391u32,
+        wire: 1588u32,
+        call: 1401u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -56318,8 +56882,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1392u32,
+        wire: 1589u32,
+        call: 1402u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -56364,8 +56928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1392u32,
+        wire: 1590u32,
+        call: 1402u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -56410,8 +56974,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1393u32,
+        wire: 1591u32,
+        call: 1403u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -56482,8 +57046,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1393u32,
+        wire: 1592u32,
+        call: 1403u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -56554,8 +57118,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1394u32,
+        wire: 1593u32,
+        call: 1404u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -56605,8 +57169,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1394u32,
+        wire: 1594u32,
+        call: 1404u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -56656,8 +57220,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1395u32,
+        wire: 1595u32,
+        call: 1405u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -56686,8 +57250,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1395u32,
+        wire: 1596u32,
+        call: 1405u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -56716,8 +57280,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1396u32,
+        wire: 1597u32,
+        call: 1406u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -56772,8 +57336,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1396u32,
+        wire: 1598u32,
+        call: 1406u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -56828,8 +57392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1397u32,
+        wire: 1599u32,
+        call: 1407u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56878,8 +57442,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1397u32,
+        wire: 1600u32,
+        call: 1407u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56928,8 +57492,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1398u32,
+        wire: 1601u32,
+        call: 1408u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -56958,8 +57522,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1398u32,
+        wire: 1602u32,
+        call: 1408u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -56988,8 +57552,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1399u32,
+        wire: 1603u32,
+        call: 1409u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57044,8 +57608,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1399u32,
+        wire: 1604u32,
+        call: 1409u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57100,8 +57664,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1400u32,
+        wire: 1605u32,
+        call: 1410u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57150,8 +57714,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1400u32,
+        wire: 1606u32,
+        call: 1410u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57200,8 +57764,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1401u32,
+        wire: 1607u32,
+        call: 1411u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -57230,8 +57794,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1401u32,
+        wire: 1608u32,
+        call: 1411u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -57260,8 +57824,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1402u32,
+        wire: 1609u32,
+        call: 1412u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57316,8 +57880,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1402u32,
+        wire: 1610u32,
+        call: 1412u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57372,8 +57936,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1403u32,
+        wire: 1611u32,
+        call: 1413u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57422,8 +57986,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1403u32,
+        wire: 1612u32,
+        call: 1413u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57472,8 +58036,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1404u32,
+        wire: 1613u32,
+        call: 1414u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -57502,8 +58066,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1404u32,
+        wire: 1614u32,
+        call: 1414u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -57532,8 +58096,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1405u32,
+        wire: 1615u32,
+        call: 1415u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -57562,8 +58126,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1405u32,
+        wire: 1616u32,
+        call: 1415u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -57592,8 +58156,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1406u32,
+        wire: 1617u32,
+        call: 1416u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -57634,8 +58198,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1406u32,
+        wire: 1618u32,
+        call: 1416u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -57676,8 +58240,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1407u32,
+        wire: 1619u32,
+        call: 1417u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -57706,8 +58270,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1407u32,
+        wire: 1620u32,
+        call: 1417u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -57736,8 +58300,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1408u32,
+        wire: 1621u32,
+        call: 1418u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -57758,8 +58322,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1408u32,
+        wire: 1622u32,
+        call: 1418u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -57780,8 +58344,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1409u32,
+        wire: 1623u32,
+        call: 1419u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -57821,8 +58385,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1409u32,
+        wire: 1624u32,
+        call: 1419u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -57862,8 +58426,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1410u32,
+        wire: 1625u32,
+        call: 1420u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -57917,8 +58481,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1410u32,
+        wire: 1626u32,
+        call: 1420u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -57972,8 +58536,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1411u32,
+        wire: 1627u32,
+        call: 1421u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58024,8 +58588,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1411u32,
+        wire: 1628u32,
+        call: 1421u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58076,8 +58640,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1412u32,
+        wire: 1629u32,
+        call: 1422u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -58106,8 +58670,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1412u32,
+        wire: 1630u32,
+        call: 1422u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -58136,8 +58700,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1413u32,
+        wire: 1631u32,
+        call: 1423u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -58212,8 +58776,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1413u32,
+        wire: 1632u32,
+        call: 1423u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -58288,8 +58852,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1414u32,
+        wire: 1633u32,
+        call: 1424u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -58336,8 +58900,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1414u32,
+        wire: 1634u32,
+        call: 1424u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -58384,8 +58948,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1415u32,
+        wire: 1635u32,
+        call: 1425u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -58414,8 +58978,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1416u32,
+        wire: 1636u32,
+        call: 1426u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -58436,8 +59000,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1416u32,
+        wire: 1637u32,
+        call: 1426u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -58458,8 +59022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1417u32,
+        wire: 1638u32,
+        call: 1427u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -58536,8 +59100,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1417u32,
+        wire: 1639u32,
+        call: 1427u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -58614,8 +59178,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1418u32,
+        wire: 1640u32,
+        call: 1428u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -58684,8 +59248,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1418u32,
+        wire: 1641u32,
+        call: 1428u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -58754,8 +59318,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1419u32,
+        wire: 1642u32,
+        call: 1429u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -58808,8 +59372,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1419u32,
+        wire: 1643u32,
+        call: 1429u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -58862,8 +59426,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1420u32,
+        wire: 1644u32,
+        call: 1430u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58904,8 +59468,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1420u32,
+        wire: 1645u32,
+        call: 1430u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -58946,8 +59510,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1421u32,
+        wire: 1646u32,
+        call: 1431u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59018,8 +59582,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1421u32,
+        wire: 1647u32,
+        call: 1431u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59090,8 +59654,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1422u32,
+        wire: 1648u32,
+        call: 1432u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -59137,8 +59701,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1422u32,
+        wire: 1649u32,
+        call: 1432u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -59184,8 +59748,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1423u32,
+        wire: 1650u32,
+        call: 1433u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59248,8 +59812,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1423u32,
+        wire: 1651u32,
+        call: 1433u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59312,8 +59876,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1424u32,
+        wire: 1652u32,
+        call: 1434u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -59350,8 +59914,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1424u32,
+        wire: 1653u32,
+        call: 1434u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -59388,8 +59952,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1425u32,
+        wire: 1654u32,
+        call: 1435u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -59418,8 +59982,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1425u32,
+        wire: 1655u32,
+        call: 1435u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -59448,8 +60012,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1426u32,
+        wire: 1656u32,
+        call: 1436u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -59482,8 +60046,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1427u32,
+        wire: 1657u32,
+        call: 1437u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -59516,8 +60080,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1428u32,
+        wire: 1658u32,
+        call: 1438u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -59546,8 +60110,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1429u32,
+        wire: 1659u32,
+        call: 1439u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -59580,8 +60144,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1430u32,
+        wire: 1660u32,
+        call: 1440u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -59614,8 +60178,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1431u32,
+        wire: 1661u32,
+        call: 1441u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -59644,8 +60208,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1432u32,
+        wire: 1662u32,
+        call: 1442u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -59674,8 +60238,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1433u32,
+        wire: 1663u32,
+        call: 1443u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -59716,8 +60280,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1434u32,
+        wire: 1664u32,
+        call: 1444u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -59764,8 +60328,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1434u32,
+        wire: 1665u32,
+        call: 1444u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -59812,8 +60376,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1435u32,
+        wire: 1666u32,
+        call: 1445u32,
         name: "cudnnGetRNNWeightParams",
         form: Some("call"),
         library: "cudnn",
@@ -59873,8 +60437,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1435u32,
+        wire: 1667u32,
+        call: 1445u32,
         name: "cudnnGetRNNWeightParams",
         form: Some("call"),
         library: "cudnn",
@@ -59934,8 +60498,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1436u32,
+        wire: 1668u32,
+        call: 1446u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -59968,8 +60532,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1436u32,
+        wire: 1669u32,
+        call: 1446u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -60002,8 +60566,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1437u32,
+        wire: 1670u32,
+        call: 1447u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60056,8 +60620,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1437u32,
+        wire: 1671u32,
+        call: 1447u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60110,8 +60674,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1438u32,
+        wire: 1672u32,
+        call: 1448u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -60152,8 +60716,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1438u32,
+        wire: 1673u32,
+        call: 1448u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -60194,8 +60758,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1439u32,
+        wire: 1674u32,
+        call: 1449u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -60236,8 +60800,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1439u32,
+        wire: 1675u32,
+        call: 1449u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -60278,8 +60842,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1440u32,
+        wire: 1676u32,
+        call: 1450u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60306,8 +60870,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1440u32,
+        wire: 1677u32,
+        call: 1450u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60334,8 +60898,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1441u32,
+        wire: 1678u32,
+        call: 1451u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60407,8 +60971,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1441u32,
+        wire: 1679u32,
+        call: 1451u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60480,8 +61044,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1442u32,
+        wire: 1680u32,
+        call: 1452u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -60532,8 +61096,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1442u32,
+        wire: 1681u32,
+        call: 1452u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -60584,8 +61148,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1443u32,
+        wire: 1682u32,
+        call: 1453u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -60614,8 +61178,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1443u32,
+        wire: 1683u32,
+        call: 1453u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -60644,8 +61208,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1444u32,
+        wire: 1684u32,
+        call: 1454u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60702,8 +61266,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1444u32,
+        wire: 1685u32,
+        call: 1454u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -60760,8 +61324,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1445u32,
+        wire: 1686u32,
+        call: 1455u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -60782,8 +61346,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1445u32,
+        wire: 1687u32,
+        call: 1455u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -60804,8 +61368,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1446u32,
+        wire: 1688u32,
+        call: 1456u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -60823,8 +61387,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1447u32,
+        wire: 1689u32,
+        call: 1457u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -60861,8 +61425,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1447u32,
+        wire: 1690u32,
+        call: 1457u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -60899,8 +61463,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1448u32,
+        wire: 1691u32,
+        call: 1458u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -60963,8 +61527,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1448u32,
+        wire: 1692u32,
+        call: 1458u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -61027,8 +61591,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1449u32,
+        wire: 1693u32,
+        call: 1459u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -61081,8 +61645,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1449u32,
+        wire: 1694u32,
+        call: 1459u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -61135,8 +61699,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1450u32,
+        wire: 1695u32,
+        call: 1460u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -61173,8 +61737,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1450u32,
+        wire: 1696u32,
+        call: 1460u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -61211,8 +61775,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1451u32,
+        wire: 1697u32,
+        call: 1461u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -61230,8 +61794,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1452u32,
+        wire: 1698u32,
+        call: 1462u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -61249,8 +61813,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1453u32,
+        wire: 1699u32,
+        call: 1463u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -61268,8 +61832,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1454u32,
+        wire: 1700u32,
+        call: 1464u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -61328,8 +61892,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1454u32,
+        wire: 1701u32,
+        call: 1464u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -61388,8 +61952,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1455u32,
+        wire: 1702u32,
+        call: 1465u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -61438,8 +62002,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1455u32,
+        wire: 1703u32,
+        call: 1465u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -61488,8 +62052,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1456u32,
+        wire: 1704u32,
+        call: 1466u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -61526,8 +62090,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1456u32,
+        wire: 1705u32,
+        call: 1466u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -61564,8 +62128,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1457u32,
+        wire: 1706u32,
+        call: 1467u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -61633,8 +62197,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1457u32,
+        wire: 1707u32,
+        call: 1467u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -61702,8 +62266,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1458u32,
+        wire: 1708u32,
+        call: 1468u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -61760,8 +62324,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1459u32,
+        wire: 1709u32,
+        call: 1469u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -61823,8 +62387,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1459u32,
+        wire: 1710u32,
+        call: 1469u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -61886,8 +62450,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1460u32,
+        wire: 1711u32,
+        call: 1470u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -61956,8 +62520,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1460u32,
+        wire: 1712u32,
+        call: 1470u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -62026,8 +62590,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1461u32,
+        wire: 1713u32,
+        call: 1471u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -62078,8 +62642,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1462u32,
+        wire: 1714u32,
+        call: 1472u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -62126,8 +62690,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1462u32,
+        wire: 1715u32,
+        call: 1472u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -62174,8 +62738,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1463u32,
+        wire: 1716u32,
+        call: 1473u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -62216,8 +62780,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1464u32,
+        wire: 1717u32,
+        call: 1474u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -62260,8 +62824,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1465u32,
+        wire: 1718u32,
+        call: 1475u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -62300,8 +62864,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1465u32,
+        wire: 1719u32,
+        call: 1475u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -62340,8 +62904,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1466u32,
+        wire: 1720u32,
+        call: 1476u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -62376,8 +62940,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1467u32,
+        wire: 1721u32,
+        call: 1477u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -62417,8 +62981,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1467u32,
+        wire: 1722u32,
+        call: 1477u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -62458,8 +63022,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1468u32,
+        wire: 1723u32,
+        call: 1478u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -62493,8 +63057,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1468u32,
+        wire: 1724u32,
+        call: 1478u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -62528,8 +63092,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1469u32,
+        wire: 1725u32,
+        call: 1479u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -62564,8 +63128,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1469u32,
+        wire: 1726u32,
+        call: 1479u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -62600,8 +63164,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1470u32,
+        wire: 1727u32,
+        call: 1480u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -62628,8 +63192,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1470u32,
+        wire: 1728u32,
+        call: 1480u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -62656,8 +63220,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1471u32,
+        wire: 1729u32,
+        call: 1481u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -62681,8 +63245,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1472u32,
+        wire: 1730u32,
+        call: 1482u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -62721,8 +63285,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1473u32,
+        wire: 1731u32,
+        call: 1483u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -62821,8 +63385,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1473u32,
+        wire: 1732u32,
+        call: 1483u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -62921,8 +63485,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1474u32,
+        wire: 1733u32,
+        call: 1484u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62949,8 +63513,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1474u32,
+        wire: 1734u32,
+        call: 1484u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -62977,8 +63541,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1475u32,
+        wire: 1735u32,
+        call: 1485u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -63013,8 +63577,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1475u32,
+        wire: 1736u32,
+        call: 1485u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -63049,8 +63613,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1476u32,
+        wire: 1737u32,
+        call: 1486u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -63089,8 +63653,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1476u32,
+        wire: 1738u32,
+        call: 1486u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -63129,8 +63693,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1477u32,
+        wire: 1739u32,
+        call: 1487u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -63169,8 +63733,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1478u32,
+        wire: 1740u32,
+        call: 1488u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -63225,8 +63789,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1478u32,
+        wire: 1741u32,
+        call: 1488u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -63281,8 +63845,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1479u32,
+        wire: 1742u32,
+        call: 1489u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -63309,8 +63873,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1479u32,
+        wire: 1743u32,
+        call: 1489u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -63337,8 +63901,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1480u32,
+        wire: 1744u32,
+        call: 1490u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -63365,8 +63929,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1480u32,
+        wire: 1745u32,
+        call: 1490u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -63393,8 +63957,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1481u32,
+        wire: 1746u32,
+        call: 1491u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -63447,8 +64011,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1481u32,
+        wire: 1747u32,
+        call: 1491u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -63501,8 +64065,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1482u32,
+        wire: 1748u32,
+        call: 1492u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -63529,8 +64093,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1482u32,
+        wire: 1749u32,
+        call: 1492u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -63557,8 +64121,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1483u32,
+        wire: 1750u32,
+        call: 1493u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -63598,8 +64162,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1483u32,
+        wire: 1751u32,
+        call: 1493u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -63639,8 +64203,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1484u32,
+        wire: 1752u32,
+        call: 1494u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -63687,8 +64251,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1484u32,
+        wire: 1753u32,
+        call: 1494u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -63735,8 +64299,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1485u32,
+        wire: 1754u32,
+        call: 1495u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -63777,8 +64341,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1485u32,
+        wire: 1755u32,
+        call: 1495u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -63819,8 +64383,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1486u32,
+        wire: 1756u32,
+        call: 1496u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -63859,8 +64423,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1486u32,
+        wire: 1757u32,
+        call: 1496u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -63899,8 +64463,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1487u32,
+        wire: 1758u32,
+        call: 1497u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -63935,8 +64499,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1487u32,
+        wire: 1759u32,
+        call: 1497u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -63971,8 +64535,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1488u32,
+        wire: 1760u32,
+        call: 1498u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -63999,8 +64563,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1489u32,
+        wire: 1761u32,
+        call: 1499u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -64055,8 +64619,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1489u32,
+        wire: 1762u32,
+        call: 1499u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -64111,8 +64675,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1490u32,
+        wire: 1763u32,
+        call: 1500u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -64143,8 +64707,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1491u32,
+        wire: 1764u32,
+        call: 1501u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -64171,8 +64735,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1492u32,
+        wire: 1765u32,
+        call: 1502u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -64227,8 +64791,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1492u32,
+        wire: 1766u32,
+        call: 1502u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -64283,8 +64847,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1493u32,
+        wire: 1767u32,
+        call: 1503u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -64343,8 +64907,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1494u32,
+        wire: 1768u32,
+        call: 1504u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -64423,8 +64987,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1494u32,
+        wire: 1769u32,
+        call: 1504u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -64503,8 +65067,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1495u32,
+        wire: 1770u32,
+        call: 1505u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -64531,8 +65095,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1496u32,
+        wire: 1771u32,
+        call: 1506u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -64559,8 +65123,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1497u32,
+        wire: 1772u32,
+        call: 1507u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -64595,8 +65159,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1498u32,
+        wire: 1773u32,
+        call: 1508u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -64639,8 +65203,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1498u32,
+        wire: 1774u32,
+        call: 1508u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -64683,8 +65247,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1499u32,
+        wire: 1775u32,
+        call: 1509u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64725,8 +65289,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1499u32,
+        wire: 1776u32,
+        call: 1509u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64767,8 +65331,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1500u32,
+        wire: 1777u32,
+        call: 1510u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -64795,8 +65359,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1500u32,
+        wire: 1778u32,
+        call: 1510u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -64823,8 +65387,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1501u32,
+        wire: 1779u32,
+        call: 1511u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64871,8 +65435,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1501u32,
+        wire: 1780u32,
+        call: 1511u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64919,8 +65483,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1502u32,
+        wire: 1781u32,
+        call: 1512u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -64979,8 +65543,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1502u32,
+        wire: 1782u32,
+        call: 1512u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -65039,8 +65603,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1503u32,
+        wire: 1783u32,
+        call: 1513u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65083,8 +65647,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1503u32,
+        wire: 1784u32,
+        call: 1513u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65127,8 +65691,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1504u32,
+        wire: 1785u32,
+        call: 1514u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -65186,8 +65750,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1504u32,
+        wire: 1786u32,
+        call: 1514u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -65245,8 +65809,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1505u32,
+        wire: 1787u32,
+        call: 1515u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -65299,8 +65863,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1505u32,
+        wire: 1788u32,
+        call: 1515u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -65353,8 +65917,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1506u32,
+        wire: 1789u32,
+        call: 1516u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -65383,8 +65947,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1506u32,
+        wire: 1790u32,
+        call: 1516u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -65413,8 +65977,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1507u32,
+        wire: 1791u32,
+        call: 1517u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -65443,8 +66007,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1507u32,
+        wire: 1792u32,
+        call: 1517u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -65473,8 +66037,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1508u32,
+        wire: 1793u32,
+        call: 1518u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -65542,8 +66106,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1508u32,
+        wire: 1794u32,
+        call: 1518u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -65611,8 +66175,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1509u32,
+        wire: 1795u32,
+        call: 1519u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -65662,8 +66226,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1509u32,
+        wire: 1796u32,
+        call: 1519u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -65713,8 +66277,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1510u32,
+        wire: 1797u32,
+        call: 1520u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -65759,8 +66323,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1510u32,
+        wire: 1798u32,
+        call: 1520u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -65811,8 +66375,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1712u32,
+        wire: 2000u32,
+        call: 1722u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -65837,8 +66401,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1713u32,
+        wire: 2001u32,
+        call: 1723u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -65861,8 +66425,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1714u32,
+        wire: 2002u32,
+        call: 1724u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -65889,8 +66453,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1715u32,
+        wire: 2003u32,
+        call: 1725u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -65917,8 +66481,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1716u32,
+        wire: 2004u32,
+        call: 1726u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -65949,8 +66513,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1717u32,
+        wire: 2005u32,
+        call: 1727u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -65977,8 +66541,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1718u32,
+        wire: 2006u32,
+        call: 1728u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -66002,8 +66566,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1719u32,
+        wire: 2007u32,
+        call: 1729u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -66030,8 +66594,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1720u32,
+        wire: 2008u32,
+        call: 1730u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -66060,8 +66624,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1721u32,
+        wire: 2009u32,
+        call: 1731u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -66144,8 +66708,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1722u32,
+        wire: 2010u32,
+        call: 1732u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -66176,8 +66740,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1723u32,
+        wire: 2011u32,
+        call: 1733u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -66215,8 +66779,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1724u32,
+        wire: 2012u32,
+        call: 1734u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -66243,8 +66807,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1725u32,
+        wire: 2013u32,
+        call: 1735u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -66271,8 +66835,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1726u32,
+        wire: 2014u32,
+        call: 1736u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -66299,8 +66863,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1727u32,
+        wire: 2015u32,
+        call: 1737u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -66323,8 +66887,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1728u32,
+        wire: 2016u32,
+        call: 1738u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -66347,8 +66911,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1729u32,
+        wire: 2017u32,
+        call: 1739u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -66371,8 +66935,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1730u32,
+        wire: 2018u32,
+        call: 1740u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -66399,8 +66963,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1731u32,
+        wire: 2019u32,
+        call: 1741u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -66427,8 +66991,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1732u32,
+        wire: 2020u32,
+        call: 1742u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -66455,8 +67019,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1733u32,
+        wire: 2021u32,
+        call: 1743u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -66483,8 +67047,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1734u32,
+        wire: 2022u32,
+        call: 1744u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -66523,8 +67087,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 2038u32,
+        wire: 2326u32,
+        call: 2048u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -66561,8 +67125,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 2039u32,
+        wire: 2327u32,
+        call: 2049u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -66605,8 +67169,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 2040u32,
+        wire: 2328u32,
+        call: 2050u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -66648,8 +67212,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 2041u32,
+        wire: 2329u32,
+        call: 2051u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -66711,8 +67275,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 2042u32,
+        wire: 2330u32,
+        call: 2052u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -66749,8 +67313,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 2043u32,
+        wire: 2331u32,
+        call: 2053u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -66837,8 +67401,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 2044u32,
+        wire: 2332u32,
+        call: 2054u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -66919,8 +67483,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 2045u32,
+        wire: 2333u32,
+        call: 2055u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -66985,8 +67549,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 2046u32,
+        wire: 2334u32,
+        call: 2056u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -67051,8 +67615,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 2047u32,
+        wire: 2335u32,
+        call: 2057u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -67117,8 +67681,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2048u32,
+        wire: 2336u32,
+        call: 2058u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67183,8 +67747,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2049u32,
+        wire: 2337u32,
+        call: 2059u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -67223,8 +67787,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2050u32,
+        wire: 2338u32,
+        call: 2060u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67266,8 +67830,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2051u32,
+        wire: 2339u32,
+        call: 2061u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -67314,8 +67878,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2052u32,
+        wire: 2340u32,
+        call: 2062u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -67362,8 +67926,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2053u32,
+        wire: 2341u32,
+        call: 2063u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67410,8 +67974,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2054u32,
+        wire: 2342u32,
+        call: 2064u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -67462,8 +68026,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2055u32,
+        wire: 2343u32,
+        call: 2065u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -67518,8 +68082,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2056u32,
+        wire: 2344u32,
+        call: 2066u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -67574,8 +68138,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2057u32,
+        wire: 2345u32,
+        call: 2067u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67626,8 +68190,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2058u32,
+        wire: 2346u32,
+        call: 2068u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -67683,8 +68247,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2059u32,
+        wire: 2347u32,
+        call: 2069u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67740,8 +68304,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2060u32,
+        wire: 2348u32,
+        call: 2070u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -67801,8 +68365,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2061u32,
+        wire: 2349u32,
+        call: 2071u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67862,8 +68426,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2062u32,
+        wire: 2350u32,
+        call: 2072u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -67908,8 +68472,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2063u32,
+        wire: 2351u32,
+        call: 2073u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -67951,8 +68515,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2064u32,
+        wire: 2352u32,
+        call: 2074u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -67994,8 +68558,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2065u32,
+        wire: 2353u32,
+        call: 2075u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -68037,8 +68601,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2066u32,
+        wire: 2354u32,
+        call: 2076u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -68079,8 +68643,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2067u32,
+        wire: 2355u32,
+        call: 2077u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68122,8 +68686,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2068u32,
+        wire: 2356u32,
+        call: 2078u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -68165,8 +68729,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2069u32,
+        wire: 2357u32,
+        call: 2079u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -68208,8 +68772,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2070u32,
+        wire: 2358u32,
+        call: 2080u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -68255,8 +68819,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2071u32,
+        wire: 2359u32,
+        call: 2081u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -68306,8 +68870,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2072u32,
+        wire: 2360u32,
+        call: 2082u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -68330,8 +68894,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2073u32,
+        wire: 2361u32,
+        call: 2083u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -68354,8 +68918,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2074u32,
+        wire: 2362u32,
+        call: 2084u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -68378,8 +68942,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2075u32,
+        wire: 2363u32,
+        call: 2085u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -68402,8 +68966,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2076u32,
+        wire: 2364u32,
+        call: 2086u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -68446,8 +69010,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2077u32,
+        wire: 2365u32,
+        call: 2087u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68485,8 +69049,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2078u32,
+        wire: 2366u32,
+        call: 2088u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -68529,8 +69093,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2079u32,
+        wire: 2367u32,
+        call: 2089u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -68573,8 +69137,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2080u32,
+        wire: 2368u32,
+        call: 2090u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -68625,8 +69189,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2081u32,
+        wire: 2369u32,
+        call: 2091u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68677,8 +69241,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2082u32,
+        wire: 2370u32,
+        call: 2092u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -68725,8 +69289,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2083u32,
+        wire: 2371u32,
+        call: 2093u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68773,8 +69337,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2084u32,
+        wire: 2372u32,
+        call: 2094u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -68817,8 +69381,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2085u32,
+        wire: 2373u32,
+        call: 2095u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68861,8 +69425,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2086u32,
+        wire: 2374u32,
+        call: 2096u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -68922,8 +69486,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2087u32,
+        wire: 2375u32,
+        call: 2097u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -68983,8 +69547,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2088u32,
+        wire: 2376u32,
+        call: 2098u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -69044,8 +69608,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2089u32,
+        wire: 2377u32,
+        call: 2099u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69105,8 +69669,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2090u32,
+        wire: 2378u32,
+        call: 2100u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -69129,8 +69693,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2091u32,
+        wire: 2379u32,
+        call: 2101u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -69153,8 +69717,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2092u32,
+        wire: 2380u32,
+        call: 2102u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -69177,8 +69741,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2093u32,
+        wire: 2381u32,
+        call: 2103u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -69201,8 +69765,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2094u32,
+        wire: 2382u32,
+        call: 2104u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69239,8 +69803,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2095u32,
+        wire: 2383u32,
+        call: 2105u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -69283,8 +69847,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2096u32,
+        wire: 2384u32,
+        call: 2106u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69326,8 +69890,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2097u32,
+        wire: 2385u32,
+        call: 2107u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -69389,8 +69953,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2098u32,
+        wire: 2386u32,
+        call: 2108u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69427,8 +69991,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2099u32,
+        wire: 2387u32,
+        call: 2109u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -69515,8 +70079,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2100u32,
+        wire: 2388u32,
+        call: 2110u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -69597,8 +70161,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2101u32,
+        wire: 2389u32,
+        call: 2111u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -69663,8 +70227,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2102u32,
+        wire: 2390u32,
+        call: 2112u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -69729,8 +70293,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2103u32,
+        wire: 2391u32,
+        call: 2113u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -69795,8 +70359,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2104u32,
+        wire: 2392u32,
+        call: 2114u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -69861,8 +70425,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2105u32,
+        wire: 2393u32,
+        call: 2115u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -69901,8 +70465,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2106u32,
+        wire: 2394u32,
+        call: 2116u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69944,8 +70508,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2107u32,
+        wire: 2395u32,
+        call: 2117u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -69992,8 +70556,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2108u32,
+        wire: 2396u32,
+        call: 2118u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -70038,8 +70602,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2109u32,
+        wire: 2397u32,
+        call: 2119u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -70081,8 +70645,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2110u32,
+        wire: 2398u32,
+        call: 2120u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -70124,8 +70688,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2111u32,
+        wire: 2399u32,
+        call: 2121u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -70176,8 +70740,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2112u32,
+        wire: 2400u32,
+        call: 2122u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -70228,8 +70792,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2113u32,
+        wire: 2401u32,
+        call: 2123u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -70276,8 +70840,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2114u32,
+        wire: 2402u32,
+        call: 2124u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -70324,8 +70888,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2115u32,
+        wire: 2403u32,
+        call: 2125u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -70368,8 +70932,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2116u32,
+        wire: 2404u32,
+        call: 2126u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -70412,8 +70976,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2117u32,
+        wire: 2405u32,
+        call: 2127u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -70473,8 +71037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2118u32,
+        wire: 2406u32,
+        call: 2128u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -70534,8 +71098,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2119u32,
+        wire: 2407u32,
+        call: 2129u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -70595,8 +71159,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2120u32,
+        wire: 2408u32,
+        call: 2130u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -70656,8 +71220,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2121u32,
+        wire: 2409u32,
+        call: 2131u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -70699,8 +71263,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2122u32,
+        wire: 2410u32,
+        call: 2132u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -70741,8 +71305,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2123u32,
+        wire: 2411u32,
+        call: 2133u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70784,8 +71348,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2124u32,
+        wire: 2412u32,
+        call: 2134u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -70827,8 +71391,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2125u32,
+        wire: 2413u32,
+        call: 2135u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -70870,8 +71434,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2126u32,
+        wire: 2414u32,
+        call: 2136u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -70917,8 +71481,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2127u32,
+        wire: 2415u32,
+        call: 2137u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -70968,8 +71532,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2128u32,
+        wire: 2416u32,
+        call: 2138u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -71016,8 +71580,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2129u32,
+        wire: 2417u32,
+        call: 2139u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71064,8 +71628,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2130u32,
+        wire: 2418u32,
+        call: 2140u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -71116,8 +71680,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2131u32,
+        wire: 2419u32,
+        call: 2141u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -71172,8 +71736,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2132u32,
+        wire: 2420u32,
+        call: 2142u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -71228,8 +71792,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2133u32,
+        wire: 2421u32,
+        call: 2143u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -71280,8 +71844,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2134u32,
+        wire: 2422u32,
+        call: 2144u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -71337,8 +71901,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2135u32,
+        wire: 2423u32,
+        call: 2145u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71394,8 +71958,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2136u32,
+        wire: 2424u32,
+        call: 2146u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -71455,8 +72019,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2137u32,
+        wire: 2425u32,
+        call: 2147u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -71516,8 +72080,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2138u32,
+        wire: 2426u32,
+        call: 2148u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -71560,8 +72124,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2139u32,
+        wire: 2427u32,
+        call: 2149u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71599,8 +72163,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2140u32,
+        wire: 2428u32,
+        call: 2150u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -71643,8 +72207,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2141u32,
+        wire: 2429u32,
+        call: 2151u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -71687,8 +72251,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2142u32,
+        wire: 2430u32,
+        call: 2152u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -71715,8 +72279,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2143u32,
+        wire: 2431u32,
+        call: 2153u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -71775,8 +72339,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2144u32,
+        wire: 2432u32,
+        call: 2154u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -71799,8 +72363,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2145u32,
+        wire: 2433u32,
+        call: 2155u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -71823,8 +72387,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2146u32,
+        wire: 2434u32,
+        call: 2156u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -71847,8 +72411,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2147u32,
+        wire: 2435u32,
+        call: 2157u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -71871,8 +72435,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2148u32,
+        wire: 2436u32,
+        call: 2158u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -71895,8 +72459,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2149u32,
+        wire: 2437u32,
+        call: 2159u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -71919,8 +72483,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2150u32,
+        wire: 2438u32,
+        call: 2160u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -71943,8 +72507,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2151u32,
+        wire: 2439u32,
+        call: 2161u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -71971,8 +72535,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2152u32,
+        wire: 2440u32,
+        call: 2162u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -71999,8 +72563,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2153u32,
+        wire: 2441u32,
+        call: 2163u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -72027,8 +72591,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2154u32,
+        wire: 2442u32,
+        call: 2164u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -72055,8 +72619,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2155u32,
+        wire: 2443u32,
+        call: 2165u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -72083,8 +72647,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2156u32,
+        wire: 2444u32,
+        call: 2166u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -72115,8 +72679,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2157u32,
+        wire: 2445u32,
+        call: 2167u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -72143,8 +72707,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2158u32,
+        wire: 2446u32,
+        call: 2168u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -72171,8 +72735,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2159u32,
+        wire: 2447u32,
+        call: 2169u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -72190,8 +72754,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2160u32,
+        wire: 2448u32,
+        call: 2170u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -72214,8 +72778,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2161u32,
+        wire: 2449u32,
+        call: 2171u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -72238,8 +72802,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2162u32,
+        wire: 2450u32,
+        call: 2172u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -72297,8 +72861,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2163u32,
+        wire: 2451u32,
+        call: 2173u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -72329,8 +72893,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2164u32,
+        wire: 2452u32,
+        call: 2174u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -72357,8 +72921,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2165u32,
+        wire: 2453u32,
+        call: 2175u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -72385,8 +72949,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2166u32,
+        wire: 2454u32,
+        call: 2176u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -72413,8 +72977,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2167u32,
+        wire: 2455u32,
+        call: 2177u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -72441,8 +73005,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2168u32,
+        wire: 2456u32,
+        call: 2178u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72479,8 +73043,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2169u32,
+        wire: 2457u32,
+        call: 2179u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -72523,8 +73087,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2170u32,
+        wire: 2458u32,
+        call: 2180u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72566,8 +73130,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2171u32,
+        wire: 2459u32,
+        call: 2181u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -72629,8 +73193,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2172u32,
+        wire: 2460u32,
+        call: 2182u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -72667,8 +73231,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2173u32,
+        wire: 2461u32,
+        call: 2183u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -72755,8 +73319,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2174u32,
+        wire: 2462u32,
+        call: 2184u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -72837,8 +73401,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2175u32,
+        wire: 2463u32,
+        call: 2185u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -72903,8 +73467,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2176u32,
+        wire: 2464u32,
+        call: 2186u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -72969,8 +73533,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2177u32,
+        wire: 2465u32,
+        call: 2187u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -73035,8 +73599,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2178u32,
+        wire: 2466u32,
+        call: 2188u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -73101,8 +73665,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2179u32,
+        wire: 2467u32,
+        call: 2189u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -73141,8 +73705,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2180u32,
+        wire: 2468u32,
+        call: 2190u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73184,8 +73748,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2181u32,
+        wire: 2469u32,
+        call: 2191u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -73232,8 +73796,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2182u32,
+        wire: 2470u32,
+        call: 2192u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -73278,8 +73842,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2183u32,
+        wire: 2471u32,
+        call: 2193u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -73321,8 +73885,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2184u32,
+        wire: 2472u32,
+        call: 2194u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -73364,8 +73928,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2185u32,
+        wire: 2473u32,
+        call: 2195u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -73416,8 +73980,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2186u32,
+        wire: 2474u32,
+        call: 2196u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73468,8 +74032,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2187u32,
+        wire: 2475u32,
+        call: 2197u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -73516,8 +74080,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2188u32,
+        wire: 2476u32,
+        call: 2198u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73564,8 +74128,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2189u32,
+        wire: 2477u32,
+        call: 2199u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -73608,8 +74172,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2190u32,
+        wire: 2478u32,
+        call: 2200u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73652,8 +74216,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2191u32,
+        wire: 2479u32,
+        call: 2201u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -73713,8 +74277,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2192u32,
+        wire: 2480u32,
+        call: 2202u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73774,8 +74338,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2193u32,
+        wire: 2481u32,
+        call: 2203u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -73835,8 +74399,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2194u32,
+        wire: 2482u32,
+        call: 2204u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -73896,8 +74460,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2195u32,
+        wire: 2483u32,
+        call: 2205u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -73939,8 +74503,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2196u32,
+        wire: 2484u32,
+        call: 2206u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -73981,8 +74545,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2197u32,
+        wire: 2485u32,
+        call: 2207u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -74024,8 +74588,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2198u32,
+        wire: 2486u32,
+        call: 2208u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -74067,8 +74631,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2199u32,
+        wire: 2487u32,
+        call: 2209u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -74110,8 +74674,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2200u32,
+        wire: 2488u32,
+        call: 2210u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -74157,8 +74721,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2201u32,
+        wire: 2489u32,
+        call: 2211u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -74208,8 +74772,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2202u32,
+        wire: 2490u32,
+        call: 2212u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -74256,8 +74820,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2203u32,
+        wire: 2491u32,
+        call: 2213u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74304,8 +74868,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2204u32,
+        wire: 2492u32,
+        call: 2214u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -74356,8 +74920,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2205u32,
+        wire: 2493u32,
+        call: 2215u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -74412,8 +74976,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2206u32,
+        wire: 2494u32,
+        call: 2216u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -74468,8 +75032,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2207u32,
+        wire: 2495u32,
+        call: 2217u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -74520,8 +75084,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2208u32,
+        wire: 2496u32,
+        call: 2218u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -74577,8 +75141,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2209u32,
+        wire: 2497u32,
+        call: 2219u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74634,8 +75198,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2210u32,
+        wire: 2498u32,
+        call: 2220u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -74695,8 +75259,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2211u32,
+        wire: 2499u32,
+        call: 2221u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -74756,8 +75320,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2212u32,
+        wire: 2500u32,
+        call: 2222u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -74800,8 +75364,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2213u32,
+        wire: 2501u32,
+        call: 2223u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -74839,8 +75403,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2214u32,
+        wire: 2502u32,
+        call: 2224u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -74883,8 +75447,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2215u32,
+        wire: 2503u32,
+        call: 2225u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -74927,8 +75491,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2216u32,
+        wire: 2504u32,
+        call: 2226u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -75019,8 +75583,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2217u32,
+        wire: 2505u32,
+        call: 2227u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -75107,8 +75671,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2218u32,
+        wire: 2506u32,
+        call: 2228u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -75177,8 +75741,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2219u32,
+        wire: 2507u32,
+        call: 2229u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75243,8 +75807,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2220u32,
+        wire: 2508u32,
+        call: 2230u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -75339,8 +75903,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2221u32,
+        wire: 2509u32,
+        call: 2231u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75431,8 +75995,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2222u32,
+        wire: 2510u32,
+        call: 2232u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -75459,8 +76023,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2223u32,
+        wire: 2511u32,
+        call: 2233u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -75487,8 +76051,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2224u32,
+        wire: 2512u32,
+        call: 2234u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -75515,8 +76079,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2225u32,
+        wire: 2513u32,
+        call: 2235u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -75607,8 +76171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2226u32,
+        wire: 2514u32,
+        call: 2236u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -75673,8 +76237,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2227u32,
+        wire: 2515u32,
+        call: 2237u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75734,8 +76298,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2228u32,
+        wire: 2516u32,
+        call: 2238u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -75794,8 +76358,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2229u32,
+        wire: 2517u32,
+        call: 2239u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -75859,8 +76423,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2230u32,
+        wire: 2518u32,
+        call: 2240u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75920,8 +76484,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2231u32,
+        wire: 2519u32,
+        call: 2241u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -75979,8 +76543,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2232u32,
+        wire: 2520u32,
+        call: 2242u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -76057,8 +76621,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2233u32,
+        wire: 2521u32,
+        call: 2243u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -76131,8 +76695,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2234u32,
+        wire: 2522u32,
+        call: 2244u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -76205,8 +76769,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2235u32,
+        wire: 2523u32,
+        call: 2245u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76275,8 +76839,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2236u32,
+        wire: 2524u32,
+        call: 2246u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -76303,8 +76867,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2237u32,
+        wire: 2525u32,
+        call: 2247u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -76331,8 +76895,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2238u32,
+        wire: 2526u32,
+        call: 2248u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -76359,8 +76923,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2239u32,
+        wire: 2527u32,
+        call: 2249u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -76430,8 +76994,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2240u32,
+        wire: 2528u32,
+        call: 2250u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -76497,8 +77061,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2241u32,
+        wire: 2529u32,
+        call: 2251u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -76558,8 +77122,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2242u32,
+        wire: 2530u32,
+        call: 2252u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -76615,8 +77179,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2243u32,
+        wire: 2531u32,
+        call: 2253u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76653,8 +77217,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2244u32,
+        wire: 2532u32,
+        call: 2254u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -76697,8 +77261,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2245u32,
+        wire: 2533u32,
+        call: 2255u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76740,8 +77304,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2246u32,
+        wire: 2534u32,
+        call: 2256u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -76803,8 +77367,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2247u32,
+        wire: 2535u32,
+        call: 2257u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76841,8 +77405,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2248u32,
+        wire: 2536u32,
+        call: 2258u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -76929,8 +77493,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2249u32,
+        wire: 2537u32,
+        call: 2259u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77011,8 +77575,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2250u32,
+        wire: 2538u32,
+        call: 2260u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -77077,8 +77641,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2251u32,
+        wire: 2539u32,
+        call: 2261u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -77143,8 +77707,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2252u32,
+        wire: 2540u32,
+        call: 2262u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77209,8 +77773,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2253u32,
+        wire: 2541u32,
+        call: 2263u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -77275,8 +77839,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2254u32,
+        wire: 2542u32,
+        call: 2264u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -77315,8 +77879,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2255u32,
+        wire: 2543u32,
+        call: 2265u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77358,8 +77922,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2256u32,
+        wire: 2544u32,
+        call: 2266u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -77406,8 +77970,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2257u32,
+        wire: 2545u32,
+        call: 2267u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -77454,8 +78018,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2258u32,
+        wire: 2546u32,
+        call: 2268u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77502,8 +78066,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2259u32,
+        wire: 2547u32,
+        call: 2269u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -77554,8 +78118,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2260u32,
+        wire: 2548u32,
+        call: 2270u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -77610,8 +78174,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2261u32,
+        wire: 2549u32,
+        call: 2271u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77666,8 +78230,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2262u32,
+        wire: 2550u32,
+        call: 2272u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -77718,8 +78282,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2263u32,
+        wire: 2551u32,
+        call: 2273u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -77775,8 +78339,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2264u32,
+        wire: 2552u32,
+        call: 2274u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77832,8 +78396,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2265u32,
+        wire: 2553u32,
+        call: 2275u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -77893,8 +78457,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2266u32,
+        wire: 2554u32,
+        call: 2276u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -77954,8 +78518,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2267u32,
+        wire: 2555u32,
+        call: 2277u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -78000,8 +78564,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2268u32,
+        wire: 2556u32,
+        call: 2278u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -78043,8 +78607,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2269u32,
+        wire: 2557u32,
+        call: 2279u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78086,8 +78650,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2270u32,
+        wire: 2558u32,
+        call: 2280u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -78129,8 +78693,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2271u32,
+        wire: 2559u32,
+        call: 2281u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -78171,8 +78735,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2272u32,
+        wire: 2560u32,
+        call: 2282u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78214,8 +78778,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2273u32,
+        wire: 2561u32,
+        call: 2283u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -78257,8 +78821,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2274u32,
+        wire: 2562u32,
+        call: 2284u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -78300,8 +78864,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2275u32,
+        wire: 2563u32,
+        call: 2285u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -78347,8 +78911,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2276u32,
+        wire: 2564u32,
+        call: 2286u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -78398,8 +78962,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2277u32,
+        wire: 2565u32,
+        call: 2287u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -78442,8 +79006,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2278u32,
+        wire: 2566u32,
+        call: 2288u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78481,8 +79045,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2279u32,
+        wire: 2567u32,
+        call: 2289u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -78525,8 +79089,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2280u32,
+        wire: 2568u32,
+        call: 2290u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -78569,8 +79133,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2281u32,
+        wire: 2569u32,
+        call: 2291u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -78621,8 +79185,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2282u32,
+        wire: 2570u32,
+        call: 2292u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78673,8 +79237,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2283u32,
+        wire: 2571u32,
+        call: 2293u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -78721,8 +79285,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2284u32,
+        wire: 2572u32,
+        call: 2294u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78769,8 +79333,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2285u32,
+        wire: 2573u32,
+        call: 2295u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -78813,8 +79377,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2286u32,
+        wire: 2574u32,
+        call: 2296u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78857,8 +79421,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2287u32,
+        wire: 2575u32,
+        call: 2297u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -78918,8 +79482,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2288u32,
+        wire: 2576u32,
+        call: 2298u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -78979,8 +79543,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2289u32,
+        wire: 2577u32,
+        call: 2299u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -79040,8 +79604,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2290u32,
+        wire: 2578u32,
+        call: 2300u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79101,8 +79665,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2291u32,
+        wire: 2579u32,
+        call: 2301u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -79125,8 +79689,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2292u32,
+        wire: 2580u32,
+        call: 2302u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -79149,8 +79713,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2293u32,
+        wire: 2581u32,
+        call: 2303u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -79173,8 +79737,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2294u32,
+        wire: 2582u32,
+        call: 2304u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -79197,8 +79761,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2295u32,
+        wire: 2583u32,
+        call: 2305u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -79221,8 +79785,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2296u32,
+        wire: 2584u32,
+        call: 2306u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -79245,8 +79809,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2297u32,
+        wire: 2585u32,
+        call: 2307u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -79277,8 +79841,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2298u32,
+        wire: 2586u32,
+        call: 2308u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -79309,8 +79873,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2299u32,
+        wire: 2587u32,
+        call: 2309u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -79341,8 +79905,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2300u32,
+        wire: 2588u32,
+        call: 2310u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -79369,8 +79933,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2301u32,
+        wire: 2589u32,
+        call: 2311u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -79393,8 +79957,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2302u32,
+        wire: 2590u32,
+        call: 2312u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -79417,8 +79981,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2303u32,
+        wire: 2591u32,
+        call: 2313u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -79441,8 +80005,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2304u32,
+        wire: 2592u32,
+        call: 2314u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -79465,8 +80029,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2305u32,
+        wire: 2593u32,
+        call: 2315u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -79493,8 +80057,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2306u32,
+        wire: 2594u32,
+        call: 2316u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -79524,8 +80088,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1735u32,
+        wire: 2023u32,
+        call: 1745u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -79566,8 +80130,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1736u32,
+        wire: 2024u32,
+        call: 1746u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -79606,8 +80170,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1737u32,
+        wire: 2025u32,
+        call: 1747u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -79660,8 +80224,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1738u32,
+        wire: 2026u32,
+        call: 1748u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -79716,8 +80280,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1739u32,
+        wire: 2027u32,
+        call: 1749u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79773,8 +80337,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1740u32,
+        wire: 2028u32,
+        call: 1750u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -79829,8 +80393,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1741u32,
+        wire: 2029u32,
+        call: 1751u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -79885,8 +80449,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1742u32,
+        wire: 2030u32,
+        call: 1752u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -79942,8 +80506,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1743u32,
+        wire: 2031u32,
+        call: 1753u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -80025,8 +80589,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1744u32,
+        wire: 2032u32,
+        call: 1754u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -80092,8 +80656,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1745u32,
+        wire: 2033u32,
+        call: 1755u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -80160,8 +80724,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1746u32,
+        wire: 2034u32,
+        call: 1756u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80229,8 +80793,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1747u32,
+        wire: 2035u32,
+        call: 1757u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -80312,8 +80876,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1748u32,
+        wire: 2036u32,
+        call: 1758u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -80372,8 +80936,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1749u32,
+        wire: 2037u32,
+        call: 1759u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80433,8 +80997,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1750u32,
+        wire: 2038u32,
+        call: 1760u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -80500,8 +81064,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1751u32,
+        wire: 2039u32,
+        call: 1761u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -80573,8 +81137,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1752u32,
+        wire: 2040u32,
+        call: 1762u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -80627,8 +81191,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1753u32,
+        wire: 2041u32,
+        call: 1763u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -80675,8 +81239,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1754u32,
+        wire: 2042u32,
+        call: 1764u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -80734,8 +81298,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1755u32,
+        wire: 2043u32,
+        call: 1765u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -80791,8 +81355,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1756u32,
+        wire: 2044u32,
+        call: 1766u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -80863,8 +81427,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1757u32,
+        wire: 2045u32,
+        call: 1767u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -80940,8 +81504,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1758u32,
+        wire: 2046u32,
+        call: 1768u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -81031,8 +81595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1759u32,
+        wire: 2047u32,
+        call: 1769u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81117,8 +81681,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1760u32,
+        wire: 2048u32,
+        call: 1770u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -81165,8 +81729,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1761u32,
+        wire: 2049u32,
+        call: 1771u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81214,8 +81778,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1762u32,
+        wire: 2050u32,
+        call: 1772u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -81262,8 +81826,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1763u32,
+        wire: 2051u32,
+        call: 1773u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81311,8 +81875,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1764u32,
+        wire: 2052u32,
+        call: 1774u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -81385,8 +81949,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1765u32,
+        wire: 2053u32,
+        call: 1775u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -81459,8 +82023,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1766u32,
+        wire: 2054u32,
+        call: 1776u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -81511,8 +82075,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1767u32,
+        wire: 2055u32,
+        call: 1777u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -81564,8 +82128,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1768u32,
+        wire: 2056u32,
+        call: 1778u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -81623,8 +82187,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1769u32,
+        wire: 2057u32,
+        call: 1779u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -81671,8 +82235,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1770u32,
+        wire: 2058u32,
+        call: 1780u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81720,8 +82284,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1771u32,
+        wire: 2059u32,
+        call: 1781u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -81778,8 +82342,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1772u32,
+        wire: 2060u32,
+        call: 1782u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -81831,8 +82395,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1773u32,
+        wire: 2061u32,
+        call: 1783u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -81902,8 +82466,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1774u32,
+        wire: 2062u32,
+        call: 1784u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -81971,8 +82535,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1775u32,
+        wire: 2063u32,
+        call: 1785u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -82027,8 +82591,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1776u32,
+        wire: 2064u32,
+        call: 1786u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -82083,8 +82647,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1777u32,
+        wire: 2065u32,
+        call: 1787u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -82108,8 +82672,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1778u32,
+        wire: 2066u32,
+        call: 1788u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -82133,8 +82697,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1779u32,
+        wire: 2067u32,
+        call: 1789u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -82158,8 +82722,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1780u32,
+        wire: 2068u32,
+        call: 1790u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -82183,8 +82747,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1781u32,
+        wire: 2069u32,
+        call: 1791u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -82242,8 +82806,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1782u32,
+        wire: 2070u32,
+        call: 1792u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -82306,8 +82870,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1783u32,
+        wire: 2071u32,
+        call: 1793u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -82333,8 +82897,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1784u32,
+        wire: 2072u32,
+        call: 1794u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -82365,8 +82929,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1785u32,
+        wire: 2073u32,
+        call: 1795u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -82393,8 +82957,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1786u32,
+        wire: 2074u32,
+        call: 1796u32,
         name: "cusparseCreate",
         form: Some("call"),
         library: "cusparse",
@@ -82417,8 +82981,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1787u32,
+        wire: 2075u32,
+        call: 1797u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -82484,8 +83048,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1788u32,
+        wire: 2076u32,
+        call: 1798u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -82508,8 +83072,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1789u32,
+        wire: 2077u32,
+        call: 1799u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -82532,8 +83096,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1790u32,
+        wire: 2078u32,
+        call: 1800u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -82556,8 +83120,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1791u32,
+        wire: 2079u32,
+        call: 1801u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -82580,8 +83144,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1792u32,
+        wire: 2080u32,
+        call: 1802u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -82604,8 +83168,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1793u32,
+        wire: 2081u32,
+        call: 1803u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -82671,8 +83235,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1794u32,
+        wire: 2082u32,
+        call: 1804u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -82722,8 +83286,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1795u32,
+        wire: 2083u32,
+        call: 1805u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -82777,8 +83341,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1796u32,
+        wire: 2084u32,
+        call: 1806u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -82822,8 +83386,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1797u32,
+        wire: 2085u32,
+        call: 1807u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -82855,8 +83419,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1798u32,
+        wire: 2086u32,
+        call: 1808u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -82906,8 +83470,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1799u32,
+        wire: 2087u32,
+        call: 1809u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -82956,8 +83520,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1800u32,
+        wire: 2088u32,
+        call: 1810u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -83011,8 +83575,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1801u32,
+        wire: 2089u32,
+        call: 1811u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -83035,8 +83599,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1802u32,
+        wire: 2090u32,
+        call: 1812u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -83059,8 +83623,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1803u32,
+        wire: 2091u32,
+        call: 1813u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -83083,8 +83647,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1804u32,
+        wire: 2092u32,
+        call: 1814u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -83107,8 +83671,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1805u32,
+        wire: 2093u32,
+        call: 1815u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -83131,8 +83695,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1806u32,
+        wire: 2094u32,
+        call: 1816u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -83155,8 +83719,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1807u32,
+        wire: 2095u32,
+        call: 1817u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -83200,8 +83764,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1808u32,
+        wire: 2096u32,
+        call: 1818u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -83233,8 +83797,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1809u32,
+        wire: 2097u32,
+        call: 1819u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -83262,8 +83826,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1810u32,
+        wire: 2098u32,
+        call: 1820u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -83286,8 +83850,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1811u32,
+        wire: 2099u32,
+        call: 1821u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -83310,8 +83874,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1812u32,
+        wire: 2100u32,
+        call: 1822u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -83337,8 +83901,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1813u32,
+        wire: 2101u32,
+        call: 1823u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -83373,8 +83937,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1814u32,
+        wire: 2102u32,
+        call: 1824u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -83427,8 +83991,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1815u32,
+        wire: 2103u32,
+        call: 1825u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -83483,8 +84047,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1816u32,
+        wire: 2104u32,
+        call: 1826u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83540,8 +84104,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1817u32,
+        wire: 2105u32,
+        call: 1827u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -83596,8 +84160,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1818u32,
+        wire: 2106u32,
+        call: 1828u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -83652,8 +84216,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1819u32,
+        wire: 2107u32,
+        call: 1829u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -83709,8 +84273,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1820u32,
+        wire: 2108u32,
+        call: 1830u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -83792,8 +84356,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1821u32,
+        wire: 2109u32,
+        call: 1831u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -83859,8 +84423,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1822u32,
+        wire: 2110u32,
+        call: 1832u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -83927,8 +84491,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1823u32,
+        wire: 2111u32,
+        call: 1833u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -83996,8 +84560,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1824u32,
+        wire: 2112u32,
+        call: 1834u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -84079,8 +84643,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1825u32,
+        wire: 2113u32,
+        call: 1835u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -84139,8 +84703,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1826u32,
+        wire: 2114u32,
+        call: 1836u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -84200,8 +84764,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1827u32,
+        wire: 2115u32,
+        call: 1837u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -84267,8 +84831,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1828u32,
+        wire: 2116u32,
+        call: 1838u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -84340,8 +84904,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1829u32,
+        wire: 2117u32,
+        call: 1839u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -84394,8 +84958,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1830u32,
+        wire: 2118u32,
+        call: 1840u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -84442,8 +85006,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1831u32,
+        wire: 2119u32,
+        call: 1841u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -84501,8 +85065,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1832u32,
+        wire: 2120u32,
+        call: 1842u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -84558,8 +85122,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1833u32,
+        wire: 2121u32,
+        call: 1843u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -84630,8 +85194,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1834u32,
+        wire: 2122u32,
+        call: 1844u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84707,8 +85271,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1835u32,
+        wire: 2123u32,
+        call: 1845u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -84798,8 +85362,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1836u32,
+        wire: 2124u32,
+        call: 1846u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -84884,8 +85448,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1837u32,
+        wire: 2125u32,
+        call: 1847u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -84932,8 +85496,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1838u32,
+        wire: 2126u32,
+        call: 1848u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84981,8 +85545,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1839u32,
+        wire: 2127u32,
+        call: 1849u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -85029,8 +85593,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1840u32,
+        wire: 2128u32,
+        call: 1850u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -85078,8 +85642,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1841u32,
+        wire: 2129u32,
+        call: 1851u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -85152,8 +85716,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1842u32,
+        wire: 2130u32,
+        call: 1852u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -85226,8 +85790,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1843u32,
+        wire: 2131u32,
+        call: 1853u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -85278,8 +85842,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1844u32,
+        wire: 2132u32,
+        call: 1854u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85331,8 +85895,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1845u32,
+        wire: 2133u32,
+        call: 1855u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -85390,8 +85954,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1846u32,
+        wire: 2134u32,
+        call: 1856u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -85438,8 +86002,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1847u32,
+        wire: 2135u32,
+        call: 1857u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -85487,8 +86051,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1848u32,
+        wire: 2136u32,
+        call: 1858u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -85524,8 +86088,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1849u32,
+        wire: 2137u32,
+        call: 1859u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -85566,8 +86130,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1850u32,
+        wire: 2138u32,
+        call: 1860u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -85603,8 +86167,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1851u32,
+        wire: 2139u32,
+        call: 1861u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -85627,8 +86191,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1852u32,
+        wire: 2140u32,
+        call: 1862u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -85651,8 +86215,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1853u32,
+        wire: 2141u32,
+        call: 1863u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -85675,8 +86239,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1854u32,
+        wire: 2142u32,
+        call: 1864u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -85699,8 +86263,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1855u32,
+        wire: 2143u32,
+        call: 1865u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -85723,8 +86287,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1856u32,
+        wire: 2144u32,
+        call: 1866u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -85747,8 +86311,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1857u32,
+        wire: 2145u32,
+        call: 1867u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -85771,8 +86335,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1858u32,
+        wire: 2146u32,
+        call: 1868u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -85795,8 +86359,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1859u32,
+        wire: 2147u32,
+        call: 1869u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -85819,8 +86383,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1860u32,
+        wire: 2148u32,
+        call: 1870u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -85843,8 +86407,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1861u32,
+        wire: 2149u32,
+        call: 1871u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -85867,8 +86431,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1862u32,
+        wire: 2150u32,
+        call: 1872u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -85891,8 +86455,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1863u32,
+        wire: 2151u32,
+        call: 1873u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -85915,8 +86479,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1864u32,
+        wire: 2152u32,
+        call: 1874u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -85939,8 +86503,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1865u32,
+        wire: 2153u32,
+        call: 1875u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -85963,8 +86527,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1866u32,
+        wire: 2154u32,
+        call: 1876u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -85987,8 +86551,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1867u32,
+        wire: 2155u32,
+        call: 1877u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -86011,8 +86575,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1868u32,
+        wire: 2156u32,
+        call: 1878u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -86035,8 +86599,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1869u32,
+        wire: 2157u32,
+        call: 1879u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -86093,8 +86657,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1870u32,
+        wire: 2158u32,
+        call: 1880u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -86146,8 +86710,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1871u32,
+        wire: 2159u32,
+        call: 1881u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -86217,8 +86781,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1872u32,
+        wire: 2160u32,
+        call: 1882u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -86286,8 +86850,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1873u32,
+        wire: 2161u32,
+        call: 1883u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -86311,8 +86875,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1874u32,
+        wire: 2162u32,
+        call: 1884u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -86343,8 +86907,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1875u32,
+        wire: 2163u32,
+        call: 1885u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -86368,8 +86932,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1876u32,
+        wire: 2164u32,
+        call: 1886u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -86393,8 +86957,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1877u32,
+        wire: 2165u32,
+        call: 1887u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -86418,8 +86982,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1878u32,
+        wire: 2166u32,
+        call: 1888u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -86477,8 +87041,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1879u32,
+        wire: 2167u32,
+        call: 1889u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86541,8 +87105,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1880u32,
+        wire: 2168u32,
+        call: 1890u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -86603,8 +87167,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1881u32,
+        wire: 2169u32,
+        call: 1891u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -86635,8 +87199,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1882u32,
+        wire: 2170u32,
+        call: 1892u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -86662,8 +87226,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1883u32,
+        wire: 2171u32,
+        call: 1893u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -86689,8 +87253,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1884u32,
+        wire: 2172u32,
+        call: 1894u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -86716,8 +87280,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1885u32,
+        wire: 2173u32,
+        call: 1895u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -86743,8 +87307,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1886u32,
+        wire: 2174u32,
+        call: 1896u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -86771,8 +87335,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1887u32,
+        wire: 2175u32,
+        call: 1897u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -86790,8 +87354,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1888u32,
+        wire: 2176u32,
+        call: 1898u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -86814,8 +87378,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1889u32,
+        wire: 2177u32,
+        call: 1899u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -86838,8 +87402,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1890u32,
+        wire: 2178u32,
+        call: 1900u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -86901,8 +87465,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1891u32,
+        wire: 2179u32,
+        call: 1901u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -86969,8 +87533,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1892u32,
+        wire: 2180u32,
+        call: 1902u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -87032,8 +87596,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1893u32,
+        wire: 2181u32,
+        call: 1903u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -87086,8 +87650,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1894u32,
+        wire: 2182u32,
+        call: 1904u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -87142,8 +87706,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1895u32,
+        wire: 2183u32,
+        call: 1905u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87199,8 +87763,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1896u32,
+        wire: 2184u32,
+        call: 1906u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -87255,8 +87819,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1897u32,
+        wire: 2185u32,
+        call: 1907u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -87311,8 +87875,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1898u32,
+        wire: 2186u32,
+        call: 1908u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87368,8 +87932,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1899u32,
+        wire: 2187u32,
+        call: 1909u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -87451,8 +88015,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1900u32,
+        wire: 2188u32,
+        call: 1910u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -87518,8 +88082,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1901u32,
+        wire: 2189u32,
+        call: 1911u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -87586,8 +88150,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1902u32,
+        wire: 2190u32,
+        call: 1912u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -87655,8 +88219,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1903u32,
+        wire: 2191u32,
+        call: 1913u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -87738,8 +88302,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1904u32,
+        wire: 2192u32,
+        call: 1914u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -87798,8 +88362,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1905u32,
+        wire: 2193u32,
+        call: 1915u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -87859,8 +88423,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1906u32,
+        wire: 2194u32,
+        call: 1916u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -87926,8 +88490,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1907u32,
+        wire: 2195u32,
+        call: 1917u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -87999,8 +88563,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1908u32,
+        wire: 2196u32,
+        call: 1918u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -88031,8 +88595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1909u32,
+        wire: 2197u32,
+        call: 1919u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -88085,8 +88649,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1910u32,
+        wire: 2198u32,
+        call: 1920u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -88133,8 +88697,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1911u32,
+        wire: 2199u32,
+        call: 1921u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -88192,8 +88756,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1912u32,
+        wire: 2200u32,
+        call: 1922u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -88249,8 +88813,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1913u32,
+        wire: 2201u32,
+        call: 1923u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -88321,8 +88885,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1914u32,
+        wire: 2202u32,
+        call: 1924u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88398,8 +88962,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1915u32,
+        wire: 2203u32,
+        call: 1925u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -88489,8 +89053,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1916u32,
+        wire: 2204u32,
+        call: 1926u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88575,8 +89139,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1917u32,
+        wire: 2205u32,
+        call: 1927u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -88623,8 +89187,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1918u32,
+        wire: 2206u32,
+        call: 1928u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88672,8 +89236,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1919u32,
+        wire: 2207u32,
+        call: 1929u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -88720,8 +89284,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1920u32,
+        wire: 2208u32,
+        call: 1930u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -88769,8 +89333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1921u32,
+        wire: 2209u32,
+        call: 1931u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -88843,8 +89407,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1922u32,
+        wire: 2210u32,
+        call: 1932u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88917,8 +89481,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1923u32,
+        wire: 2211u32,
+        call: 1933u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88969,8 +89533,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1924u32,
+        wire: 2212u32,
+        call: 1934u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89022,8 +89586,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1925u32,
+        wire: 2213u32,
+        call: 1935u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89081,8 +89645,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1926u32,
+        wire: 2214u32,
+        call: 1936u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -89129,8 +89693,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1927u32,
+        wire: 2215u32,
+        call: 1937u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89178,8 +89742,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1928u32,
+        wire: 2216u32,
+        call: 1938u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -89206,8 +89770,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1929u32,
+        wire: 2217u32,
+        call: 1939u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -89234,8 +89798,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1930u32,
+        wire: 2218u32,
+        call: 1940u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -89262,8 +89826,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1931u32,
+        wire: 2219u32,
+        call: 1941u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -89290,8 +89854,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1932u32,
+        wire: 2220u32,
+        call: 1942u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -89318,8 +89882,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1933u32,
+        wire: 2221u32,
+        call: 1943u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
         library: "cusparse",
@@ -89346,8 +89910,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1934u32,
+        wire: 2222u32,
+        call: 1944u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -89374,8 +89938,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1935u32,
+        wire: 2223u32,
+        call: 1945u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -89432,8 +89996,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1936u32,
+        wire: 2224u32,
+        call: 1946u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -89485,8 +90049,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1937u32,
+        wire: 2225u32,
+        call: 1947u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -89556,8 +90120,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1938u32,
+        wire: 2226u32,
+        call: 1948u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -89625,8 +90189,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1939u32,
+        wire: 2227u32,
+        call: 1949u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -89698,8 +90262,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1940u32,
+        wire: 2228u32,
+        call: 1950u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -89764,8 +90328,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1941u32,
+        wire: 2229u32,
+        call: 1951u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -89788,8 +90352,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1942u32,
+        wire: 2230u32,
+        call: 1952u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -89812,8 +90376,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1943u32,
+        wire: 2231u32,
+        call: 1953u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -89885,8 +90449,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1944u32,
+        wire: 2232u32,
+        call: 1954u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -89951,8 +90515,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1945u32,
+        wire: 2233u32,
+        call: 1955u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -90010,8 +90574,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1946u32,
+        wire: 2234u32,
+        call: 1956u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -90073,8 +90637,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1947u32,
+        wire: 2235u32,
+        call: 1957u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -90098,8 +90662,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1948u32,
+        wire: 2236u32,
+        call: 1958u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -90122,8 +90686,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1949u32,
+        wire: 2237u32,
+        call: 1959u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -90190,8 +90754,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1950u32,
+        wire: 2238u32,
+        call: 1960u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -90253,8 +90817,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1951u32,
+        wire: 2239u32,
+        call: 1961u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -90312,8 +90876,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1952u32,
+        wire: 2240u32,
+        call: 1962u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -90376,8 +90940,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1953u32,
+        wire: 2241u32,
+        call: 1963u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -90435,8 +90999,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1954u32,
+        wire: 2242u32,
+        call: 1964u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -90468,8 +91032,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1955u32,
+        wire: 2243u32,
+        call: 1965u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -90510,8 +91074,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1956u32,
+        wire: 2244u32,
+        call: 1966u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -90535,8 +91099,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1957u32,
+        wire: 2245u32,
+        call: 1967u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -90568,8 +91132,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1958u32,
+        wire: 2246u32,
+        call: 1968u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -90596,8 +91160,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1959u32,
+        wire: 2247u32,
+        call: 1969u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -90621,8 +91185,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1960u32,
+        wire: 2248u32,
+        call: 1970u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -90683,8 +91247,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1961u32,
+        wire: 2249u32,
+        call: 1971u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -90750,8 +91314,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1962u32,
+        wire: 2250u32,
+        call: 1972u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -90774,8 +91338,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1963u32,
+        wire: 2251u32,
+        call: 1973u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -90798,8 +91362,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1964u32,
+        wire: 2252u32,
+        call: 1974u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -90859,8 +91423,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1965u32,
+        wire: 2253u32,
+        call: 1975u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -90917,8 +91481,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1966u32,
+        wire: 2254u32,
+        call: 1976u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -90980,8 +91544,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1967u32,
+        wire: 2255u32,
+        call: 1977u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -91004,8 +91568,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1968u32,
+        wire: 2256u32,
+        call: 1978u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -91028,8 +91592,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1969u32,
+        wire: 2257u32,
+        call: 1979u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -91085,8 +91649,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1970u32,
+        wire: 2258u32,
+        call: 1980u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -91110,8 +91674,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1971u32,
+        wire: 2259u32,
+        call: 1981u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -91135,8 +91699,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1972u32,
+        wire: 2260u32,
+        call: 1982u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -91172,8 +91736,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1973u32,
+        wire: 2261u32,
+        call: 1983u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -91214,8 +91778,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1974u32,
+        wire: 2262u32,
+        call: 1984u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -91273,8 +91837,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1975u32,
+        wire: 2263u32,
+        call: 1985u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -91337,8 +91901,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1976u32,
+        wire: 2264u32,
+        call: 1986u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -91399,8 +91963,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1977u32,
+        wire: 2265u32,
+        call: 1987u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -91432,8 +91996,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1978u32,
+        wire: 2266u32,
+        call: 1988u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -91465,8 +92029,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1979u32,
+        wire: 2267u32,
+        call: 1989u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -91498,8 +92062,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1980u32,
+        wire: 2268u32,
+        call: 1990u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -91531,8 +92095,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1981u32,
+        wire: 2269u32,
+        call: 1991u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -91569,8 +92133,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1982u32,
+        wire: 2270u32,
+        call: 1992u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -91609,8 +92173,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1983u32,
+        wire: 2271u32,
+        call: 1993u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -91649,8 +92213,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1984u32,
+        wire: 2272u32,
+        call: 1994u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -91693,8 +92257,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1985u32,
+        wire: 2273u32,
+        call: 1995u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -91749,8 +92313,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1986u32,
+        wire: 2274u32,
+        call: 1996u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -91787,8 +92351,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1987u32,
+        wire: 2275u32,
+        call: 1997u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -91848,8 +92412,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1988u32,
+        wire: 2276u32,
+        call: 1998u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -91911,8 +92475,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1989u32,
+        wire: 2277u32,
+        call: 1999u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -91992,8 +92556,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1990u32,
+        wire: 2278u32,
+        call: 2000u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92025,8 +92589,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1991u32,
+        wire: 2279u32,
+        call: 2001u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92058,8 +92622,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1992u32,
+        wire: 2280u32,
+        call: 2002u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92091,8 +92655,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1993u32,
+        wire: 2281u32,
+        call: 2003u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -92135,8 +92699,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1994u32,
+        wire: 2282u32,
+        call: 2004u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -92179,8 +92743,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1995u32,
+        wire: 2283u32,
+        call: 2005u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92212,8 +92776,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1996u32,
+        wire: 2284u32,
+        call: 2006u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -92268,8 +92832,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1997u32,
+        wire: 2285u32,
+        call: 2007u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -92341,8 +92905,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1998u32,
+        wire: 2286u32,
+        call: 2008u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -92395,8 +92959,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1999u32,
+        wire: 2287u32,
+        call: 2009u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -92451,8 +93015,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 2000u32,
+        wire: 2288u32,
+        call: 2010u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92508,8 +93072,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 2001u32,
+        wire: 2289u32,
+        call: 2011u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -92564,8 +93128,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 2002u32,
+        wire: 2290u32,
+        call: 2012u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -92620,8 +93184,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 2003u32,
+        wire: 2291u32,
+        call: 2013u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -92677,8 +93241,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 2004u32,
+        wire: 2292u32,
+        call: 2014u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -92760,8 +93324,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 2005u32,
+        wire: 2293u32,
+        call: 2015u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -92827,8 +93391,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 2006u32,
+        wire: 2294u32,
+        call: 2016u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -92895,8 +93459,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 2007u32,
+        wire: 2295u32,
+        call: 2017u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -92964,8 +93528,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 2008u32,
+        wire: 2296u32,
+        call: 2018u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93047,8 +93611,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 2009u32,
+        wire: 2297u32,
+        call: 2019u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93107,8 +93671,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 2010u32,
+        wire: 2298u32,
+        call: 2020u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93168,8 +93732,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 2011u32,
+        wire: 2299u32,
+        call: 2021u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -93235,8 +93799,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 2012u32,
+        wire: 2300u32,
+        call: 2022u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -93308,8 +93872,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 2013u32,
+        wire: 2301u32,
+        call: 2023u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -93362,8 +93926,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 2014u32,
+        wire: 2302u32,
+        call: 2024u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -93410,8 +93974,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 2015u32,
+        wire: 2303u32,
+        call: 2025u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -93469,8 +94033,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 2016u32,
+        wire: 2304u32,
+        call: 2026u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -93526,8 +94090,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 2017u32,
+        wire: 2305u32,
+        call: 2027u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -93598,8 +94162,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 2018u32,
+        wire: 2306u32,
+        call: 2028u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93675,8 +94239,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 2019u32,
+        wire: 2307u32,
+        call: 2029u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -93766,8 +94330,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 2020u32,
+        wire: 2308u32,
+        call: 2030u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -93852,8 +94416,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 2021u32,
+        wire: 2309u32,
+        call: 2031u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -93900,8 +94464,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 2022u32,
+        wire: 2310u32,
+        call: 2032u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93949,8 +94513,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 2023u32,
+        wire: 2311u32,
+        call: 2033u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -93997,8 +94561,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 2024u32,
+        wire: 2312u32,
+        call: 2034u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94046,8 +94610,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 2025u32,
+        wire: 2313u32,
+        call: 2035u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -94120,8 +94684,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 2026u32,
+        wire: 2314u32,
+        call: 2036u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -94194,8 +94758,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 2027u32,
+        wire: 2315u32,
+        call: 2037u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -94246,8 +94810,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 2028u32,
+        wire: 2316u32,
+        call: 2038u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -94299,8 +94863,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 2029u32,
+        wire: 2317u32,
+        call: 2039u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -94358,8 +94922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 2030u32,
+        wire: 2318u32,
+        call: 2040u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -94406,8 +94970,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 2031u32,
+        wire: 2319u32,
+        call: 2041u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94455,8 +95019,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 2032u32,
+        wire: 2320u32,
+        call: 2042u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -94513,8 +95077,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 2033u32,
+        wire: 2321u32,
+        call: 2043u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -94566,8 +95130,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 2034u32,
+        wire: 2322u32,
+        call: 2044u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -94637,8 +95201,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 2035u32,
+        wire: 2323u32,
+        call: 2045u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -94706,8 +95270,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 2036u32,
+        wire: 2324u32,
+        call: 2046u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -94762,8 +95326,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 2037u32,
+        wire: 2325u32,
+        call: 2047u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -94821,8 +95385,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2363u32,
+        wire: 2653u32,
+        call: 2373u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -94847,8 +95411,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2363u32,
+        wire: 2654u32,
+        call: 2373u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -94873,8 +95437,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2363u32,
+        wire: 2655u32,
+        call: 2373u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -94899,8 +95463,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2364u32,
+        wire: 2656u32,
+        call: 2374u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -94925,8 +95489,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2364u32,
+        wire: 2657u32,
+        call: 2374u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -94951,8 +95515,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2364u32,
+        wire: 2658u32,
+        call: 2374u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -94977,8 +95541,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2365u32,
+        wire: 2659u32,
+        call: 2375u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -95003,8 +95567,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2366u32,
+        wire: 2660u32,
+        call: 2376u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -95029,8 +95593,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2366u32,
+        wire: 2661u32,
+        call: 2376u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -95055,8 +95619,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2366u32,
+        wire: 2662u32,
+        call: 2376u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -95159,9 +95723,46 @@ pub mod driver {
     static LEN_cuStreamBatchMemOp_v2__cu131_67: Len = Len::Param(1u8);
     static LEN_cuStreamBatchMemOp_v2_ptsz__cu118_68: Len = Len::Param(1u8);
     static LEN_cuStreamBatchMemOp_v2_ptsz__cu131_69: Len = Len::Param(1u8);
+    static LEN_cuTensorMapEncodeIm2col_70: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_71: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_72: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeIm2col_73: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_71,
+        &LEN_cuTensorMapEncodeIm2col_72,
+    );
+    static LEN_cuTensorMapEncodeIm2col_74: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_75: Len = Len::Lit(2u64);
+    static LEN_cuTensorMapEncodeIm2col_76: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_74,
+        &LEN_cuTensorMapEncodeIm2col_75,
+    );
+    static LEN_cuTensorMapEncodeIm2col_77: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_78: Len = Len::Lit(2u64);
+    static LEN_cuTensorMapEncodeIm2col_79: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_77,
+        &LEN_cuTensorMapEncodeIm2col_78,
+    );
+    static LEN_cuTensorMapEncodeIm2col_80: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_81: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_82: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_83: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeIm2colWide_84: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2colWide_82,
+        &LEN_cuTensorMapEncodeIm2colWide_83,
+    );
+    static LEN_cuTensorMapEncodeIm2colWide_85: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_86: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_87: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_88: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeTiled_89: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeTiled_87,
+        &LEN_cuTensorMapEncodeTiled_88,
+    );
+    static LEN_cuTensorMapEncodeTiled_90: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_91: Len = Len::Param(2u8);
     pub static cuArray3DCreate: CallDesc = CallDesc {
-        wire: 288u32,
-        call: 245u32,
+        wire: 303u32,
+        call: 248u32,
         name: "cuArray3DCreate",
         form: None,
         library: "driver",
@@ -95190,8 +95791,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DCreate_v2: CallDesc = CallDesc {
-        wire: 289u32,
-        call: 246u32,
+        wire: 304u32,
+        call: 249u32,
         name: "cuArray3DCreate_v2",
         form: None,
         library: "driver",
@@ -95220,8 +95821,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DGetDescriptor: CallDesc = CallDesc {
-        wire: 290u32,
-        call: 247u32,
+        wire: 305u32,
+        call: 250u32,
         name: "cuArray3DGetDescriptor",
         form: None,
         library: "driver",
@@ -95250,8 +95851,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DGetDescriptor_v2: CallDesc = CallDesc {
-        wire: 291u32,
-        call: 248u32,
+        wire: 306u32,
+        call: 251u32,
         name: "cuArray3DGetDescriptor_v2",
         form: None,
         library: "driver",
@@ -95280,8 +95881,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayCreate: CallDesc = CallDesc {
-        wire: 292u32,
-        call: 249u32,
+        wire: 307u32,
+        call: 252u32,
         name: "cuArrayCreate",
         form: None,
         library: "driver",
@@ -95310,8 +95911,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayCreate_v2: CallDesc = CallDesc {
-        wire: 293u32,
-        call: 250u32,
+        wire: 308u32,
+        call: 253u32,
         name: "cuArrayCreate_v2",
         form: None,
         library: "driver",
@@ -95340,8 +95941,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayDestroy: CallDesc = CallDesc {
-        wire: 294u32,
-        call: 251u32,
+        wire: 309u32,
+        call: 254u32,
         name: "cuArrayDestroy",
         form: None,
         library: "driver",
@@ -95364,8 +95965,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetDescriptor: CallDesc = CallDesc {
-        wire: 295u32,
-        call: 252u32,
+        wire: 310u32,
+        call: 255u32,
         name: "cuArrayGetDescriptor",
         form: None,
         library: "driver",
@@ -95394,8 +95995,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetDescriptor_v2: CallDesc = CallDesc {
-        wire: 296u32,
-        call: 253u32,
+        wire: 311u32,
+        call: 256u32,
         name: "cuArrayGetDescriptor_v2",
         form: None,
         library: "driver",
@@ -95424,8 +96025,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 297u32,
-        call: 254u32,
+        wire: 312u32,
+        call: 257u32,
         name: "cuArrayGetMemoryRequirements",
         form: None,
         library: "driver",
@@ -95458,8 +96059,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetPlane: CallDesc = CallDesc {
-        wire: 298u32,
-        call: 255u32,
+        wire: 313u32,
+        call: 258u32,
         name: "cuArrayGetPlane",
         form: None,
         library: "driver",
@@ -95490,8 +96091,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 299u32,
-        call: 256u32,
+        wire: 314u32,
+        call: 259u32,
         name: "cuArrayGetSparseProperties",
         form: None,
         library: "driver",
@@ -95520,8 +96121,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCheckpointProcessGetRestoreThreadId: CallDesc = CallDesc {
-        wire: 300u32,
-        call: 257u32,
+        wire: 315u32,
+        call: 260u32,
         name: "cuCheckpointProcessGetRestoreThreadId",
         form: None,
         library: "driver",
@@ -95550,8 +96151,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCheckpointProcessGetState: CallDesc = CallDesc {
-        wire: 301u32,
-        call: 258u32,
+        wire: 316u32,
+        call: 261u32,
         name: "cuCheckpointProcessGetState",
         form: None,
         library: "driver",
@@ -95580,8 +96181,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxAttach: CallDesc = CallDesc {
-        wire: 302u32,
-        call: 259u32,
+        wire: 317u32,
+        call: 262u32,
         name: "cuCtxAttach",
         form: None,
         library: "driver",
@@ -95608,8 +96209,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxCreate: CallDesc = CallDesc {
-        wire: 303u32,
-        call: 260u32,
+        wire: 318u32,
+        call: 263u32,
         name: "cuCtxCreate",
         form: None,
         library: "driver",
@@ -95640,8 +96241,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxCreate_v2: CallDesc = CallDesc {
-        wire: 304u32,
-        call: 261u32,
+        wire: 319u32,
+        call: 264u32,
         name: "cuCtxCreate_v2",
         form: None,
         library: "driver",
@@ -95672,8 +96273,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDestroy: CallDesc = CallDesc {
-        wire: 305u32,
-        call: 262u32,
+        wire: 320u32,
+        call: 265u32,
         name: "cuCtxDestroy",
         form: None,
         library: "driver",
@@ -95696,8 +96297,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDestroy_v2__call: CallDesc = CallDesc {
-        wire: 306u32,
-        call: 263u32,
+        wire: 321u32,
+        call: 266u32,
         name: "cuCtxDestroy_v2",
         form: Some("call"),
         library: "driver",
@@ -95720,8 +96321,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDetach: CallDesc = CallDesc {
-        wire: 307u32,
-        call: 264u32,
+        wire: 322u32,
+        call: 267u32,
         name: "cuCtxDetach",
         form: None,
         library: "driver",
@@ -95744,8 +96345,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDisablePeerAccess: CallDesc = CallDesc {
-        wire: 308u32,
-        call: 265u32,
+        wire: 323u32,
+        call: 268u32,
         name: "cuCtxDisablePeerAccess",
         form: None,
         library: "driver",
@@ -95768,8 +96369,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxEnablePeerAccess: CallDesc = CallDesc {
-        wire: 309u32,
-        call: 266u32,
+        wire: 324u32,
+        call: 269u32,
         name: "cuCtxEnablePeerAccess",
         form: None,
         library: "driver",
@@ -95796,8 +96397,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxFromGreenCtx: CallDesc = CallDesc {
-        wire: 310u32,
-        call: 267u32,
+        wire: 325u32,
+        call: 270u32,
         name: "cuCtxFromGreenCtx",
         form: None,
         library: "driver",
@@ -95824,8 +96425,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetApiVersion: CallDesc = CallDesc {
-        wire: 311u32,
-        call: 268u32,
+        wire: 326u32,
+        call: 271u32,
         name: "cuCtxGetApiVersion",
         form: None,
         library: "driver",
@@ -95854,8 +96455,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetCacheConfig: CallDesc = CallDesc {
-        wire: 312u32,
-        call: 269u32,
+        wire: 327u32,
+        call: 272u32,
         name: "cuCtxGetCacheConfig",
         form: None,
         library: "driver",
@@ -95880,8 +96481,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetCurrent__call: CallDesc = CallDesc {
-        wire: 313u32,
-        call: 270u32,
+        wire: 328u32,
+        call: 273u32,
         name: "cuCtxGetCurrent",
         form: Some("call"),
         library: "driver",
@@ -95904,8 +96505,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 314u32,
-        call: 271u32,
+        wire: 329u32,
+        call: 274u32,
         name: "cuCtxGetDevResource",
         form: None,
         library: "driver",
@@ -95938,8 +96539,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 315u32,
-        call: 271u32,
+        wire: 330u32,
+        call: 274u32,
         name: "cuCtxGetDevResource",
         form: None,
         library: "driver",
@@ -95972,8 +96573,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevice: CallDesc = CallDesc {
-        wire: 316u32,
-        call: 272u32,
+        wire: 331u32,
+        call: 275u32,
         name: "cuCtxGetDevice",
         form: None,
         library: "driver",
@@ -95998,8 +96599,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevice_v2: CallDesc = CallDesc {
-        wire: 317u32,
-        call: 273u32,
+        wire: 332u32,
+        call: 276u32,
         name: "cuCtxGetDevice_v2",
         form: None,
         library: "driver",
@@ -96028,8 +96629,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetExecAffinity: CallDesc = CallDesc {
-        wire: 318u32,
-        call: 274u32,
+        wire: 333u32,
+        call: 277u32,
         name: "cuCtxGetExecAffinity",
         form: None,
         library: "driver",
@@ -96058,8 +96659,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetFlags: CallDesc = CallDesc {
-        wire: 319u32,
-        call: 275u32,
+        wire: 334u32,
+        call: 278u32,
         name: "cuCtxGetFlags",
         form: None,
         library: "driver",
@@ -96084,8 +96685,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetId: CallDesc = CallDesc {
-        wire: 320u32,
-        call: 276u32,
+        wire: 335u32,
+        call: 279u32,
         name: "cuCtxGetId",
         form: None,
         library: "driver",
@@ -96114,8 +96715,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetLimit: CallDesc = CallDesc {
-        wire: 321u32,
-        call: 277u32,
+        wire: 336u32,
+        call: 280u32,
         name: "cuCtxGetLimit",
         form: None,
         library: "driver",
@@ -96144,8 +96745,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 322u32,
-        call: 278u32,
+        wire: 337u32,
+        call: 281u32,
         name: "cuCtxGetSharedMemConfig",
         form: None,
         library: "driver",
@@ -96170,8 +96771,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 323u32,
-        call: 279u32,
+        wire: 338u32,
+        call: 282u32,
         name: "cuCtxGetStreamPriorityRange",
         form: None,
         library: "driver",
@@ -96202,8 +96803,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPopCurrent: CallDesc = CallDesc {
-        wire: 324u32,
-        call: 280u32,
+        wire: 339u32,
+        call: 283u32,
         name: "cuCtxPopCurrent",
         form: None,
         library: "driver",
@@ -96226,8 +96827,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPopCurrent_v2__call: CallDesc = CallDesc {
-        wire: 325u32,
-        call: 281u32,
+        wire: 340u32,
+        call: 284u32,
         name: "cuCtxPopCurrent_v2",
         form: Some("call"),
         library: "driver",
@@ -96250,8 +96851,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPushCurrent: CallDesc = CallDesc {
-        wire: 326u32,
-        call: 282u32,
+        wire: 341u32,
+        call: 285u32,
         name: "cuCtxPushCurrent",
         form: None,
         library: "driver",
@@ -96274,8 +96875,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPushCurrent_v2__call: CallDesc = CallDesc {
-        wire: 327u32,
-        call: 283u32,
+        wire: 342u32,
+        call: 286u32,
         name: "cuCtxPushCurrent_v2",
         form: Some("call"),
         library: "driver",
@@ -96298,8 +96899,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxRecordEvent: CallDesc = CallDesc {
-        wire: 328u32,
-        call: 284u32,
+        wire: 343u32,
+        call: 287u32,
         name: "cuCtxRecordEvent",
         form: None,
         library: "driver",
@@ -96326,8 +96927,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxResetPersistingL2Cache: CallDesc = CallDesc {
-        wire: 329u32,
-        call: 285u32,
+        wire: 344u32,
+        call: 288u32,
         name: "cuCtxResetPersistingL2Cache",
         form: None,
         library: "driver",
@@ -96345,8 +96946,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetCacheConfig: CallDesc = CallDesc {
-        wire: 330u32,
-        call: 286u32,
+        wire: 345u32,
+        call: 289u32,
         name: "cuCtxSetCacheConfig",
         form: None,
         library: "driver",
@@ -96369,8 +96970,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetCurrent__call: CallDesc = CallDesc {
-        wire: 331u32,
-        call: 287u32,
+        wire: 346u32,
+        call: 290u32,
         name: "cuCtxSetCurrent",
         form: Some("call"),
         library: "driver",
@@ -96393,8 +96994,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetFlags: CallDesc = CallDesc {
-        wire: 332u32,
-        call: 288u32,
+        wire: 347u32,
+        call: 291u32,
         name: "cuCtxSetFlags",
         form: None,
         library: "driver",
@@ -96417,8 +97018,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetLimit: CallDesc = CallDesc {
-        wire: 333u32,
-        call: 289u32,
+        wire: 348u32,
+        call: 292u32,
         name: "cuCtxSetLimit",
         form: None,
         library: "driver",
@@ -96445,8 +97046,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 334u32,
-        call: 290u32,
+        wire: 349u32,
+        call: 293u32,
         name: "cuCtxSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -96469,8 +97070,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSynchronize: CallDesc = CallDesc {
-        wire: 335u32,
-        call: 291u32,
+        wire: 350u32,
+        call: 294u32,
         name: "cuCtxSynchronize",
         form: None,
         library: "driver",
@@ -96488,8 +97089,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuCtxSynchronize_v2: CallDesc = CallDesc {
-        wire: 336u32,
-        call: 292u32,
+        wire: 351u32,
+        call: 295u32,
         name: "cuCtxSynchronize_v2",
         form: None,
         library: "driver",
@@ -96512,8 +97113,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxWaitEvent: CallDesc = CallDesc {
-        wire: 337u32,
-        call: 293u32,
+        wire: 352u32,
+        call: 296u32,
         name: "cuCtxWaitEvent",
         form: None,
         library: "driver",
@@ -96540,8 +97141,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDestroyExternalMemory: CallDesc = CallDesc {
-        wire: 338u32,
-        call: 294u32,
+        wire: 353u32,
+        call: 297u32,
         name: "cuDestroyExternalMemory",
         form: None,
         library: "driver",
@@ -96564,8 +97165,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDestroyExternalSemaphore: CallDesc = CallDesc {
-        wire: 339u32,
-        call: 295u32,
+        wire: 354u32,
+        call: 298u32,
         name: "cuDestroyExternalSemaphore",
         form: None,
         library: "driver",
@@ -96588,8 +97189,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevResourceGenerateDesc__cu126: CallDesc = CallDesc {
-        wire: 340u32,
-        call: 296u32,
+        wire: 355u32,
+        call: 299u32,
         name: "cuDevResourceGenerateDesc",
         form: None,
         library: "driver",
@@ -96622,8 +97223,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevResourceGenerateDesc__cu131: CallDesc = CallDesc {
-        wire: 341u32,
-        call: 296u32,
+        wire: 356u32,
+        call: 299u32,
         name: "cuDevResourceGenerateDesc",
         form: None,
         library: "driver",
@@ -96656,8 +97257,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceCanAccessPeer: CallDesc = CallDesc {
-        wire: 342u32,
-        call: 297u32,
+        wire: 357u32,
+        call: 300u32,
         name: "cuDeviceCanAccessPeer",
         form: None,
         library: "driver",
@@ -96690,8 +97291,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 343u32,
-        call: 298u32,
+        wire: 358u32,
+        call: 301u32,
         name: "cuDeviceGetByPCIBusId",
         form: None,
         library: "driver",
@@ -96717,8 +97318,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 344u32,
-        call: 299u32,
+        wire: 359u32,
+        call: 302u32,
         name: "cuDeviceGetDefaultMemPool",
         form: None,
         library: "driver",
@@ -96745,8 +97346,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 345u32,
-        call: 300u32,
+        wire: 360u32,
+        call: 303u32,
         name: "cuDeviceGetDevResource",
         form: None,
         library: "driver",
@@ -96779,8 +97380,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 346u32,
-        call: 300u32,
+        wire: 361u32,
+        call: 303u32,
         name: "cuDeviceGetDevResource",
         form: None,
         library: "driver",
@@ -96813,8 +97414,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetExecAffinitySupport: CallDesc = CallDesc {
-        wire: 347u32,
-        call: 301u32,
+        wire: 362u32,
+        call: 304u32,
         name: "cuDeviceGetExecAffinitySupport",
         form: None,
         library: "driver",
@@ -96847,8 +97448,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetGraphMemAttribute: CallDesc = CallDesc {
-        wire: 348u32,
-        call: 302u32,
+        wire: 363u32,
+        call: 305u32,
         name: "cuDeviceGetGraphMemAttribute",
         form: None,
         library: "driver",
@@ -96881,8 +97482,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetHostAtomicCapabilities: CallDesc = CallDesc {
-        wire: 349u32,
-        call: 303u32,
+        wire: 364u32,
+        call: 306u32,
         name: "cuDeviceGetHostAtomicCapabilities",
         form: None,
         library: "driver",
@@ -96921,8 +97522,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetLuid: CallDesc = CallDesc {
-        wire: 350u32,
-        call: 304u32,
+        wire: 365u32,
+        call: 307u32,
         name: "cuDeviceGetLuid",
         form: None,
         library: "driver",
@@ -96957,8 +97558,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 351u32,
-        call: 305u32,
+        wire: 366u32,
+        call: 308u32,
         name: "cuDeviceGetMemPool",
         form: None,
         library: "driver",
@@ -96985,8 +97586,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetP2PAtomicCapabilities: CallDesc = CallDesc {
-        wire: 352u32,
-        call: 306u32,
+        wire: 367u32,
+        call: 309u32,
         name: "cuDeviceGetP2PAtomicCapabilities",
         form: None,
         library: "driver",
@@ -97029,8 +97630,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 353u32,
-        call: 307u32,
+        wire: 368u32,
+        call: 310u32,
         name: "cuDeviceGetP2PAttribute",
         form: None,
         library: "driver",
@@ -97067,8 +97668,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetPCIBusId: CallDesc = CallDesc {
-        wire: 354u32,
-        call: 308u32,
+        wire: 369u32,
+        call: 311u32,
         name: "cuDeviceGetPCIBusId",
         form: None,
         library: "driver",
@@ -97101,8 +97702,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetProperties: CallDesc = CallDesc {
-        wire: 355u32,
-        call: 309u32,
+        wire: 370u32,
+        call: 312u32,
         name: "cuDeviceGetProperties",
         form: None,
         library: "driver",
@@ -97131,8 +97732,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetTexture1DLinearMaxWidth: CallDesc = CallDesc {
-        wire: 356u32,
-        call: 310u32,
+        wire: 371u32,
+        call: 313u32,
         name: "cuDeviceGetTexture1DLinearMaxWidth",
         form: None,
         library: "driver",
@@ -97169,8 +97770,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 357u32,
-        call: 311u32,
+        wire: 372u32,
+        call: 314u32,
         name: "cuDeviceGraphMemTrim",
         form: None,
         library: "driver",
@@ -97193,8 +97794,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxGetState__call: CallDesc = CallDesc {
-        wire: 358u32,
-        call: 312u32,
+        wire: 373u32,
+        call: 315u32,
         name: "cuDevicePrimaryCtxGetState",
         form: Some("call"),
         library: "driver",
@@ -97229,8 +97830,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRelease: CallDesc = CallDesc {
-        wire: 359u32,
-        call: 313u32,
+        wire: 374u32,
+        call: 316u32,
         name: "cuDevicePrimaryCtxRelease",
         form: None,
         library: "driver",
@@ -97253,8 +97854,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRelease_v2: CallDesc = CallDesc {
-        wire: 360u32,
-        call: 314u32,
+        wire: 375u32,
+        call: 317u32,
         name: "cuDevicePrimaryCtxRelease_v2",
         form: None,
         library: "driver",
@@ -97277,8 +97878,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxReset__call: CallDesc = CallDesc {
-        wire: 361u32,
-        call: 315u32,
+        wire: 376u32,
+        call: 318u32,
         name: "cuDevicePrimaryCtxReset",
         form: Some("call"),
         library: "driver",
@@ -97301,8 +97902,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxReset_v2__call: CallDesc = CallDesc {
-        wire: 362u32,
-        call: 316u32,
+        wire: 377u32,
+        call: 319u32,
         name: "cuDevicePrimaryCtxReset_v2",
         form: Some("call"),
         library: "driver",
@@ -97325,8 +97926,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRetain: CallDesc = CallDesc {
-        wire: 363u32,
-        call: 317u32,
+        wire: 378u32,
+        call: 320u32,
         name: "cuDevicePrimaryCtxRetain",
         form: None,
         library: "driver",
@@ -97353,8 +97954,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxSetFlags__call: CallDesc = CallDesc {
-        wire: 364u32,
-        call: 318u32,
+        wire: 379u32,
+        call: 321u32,
         name: "cuDevicePrimaryCtxSetFlags",
         form: Some("call"),
         library: "driver",
@@ -97381,8 +97982,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxSetFlags_v2__call: CallDesc = CallDesc {
-        wire: 365u32,
-        call: 319u32,
+        wire: 380u32,
+        call: 322u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
         form: Some("call"),
         library: "driver",
@@ -97409,8 +98010,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceSetGraphMemAttribute: CallDesc = CallDesc {
-        wire: 366u32,
-        call: 320u32,
+        wire: 381u32,
+        call: 323u32,
         name: "cuDeviceSetGraphMemAttribute",
         form: None,
         library: "driver",
@@ -97443,8 +98044,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 367u32,
-        call: 321u32,
+        wire: 382u32,
+        call: 324u32,
         name: "cuDeviceSetMemPool",
         form: None,
         library: "driver",
@@ -97471,8 +98072,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceTotalMem: CallDesc = CallDesc {
-        wire: 368u32,
-        call: 322u32,
+        wire: 383u32,
+        call: 325u32,
         name: "cuDeviceTotalMem",
         form: None,
         library: "driver",
@@ -97501,8 +98102,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 369u32,
-        call: 323u32,
+        wire: 384u32,
+        call: 326u32,
         name: "cuDeviceUnregisterAsyncNotification",
         form: None,
         library: "driver",
@@ -97529,8 +98130,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventCreate: CallDesc = CallDesc {
-        wire: 370u32,
-        call: 324u32,
+        wire: 385u32,
+        call: 327u32,
         name: "cuEventCreate",
         form: None,
         library: "driver",
@@ -97557,8 +98158,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventDestroy: CallDesc = CallDesc {
-        wire: 371u32,
-        call: 325u32,
+        wire: 386u32,
+        call: 328u32,
         name: "cuEventDestroy",
         form: None,
         library: "driver",
@@ -97581,8 +98182,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventDestroy_v2: CallDesc = CallDesc {
-        wire: 372u32,
-        call: 326u32,
+        wire: 387u32,
+        call: 329u32,
         name: "cuEventDestroy_v2",
         form: None,
         library: "driver",
@@ -97605,8 +98206,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventElapsedTime: CallDesc = CallDesc {
-        wire: 373u32,
-        call: 327u32,
+        wire: 388u32,
+        call: 330u32,
         name: "cuEventElapsedTime",
         form: None,
         library: "driver",
@@ -97639,8 +98240,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 374u32,
-        call: 328u32,
+        wire: 389u32,
+        call: 331u32,
         name: "cuEventElapsedTime_v2",
         form: None,
         library: "driver",
@@ -97673,8 +98274,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventQuery: CallDesc = CallDesc {
-        wire: 375u32,
-        call: 329u32,
+        wire: 390u32,
+        call: 332u32,
         name: "cuEventQuery",
         form: None,
         library: "driver",
@@ -97697,8 +98298,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecord: CallDesc = CallDesc {
-        wire: 376u32,
-        call: 330u32,
+        wire: 391u32,
+        call: 333u32,
         name: "cuEventRecord",
         form: None,
         library: "driver",
@@ -97725,8 +98326,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 377u32,
-        call: 331u32,
+        wire: 392u32,
+        call: 334u32,
         name: "cuEventRecordWithFlags",
         form: None,
         library: "driver",
@@ -97757,8 +98358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 378u32,
-        call: 332u32,
+        wire: 393u32,
+        call: 335u32,
         name: "cuEventRecordWithFlags_ptsz",
         form: None,
         library: "driver",
@@ -97789,8 +98390,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 379u32,
-        call: 333u32,
+        wire: 394u32,
+        call: 336u32,
         name: "cuEventRecord_ptsz",
         form: None,
         library: "driver",
@@ -97817,8 +98418,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventSynchronize: CallDesc = CallDesc {
-        wire: 380u32,
-        call: 334u32,
+        wire: 395u32,
+        call: 337u32,
         name: "cuEventSynchronize",
         form: None,
         library: "driver",
@@ -97841,8 +98442,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuExternalMemoryGetMappedBuffer: CallDesc = CallDesc {
-        wire: 381u32,
-        call: 335u32,
+        wire: 396u32,
+        call: 338u32,
         name: "cuExternalMemoryGetMappedBuffer",
         form: None,
         library: "driver",
@@ -97877,8 +98478,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuExternalMemoryGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 382u32,
-        call: 336u32,
+        wire: 397u32,
+        call: 339u32,
         name: "cuExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -97911,8 +98512,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
-        wire: 383u32,
-        call: 337u32,
+        wire: 398u32,
+        call: 340u32,
         name: "cuFlushGPUDirectRDMAWrites",
         form: None,
         library: "driver",
@@ -97939,8 +98540,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetAttribute: CallDesc = CallDesc {
-        wire: 384u32,
-        call: 338u32,
+        wire: 399u32,
+        call: 341u32,
         name: "cuFuncGetAttribute",
         form: None,
         library: "driver",
@@ -97973,8 +98574,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetModule: CallDesc = CallDesc {
-        wire: 385u32,
-        call: 339u32,
+        wire: 400u32,
+        call: 342u32,
         name: "cuFuncGetModule",
         form: None,
         library: "driver",
@@ -98001,8 +98602,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetParamInfo: CallDesc = CallDesc {
-        wire: 386u32,
-        call: 340u32,
+        wire: 401u32,
+        call: 343u32,
         name: "cuFuncGetParamInfo",
         form: None,
         library: "driver",
@@ -98041,8 +98642,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncIsLoaded: CallDesc = CallDesc {
-        wire: 387u32,
-        call: 341u32,
+        wire: 402u32,
+        call: 344u32,
         name: "cuFuncIsLoaded",
         form: None,
         library: "driver",
@@ -98071,8 +98672,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncLoad: CallDesc = CallDesc {
-        wire: 388u32,
-        call: 342u32,
+        wire: 403u32,
+        call: 345u32,
         name: "cuFuncLoad",
         form: None,
         library: "driver",
@@ -98095,8 +98696,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetAttribute__call: CallDesc = CallDesc {
-        wire: 389u32,
-        call: 343u32,
+        wire: 404u32,
+        call: 346u32,
         name: "cuFuncSetAttribute",
         form: Some("call"),
         library: "driver",
@@ -98127,8 +98728,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetBlockShape: CallDesc = CallDesc {
-        wire: 390u32,
-        call: 344u32,
+        wire: 405u32,
+        call: 347u32,
         name: "cuFuncSetBlockShape",
         form: None,
         library: "driver",
@@ -98163,8 +98764,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetCacheConfig: CallDesc = CallDesc {
-        wire: 391u32,
-        call: 345u32,
+        wire: 406u32,
+        call: 348u32,
         name: "cuFuncSetCacheConfig",
         form: None,
         library: "driver",
@@ -98191,8 +98792,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 392u32,
-        call: 346u32,
+        wire: 407u32,
+        call: 349u32,
         name: "cuFuncSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -98219,8 +98820,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetSharedSize: CallDesc = CallDesc {
-        wire: 393u32,
-        call: 347u32,
+        wire: 408u32,
+        call: 350u32,
         name: "cuFuncSetSharedSize",
         form: None,
         library: "driver",
@@ -98247,8 +98848,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddChildGraphNode: CallDesc = CallDesc {
-        wire: 394u32,
-        call: 348u32,
+        wire: 409u32,
+        call: 351u32,
         name: "cuGraphAddChildGraphNode",
         form: None,
         library: "driver",
@@ -98287,8 +98888,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddDependencies: CallDesc = CallDesc {
-        wire: 395u32,
-        call: 349u32,
+        wire: 410u32,
+        call: 352u32,
         name: "cuGraphAddDependencies",
         form: None,
         library: "driver",
@@ -98323,8 +98924,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddDependencies_v2: CallDesc = CallDesc {
-        wire: 396u32,
-        call: 350u32,
+        wire: 411u32,
+        call: 353u32,
         name: "cuGraphAddDependencies_v2",
         form: None,
         library: "driver",
@@ -98365,8 +98966,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEmptyNode: CallDesc = CallDesc {
-        wire: 397u32,
-        call: 351u32,
+        wire: 412u32,
+        call: 354u32,
         name: "cuGraphAddEmptyNode",
         form: None,
         library: "driver",
@@ -98401,8 +99002,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEventRecordNode: CallDesc = CallDesc {
-        wire: 398u32,
-        call: 352u32,
+        wire: 413u32,
+        call: 355u32,
         name: "cuGraphAddEventRecordNode",
         form: None,
         library: "driver",
@@ -98441,8 +99042,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEventWaitNode: CallDesc = CallDesc {
-        wire: 399u32,
-        call: 353u32,
+        wire: 414u32,
+        call: 356u32,
         name: "cuGraphAddEventWaitNode",
         form: None,
         library: "driver",
@@ -98481,8 +99082,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddMemFreeNode: CallDesc = CallDesc {
-        wire: 400u32,
-        call: 354u32,
+        wire: 415u32,
+        call: 357u32,
         name: "cuGraphAddMemFreeNode",
         form: None,
         library: "driver",
@@ -98521,8 +99122,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddMemsetNode: CallDesc = CallDesc {
-        wire: 401u32,
-        call: 355u32,
+        wire: 416u32,
+        call: 358u32,
         name: "cuGraphAddMemsetNode",
         form: None,
         library: "driver",
@@ -98567,8 +99168,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 402u32,
-        call: 356u32,
+        wire: 417u32,
+        call: 359u32,
         name: "cuGraphChildGraphNodeGetGraph",
         form: None,
         library: "driver",
@@ -98595,8 +99196,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphClone: CallDesc = CallDesc {
-        wire: 403u32,
-        call: 357u32,
+        wire: 418u32,
+        call: 360u32,
         name: "cuGraphClone",
         form: None,
         library: "driver",
@@ -98623,8 +99224,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 404u32,
-        call: 358u32,
+        wire: 419u32,
+        call: 361u32,
         name: "cuGraphConditionalHandleCreate",
         form: None,
         library: "driver",
@@ -98665,8 +99266,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphCreate: CallDesc = CallDesc {
-        wire: 405u32,
-        call: 359u32,
+        wire: 420u32,
+        call: 362u32,
         name: "cuGraphCreate",
         form: None,
         library: "driver",
@@ -98693,8 +99294,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphDestroy: CallDesc = CallDesc {
-        wire: 406u32,
-        call: 360u32,
+        wire: 421u32,
+        call: 363u32,
         name: "cuGraphDestroy",
         form: None,
         library: "driver",
@@ -98717,8 +99318,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphDestroyNode: CallDesc = CallDesc {
-        wire: 407u32,
-        call: 361u32,
+        wire: 422u32,
+        call: 364u32,
         name: "cuGraphDestroyNode",
         form: None,
         library: "driver",
@@ -98741,8 +99342,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 408u32,
-        call: 362u32,
+        wire: 423u32,
+        call: 365u32,
         name: "cuGraphEventRecordNodeGetEvent",
         form: None,
         library: "driver",
@@ -98769,8 +99370,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 409u32,
-        call: 363u32,
+        wire: 424u32,
+        call: 366u32,
         name: "cuGraphEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -98797,8 +99398,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 410u32,
-        call: 364u32,
+        wire: 425u32,
+        call: 367u32,
         name: "cuGraphEventWaitNodeGetEvent",
         form: None,
         library: "driver",
@@ -98825,8 +99426,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 411u32,
-        call: 365u32,
+        wire: 426u32,
+        call: 368u32,
         name: "cuGraphEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -98853,8 +99454,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 412u32,
-        call: 366u32,
+        wire: 427u32,
+        call: 369u32,
         name: "cuGraphExecChildGraphNodeSetParams",
         form: None,
         library: "driver",
@@ -98885,8 +99486,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecDestroy: CallDesc = CallDesc {
-        wire: 413u32,
-        call: 367u32,
+        wire: 428u32,
+        call: 370u32,
         name: "cuGraphExecDestroy",
         form: None,
         library: "driver",
@@ -98909,8 +99510,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 414u32,
-        call: 368u32,
+        wire: 429u32,
+        call: 371u32,
         name: "cuGraphExecEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -98941,8 +99542,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 415u32,
-        call: 369u32,
+        wire: 430u32,
+        call: 372u32,
         name: "cuGraphExecEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -98973,8 +99574,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 416u32,
-        call: 370u32,
+        wire: 431u32,
+        call: 373u32,
         name: "cuGraphExecGetFlags",
         form: None,
         library: "driver",
@@ -99003,8 +99604,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecGetId: CallDesc = CallDesc {
-        wire: 417u32,
-        call: 371u32,
+        wire: 432u32,
+        call: 374u32,
         name: "cuGraphExecGetId",
         form: None,
         library: "driver",
@@ -99033,8 +99634,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 418u32,
-        call: 372u32,
+        wire: 433u32,
+        call: 375u32,
         name: "cuGraphExecMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -99071,8 +99672,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecUpdate: CallDesc = CallDesc {
-        wire: 419u32,
-        call: 373u32,
+        wire: 434u32,
+        call: 376u32,
         name: "cuGraphExecUpdate",
         form: None,
         library: "driver",
@@ -99109,8 +99710,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecUpdate_v2: CallDesc = CallDesc {
-        wire: 420u32,
-        call: 374u32,
+        wire: 435u32,
+        call: 377u32,
         name: "cuGraphExecUpdate_v2",
         form: None,
         library: "driver",
@@ -99143,8 +99744,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetEdges: CallDesc = CallDesc {
-        wire: 421u32,
-        call: 375u32,
+        wire: 436u32,
+        call: 378u32,
         name: "cuGraphGetEdges",
         form: None,
         library: "driver",
@@ -99181,8 +99782,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetId: CallDesc = CallDesc {
-        wire: 422u32,
-        call: 376u32,
+        wire: 437u32,
+        call: 379u32,
         name: "cuGraphGetId",
         form: None,
         library: "driver",
@@ -99211,8 +99812,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetNodes: CallDesc = CallDesc {
-        wire: 423u32,
-        call: 377u32,
+        wire: 438u32,
+        call: 380u32,
         name: "cuGraphGetNodes",
         form: None,
         library: "driver",
@@ -99245,8 +99846,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 424u32,
-        call: 378u32,
+        wire: 439u32,
+        call: 381u32,
         name: "cuGraphGetRootNodes",
         form: None,
         library: "driver",
@@ -99279,8 +99880,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiate: CallDesc = CallDesc {
-        wire: 425u32,
-        call: 379u32,
+        wire: 440u32,
+        call: 382u32,
         name: "cuGraphInstantiate",
         form: None,
         library: "driver",
@@ -99321,8 +99922,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 426u32,
-        call: 380u32,
+        wire: 441u32,
+        call: 383u32,
         name: "cuGraphInstantiateWithFlags",
         form: None,
         library: "driver",
@@ -99353,8 +99954,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiate_v2: CallDesc = CallDesc {
-        wire: 427u32,
-        call: 381u32,
+        wire: 442u32,
+        call: 384u32,
         name: "cuGraphInstantiate_v2",
         form: None,
         library: "driver",
@@ -99395,8 +99996,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 428u32,
-        call: 382u32,
+        wire: 443u32,
+        call: 385u32,
         name: "cuGraphKernelNodeCopyAttributes",
         form: None,
         library: "driver",
@@ -99423,8 +100024,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 429u32,
-        call: 383u32,
+        wire: 444u32,
+        call: 386u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -99457,8 +100058,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 430u32,
-        call: 383u32,
+        wire: 445u32,
+        call: 386u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -99491,8 +100092,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 431u32,
-        call: 383u32,
+        wire: 446u32,
+        call: 386u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -99525,8 +100126,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 432u32,
-        call: 383u32,
+        wire: 447u32,
+        call: 386u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -99559,8 +100160,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 433u32,
-        call: 383u32,
+        wire: 448u32,
+        call: 386u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -99592,9 +100193,179 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuGraphKernelNodeSetAttribute__cu118: CallDesc = CallDesc {
+        wire: 449u32,
+        call: 387u32,
+        name: "cuGraphKernelNodeSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuGraphKernelNodeSetAttribute__cu121: CallDesc = CallDesc {
+        wire: 450u32,
+        call: 387u32,
+        name: "cuGraphKernelNodeSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuGraphKernelNodeSetAttribute__cu126: CallDesc = CallDesc {
+        wire: 451u32,
+        call: 387u32,
+        name: "cuGraphKernelNodeSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["12.6"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuGraphKernelNodeSetAttribute__cu128: CallDesc = CallDesc {
+        wire: 452u32,
+        call: 387u32,
+        name: "cuGraphKernelNodeSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuGraphKernelNodeSetAttribute__cu130: CallDesc = CallDesc {
+        wire: 453u32,
+        call: 387u32,
+        name: "cuGraphKernelNodeSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuGraphLaunch: CallDesc = CallDesc {
-        wire: 434u32,
-        call: 384u32,
+        wire: 454u32,
+        call: 388u32,
         name: "cuGraphLaunch",
         form: None,
         library: "driver",
@@ -99621,8 +100392,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 435u32,
-        call: 385u32,
+        wire: 455u32,
+        call: 389u32,
         name: "cuGraphLaunch_ptsz",
         form: None,
         library: "driver",
@@ -99649,8 +100420,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 436u32,
-        call: 386u32,
+        wire: 456u32,
+        call: 390u32,
         name: "cuGraphMemFreeNodeGetParams",
         form: None,
         library: "driver",
@@ -99679,8 +100450,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemsetNodeGetParams: CallDesc = CallDesc {
-        wire: 437u32,
-        call: 387u32,
+        wire: 457u32,
+        call: 391u32,
         name: "cuGraphMemsetNodeGetParams",
         form: None,
         library: "driver",
@@ -99709,8 +100480,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 438u32,
-        call: 388u32,
+        wire: 458u32,
+        call: 392u32,
         name: "cuGraphMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -99739,8 +100510,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 439u32,
-        call: 389u32,
+        wire: 459u32,
+        call: 393u32,
         name: "cuGraphNodeFindInClone",
         form: None,
         library: "driver",
@@ -99771,8 +100542,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 440u32,
-        call: 390u32,
+        wire: 460u32,
+        call: 394u32,
         name: "cuGraphNodeGetContainingGraph",
         form: None,
         library: "driver",
@@ -99799,8 +100570,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetDependencies: CallDesc = CallDesc {
-        wire: 441u32,
-        call: 391u32,
+        wire: 461u32,
+        call: 395u32,
         name: "cuGraphNodeGetDependencies",
         form: None,
         library: "driver",
@@ -99833,8 +100604,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetDependentNodes: CallDesc = CallDesc {
-        wire: 442u32,
-        call: 392u32,
+        wire: 462u32,
+        call: 396u32,
         name: "cuGraphNodeGetDependentNodes",
         form: None,
         library: "driver",
@@ -99867,8 +100638,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 443u32,
-        call: 393u32,
+        wire: 463u32,
+        call: 397u32,
         name: "cuGraphNodeGetEnabled",
         form: None,
         library: "driver",
@@ -99901,8 +100672,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 444u32,
-        call: 394u32,
+        wire: 464u32,
+        call: 398u32,
         name: "cuGraphNodeGetLocalId",
         form: None,
         library: "driver",
@@ -99931,8 +100702,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 445u32,
-        call: 395u32,
+        wire: 465u32,
+        call: 399u32,
         name: "cuGraphNodeGetToolsId",
         form: None,
         library: "driver",
@@ -99961,8 +100732,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetType: CallDesc = CallDesc {
-        wire: 446u32,
-        call: 396u32,
+        wire: 466u32,
+        call: 400u32,
         name: "cuGraphNodeGetType",
         form: None,
         library: "driver",
@@ -99991,8 +100762,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 447u32,
-        call: 397u32,
+        wire: 467u32,
+        call: 401u32,
         name: "cuGraphNodeSetEnabled",
         form: None,
         library: "driver",
@@ -100023,8 +100794,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 448u32,
-        call: 398u32,
+        wire: 468u32,
+        call: 402u32,
         name: "cuGraphReleaseUserObject",
         form: None,
         library: "driver",
@@ -100055,8 +100826,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRemoveDependencies: CallDesc = CallDesc {
-        wire: 449u32,
-        call: 399u32,
+        wire: 469u32,
+        call: 403u32,
         name: "cuGraphRemoveDependencies",
         form: None,
         library: "driver",
@@ -100091,8 +100862,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRemoveDependencies_v2: CallDesc = CallDesc {
-        wire: 450u32,
-        call: 400u32,
+        wire: 470u32,
+        call: 404u32,
         name: "cuGraphRemoveDependencies_v2",
         form: None,
         library: "driver",
@@ -100133,8 +100904,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 451u32,
-        call: 401u32,
+        wire: 471u32,
+        call: 405u32,
         name: "cuGraphRetainUserObject",
         form: None,
         library: "driver",
@@ -100169,8 +100940,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphUpload: CallDesc = CallDesc {
-        wire: 452u32,
-        call: 402u32,
+        wire: 472u32,
+        call: 406u32,
         name: "cuGraphUpload",
         form: None,
         library: "driver",
@@ -100197,8 +100968,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 453u32,
-        call: 403u32,
+        wire: 473u32,
+        call: 407u32,
         name: "cuGraphUpload_ptsz",
         form: None,
         library: "driver",
@@ -100225,8 +100996,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsMapResources: CallDesc = CallDesc {
-        wire: 454u32,
-        call: 404u32,
+        wire: 474u32,
+        call: 408u32,
         name: "cuGraphicsMapResources",
         form: None,
         library: "driver",
@@ -100257,8 +101028,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsMapResources_ptsz: CallDesc = CallDesc {
-        wire: 455u32,
-        call: 405u32,
+        wire: 475u32,
+        call: 409u32,
         name: "cuGraphicsMapResources_ptsz",
         form: None,
         library: "driver",
@@ -100289,8 +101060,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 456u32,
-        call: 406u32,
+        wire: 476u32,
+        call: 410u32,
         name: "cuGraphicsResourceGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -100317,8 +101088,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 457u32,
-        call: 407u32,
+        wire: 477u32,
+        call: 411u32,
         name: "cuGraphicsResourceSetMapFlags",
         form: None,
         library: "driver",
@@ -100345,8 +101116,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceSetMapFlags_v2: CallDesc = CallDesc {
-        wire: 458u32,
-        call: 408u32,
+        wire: 478u32,
+        call: 412u32,
         name: "cuGraphicsResourceSetMapFlags_v2",
         form: None,
         library: "driver",
@@ -100373,8 +101144,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 459u32,
-        call: 409u32,
+        wire: 479u32,
+        call: 413u32,
         name: "cuGraphicsSubResourceGetMappedArray",
         form: None,
         library: "driver",
@@ -100409,8 +101180,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 460u32,
-        call: 410u32,
+        wire: 480u32,
+        call: 414u32,
         name: "cuGraphicsUnmapResources",
         form: None,
         library: "driver",
@@ -100441,8 +101212,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnmapResources_ptsz: CallDesc = CallDesc {
-        wire: 461u32,
-        call: 411u32,
+        wire: 481u32,
+        call: 415u32,
         name: "cuGraphicsUnmapResources_ptsz",
         form: None,
         library: "driver",
@@ -100473,8 +101244,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 462u32,
-        call: 412u32,
+        wire: 482u32,
+        call: 416u32,
         name: "cuGraphicsUnregisterResource",
         form: None,
         library: "driver",
@@ -100497,8 +101268,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxCreate: CallDesc = CallDesc {
-        wire: 463u32,
-        call: 413u32,
+        wire: 483u32,
+        call: 417u32,
         name: "cuGreenCtxCreate",
         form: None,
         library: "driver",
@@ -100533,8 +101304,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxDestroy: CallDesc = CallDesc {
-        wire: 464u32,
-        call: 414u32,
+        wire: 484u32,
+        call: 418u32,
         name: "cuGreenCtxDestroy",
         form: None,
         library: "driver",
@@ -100557,8 +101328,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 465u32,
-        call: 415u32,
+        wire: 485u32,
+        call: 419u32,
         name: "cuGreenCtxGetDevResource",
         form: None,
         library: "driver",
@@ -100591,8 +101362,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 466u32,
-        call: 415u32,
+        wire: 486u32,
+        call: 419u32,
         name: "cuGreenCtxGetDevResource",
         form: None,
         library: "driver",
@@ -100625,8 +101396,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetId: CallDesc = CallDesc {
-        wire: 467u32,
-        call: 416u32,
+        wire: 487u32,
+        call: 420u32,
         name: "cuGreenCtxGetId",
         form: None,
         library: "driver",
@@ -100655,8 +101426,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxRecordEvent: CallDesc = CallDesc {
-        wire: 468u32,
-        call: 417u32,
+        wire: 488u32,
+        call: 421u32,
         name: "cuGreenCtxRecordEvent",
         form: None,
         library: "driver",
@@ -100683,8 +101454,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxStreamCreate: CallDesc = CallDesc {
-        wire: 469u32,
-        call: 418u32,
+        wire: 489u32,
+        call: 422u32,
         name: "cuGreenCtxStreamCreate",
         form: None,
         library: "driver",
@@ -100719,8 +101490,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxWaitEvent: CallDesc = CallDesc {
-        wire: 470u32,
-        call: 419u32,
+        wire: 490u32,
+        call: 423u32,
         name: "cuGreenCtxWaitEvent",
         form: None,
         library: "driver",
@@ -100747,8 +101518,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuInit: CallDesc = CallDesc {
-        wire: 471u32,
-        call: 420u32,
+        wire: 491u32,
+        call: 424u32,
         name: "cuInit",
         form: None,
         library: "driver",
@@ -100771,8 +101542,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcCloseMemHandle: CallDesc = CallDesc {
-        wire: 472u32,
-        call: 421u32,
+        wire: 492u32,
+        call: 425u32,
         name: "cuIpcCloseMemHandle",
         form: None,
         library: "driver",
@@ -100795,8 +101566,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 473u32,
-        call: 422u32,
+        wire: 493u32,
+        call: 426u32,
         name: "cuIpcOpenEventHandle",
         form: None,
         library: "driver",
@@ -100820,8 +101591,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenMemHandle: CallDesc = CallDesc {
-        wire: 474u32,
-        call: 423u32,
+        wire: 494u32,
+        call: 427u32,
         name: "cuIpcOpenMemHandle",
         form: None,
         library: "driver",
@@ -100851,8 +101622,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenMemHandle_v2: CallDesc = CallDesc {
-        wire: 475u32,
-        call: 424u32,
+        wire: 495u32,
+        call: 428u32,
         name: "cuIpcOpenMemHandle_v2",
         form: None,
         library: "driver",
@@ -100882,8 +101653,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetAttribute: CallDesc = CallDesc {
-        wire: 476u32,
-        call: 425u32,
+        wire: 496u32,
+        call: 429u32,
         name: "cuKernelGetAttribute",
         form: None,
         library: "driver",
@@ -100920,8 +101691,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetFunction: CallDesc = CallDesc {
-        wire: 477u32,
-        call: 426u32,
+        wire: 497u32,
+        call: 430u32,
         name: "cuKernelGetFunction",
         form: None,
         library: "driver",
@@ -100948,8 +101719,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetLibrary: CallDesc = CallDesc {
-        wire: 478u32,
-        call: 427u32,
+        wire: 498u32,
+        call: 431u32,
         name: "cuKernelGetLibrary",
         form: None,
         library: "driver",
@@ -100976,8 +101747,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetParamInfo: CallDesc = CallDesc {
-        wire: 479u32,
-        call: 428u32,
+        wire: 499u32,
+        call: 432u32,
         name: "cuKernelGetParamInfo",
         form: None,
         library: "driver",
@@ -101016,8 +101787,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelSetAttribute: CallDesc = CallDesc {
-        wire: 480u32,
-        call: 429u32,
+        wire: 500u32,
+        call: 433u32,
         name: "cuKernelSetAttribute",
         form: None,
         library: "driver",
@@ -101052,8 +101823,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelSetCacheConfig: CallDesc = CallDesc {
-        wire: 481u32,
-        call: 430u32,
+        wire: 501u32,
+        call: 434u32,
         name: "cuKernelSetCacheConfig",
         form: None,
         library: "driver",
@@ -101084,8 +101855,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunch: CallDesc = CallDesc {
-        wire: 482u32,
-        call: 431u32,
+        wire: 502u32,
+        call: 435u32,
         name: "cuLaunch",
         form: None,
         library: "driver",
@@ -101108,8 +101879,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchGrid: CallDesc = CallDesc {
-        wire: 483u32,
-        call: 432u32,
+        wire: 503u32,
+        call: 436u32,
         name: "cuLaunchGrid",
         form: None,
         library: "driver",
@@ -101140,8 +101911,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchGridAsync: CallDesc = CallDesc {
-        wire: 484u32,
-        call: 433u32,
+        wire: 504u32,
+        call: 437u32,
         name: "cuLaunchGridAsync",
         form: None,
         library: "driver",
@@ -101176,8 +101947,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchHostFunc__host: CallDesc = CallDesc {
-        wire: 485u32,
-        call: 434u32,
+        wire: 505u32,
+        call: 438u32,
         name: "cuLaunchHostFunc",
         form: Some("host"),
         library: "driver",
@@ -101208,8 +101979,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
-        wire: 486u32,
-        call: 435u32,
+        wire: 506u32,
+        call: 439u32,
         name: "cuLaunchHostFunc_ptsz",
         form: Some("host"),
         library: "driver",
@@ -101240,8 +102011,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 487u32,
-        call: 436u32,
+        wire: 507u32,
+        call: 440u32,
         name: "cuLibraryEnumerateKernels",
         form: None,
         library: "driver",
@@ -101272,8 +102043,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetGlobal: CallDesc = CallDesc {
-        wire: 488u32,
-        call: 437u32,
+        wire: 508u32,
+        call: 441u32,
         name: "cuLibraryGetGlobal",
         form: None,
         library: "driver",
@@ -101309,8 +102080,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetKernel: CallDesc = CallDesc {
-        wire: 489u32,
-        call: 438u32,
+        wire: 509u32,
+        call: 442u32,
         name: "cuLibraryGetKernel",
         form: None,
         library: "driver",
@@ -101338,8 +102109,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 490u32,
-        call: 439u32,
+        wire: 510u32,
+        call: 443u32,
         name: "cuLibraryGetKernelCount",
         form: None,
         library: "driver",
@@ -101368,8 +102139,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetManaged: CallDesc = CallDesc {
-        wire: 491u32,
-        call: 440u32,
+        wire: 511u32,
+        call: 444u32,
         name: "cuLibraryGetManaged",
         form: None,
         library: "driver",
@@ -101405,8 +102176,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetModule: CallDesc = CallDesc {
-        wire: 492u32,
-        call: 441u32,
+        wire: 512u32,
+        call: 445u32,
         name: "cuLibraryGetModule",
         form: None,
         library: "driver",
@@ -101433,8 +102204,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryUnload: CallDesc = CallDesc {
-        wire: 493u32,
-        call: 442u32,
+        wire: 513u32,
+        call: 446u32,
         name: "cuLibraryUnload",
         form: None,
         library: "driver",
@@ -101457,8 +102228,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLinkDestroy: CallDesc = CallDesc {
-        wire: 494u32,
-        call: 443u32,
+        wire: 514u32,
+        call: 447u32,
         name: "cuLinkDestroy",
         form: None,
         library: "driver",
@@ -101481,8 +102252,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLogsCurrent: CallDesc = CallDesc {
-        wire: 495u32,
-        call: 444u32,
+        wire: 515u32,
+        call: 448u32,
         name: "cuLogsCurrent",
         form: None,
         library: "driver",
@@ -101511,8 +102282,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 496u32,
-        call: 445u32,
+        wire: 516u32,
+        call: 449u32,
         name: "cuLogsUnregisterCallback",
         form: None,
         library: "driver",
@@ -101535,8 +102306,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAddressFree: CallDesc = CallDesc {
-        wire: 497u32,
-        call: 446u32,
+        wire: 517u32,
+        call: 450u32,
         name: "cuMemAddressFree",
         form: None,
         library: "driver",
@@ -101563,8 +102334,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAddressReserve: CallDesc = CallDesc {
-        wire: 498u32,
-        call: 447u32,
+        wire: 518u32,
+        call: 451u32,
         name: "cuMemAddressReserve",
         form: None,
         library: "driver",
@@ -101605,8 +102376,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAdvise: CallDesc = CallDesc {
-        wire: 499u32,
-        call: 448u32,
+        wire: 519u32,
+        call: 452u32,
         name: "cuMemAdvise",
         form: None,
         library: "driver",
@@ -101641,8 +102412,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAdvise_v2: CallDesc = CallDesc {
-        wire: 500u32,
-        call: 449u32,
+        wire: 520u32,
+        call: 453u32,
         name: "cuMemAdvise_v2",
         form: None,
         library: "driver",
@@ -101674,8 +102445,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAlloc_v2__call: CallDesc = CallDesc {
-        wire: 501u32,
-        call: 450u32,
+        wire: 521u32,
+        call: 454u32,
         name: "cuMemAlloc_v2",
         form: Some("call"),
         library: "driver",
@@ -101704,8 +102475,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardAndPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 502u32,
-        call: 451u32,
+        wire: 522u32,
+        call: 455u32,
         name: "cuMemDiscardAndPrefetchBatchAsync",
         form: None,
         library: "driver",
@@ -101764,8 +102535,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardAndPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 503u32,
-        call: 452u32,
+        wire: 523u32,
+        call: 456u32,
         name: "cuMemDiscardAndPrefetchBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -101824,8 +102595,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardBatchAsync: CallDesc = CallDesc {
-        wire: 504u32,
-        call: 453u32,
+        wire: 524u32,
+        call: 457u32,
         name: "cuMemDiscardBatchAsync",
         form: None,
         library: "driver",
@@ -101868,8 +102639,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 505u32,
-        call: 454u32,
+        wire: 525u32,
+        call: 458u32,
         name: "cuMemDiscardBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -101912,8 +102683,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFree: CallDesc = CallDesc {
-        wire: 506u32,
-        call: 455u32,
+        wire: 526u32,
+        call: 459u32,
         name: "cuMemFree",
         form: None,
         library: "driver",
@@ -101936,8 +102707,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFreeAsync: CallDesc = CallDesc {
-        wire: 507u32,
-        call: 456u32,
+        wire: 527u32,
+        call: 460u32,
         name: "cuMemFreeAsync",
         form: None,
         library: "driver",
@@ -101964,8 +102735,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFreeAsync_ptsz: CallDesc = CallDesc {
-        wire: 508u32,
-        call: 457u32,
+        wire: 528u32,
+        call: 461u32,
         name: "cuMemFreeAsync_ptsz",
         form: None,
         library: "driver",
@@ -101992,8 +102763,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFree_v2__call: CallDesc = CallDesc {
-        wire: 509u32,
-        call: 458u32,
+        wire: 529u32,
+        call: 462u32,
         name: "cuMemFree_v2",
         form: Some("call"),
         library: "driver",
@@ -102016,8 +102787,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetAccess: CallDesc = CallDesc {
-        wire: 510u32,
-        call: 459u32,
+        wire: 530u32,
+        call: 463u32,
         name: "cuMemGetAccess",
         form: None,
         library: "driver",
@@ -102052,8 +102823,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetAllocationPropertiesFromHandle: CallDesc = CallDesc {
-        wire: 511u32,
-        call: 460u32,
+        wire: 531u32,
+        call: 464u32,
         name: "cuMemGetAllocationPropertiesFromHandle",
         form: None,
         library: "driver",
@@ -102082,8 +102853,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 512u32,
-        call: 461u32,
+        wire: 532u32,
+        call: 465u32,
         name: "cuMemGetDefaultMemPool",
         form: None,
         library: "driver",
@@ -102116,8 +102887,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetInfo: CallDesc = CallDesc {
-        wire: 513u32,
-        call: 462u32,
+        wire: 533u32,
+        call: 466u32,
         name: "cuMemGetInfo",
         form: None,
         library: "driver",
@@ -102148,8 +102919,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetInfo_v2: CallDesc = CallDesc {
-        wire: 514u32,
-        call: 463u32,
+        wire: 534u32,
+        call: 467u32,
         name: "cuMemGetInfo_v2",
         form: None,
         library: "driver",
@@ -102180,8 +102951,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetMemPool: CallDesc = CallDesc {
-        wire: 515u32,
-        call: 464u32,
+        wire: 535u32,
+        call: 468u32,
         name: "cuMemGetMemPool",
         form: None,
         library: "driver",
@@ -102214,8 +102985,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemMap: CallDesc = CallDesc {
-        wire: 516u32,
-        call: 465u32,
+        wire: 536u32,
+        call: 469u32,
         name: "cuMemMap",
         form: None,
         library: "driver",
@@ -102254,8 +103025,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolDestroy: CallDesc = CallDesc {
-        wire: 517u32,
-        call: 466u32,
+        wire: 537u32,
+        call: 470u32,
         name: "cuMemPoolDestroy",
         form: None,
         library: "driver",
@@ -102278,8 +103049,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolGetAccess: CallDesc = CallDesc {
-        wire: 518u32,
-        call: 467u32,
+        wire: 538u32,
+        call: 471u32,
         name: "cuMemPoolGetAccess",
         form: None,
         library: "driver",
@@ -102314,8 +103085,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolGetAttribute: CallDesc = CallDesc {
-        wire: 519u32,
-        call: 468u32,
+        wire: 539u32,
+        call: 472u32,
         name: "cuMemPoolGetAttribute",
         form: None,
         library: "driver",
@@ -102348,8 +103119,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolSetAccess: CallDesc = CallDesc {
-        wire: 520u32,
-        call: 469u32,
+        wire: 540u32,
+        call: 473u32,
         name: "cuMemPoolSetAccess",
         form: None,
         library: "driver",
@@ -102382,8 +103153,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolSetAttribute: CallDesc = CallDesc {
-        wire: 521u32,
-        call: 470u32,
+        wire: 541u32,
+        call: 474u32,
         name: "cuMemPoolSetAttribute",
         form: None,
         library: "driver",
@@ -102416,8 +103187,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 522u32,
-        call: 471u32,
+        wire: 542u32,
+        call: 475u32,
         name: "cuMemPoolTrimTo",
         form: None,
         library: "driver",
@@ -102444,8 +103215,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync: CallDesc = CallDesc {
-        wire: 523u32,
-        call: 472u32,
+        wire: 543u32,
+        call: 476u32,
         name: "cuMemPrefetchAsync",
         form: None,
         library: "driver",
@@ -102480,8 +103251,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_ptsz: CallDesc = CallDesc {
-        wire: 524u32,
-        call: 473u32,
+        wire: 544u32,
+        call: 477u32,
         name: "cuMemPrefetchAsync_ptsz",
         form: None,
         library: "driver",
@@ -102516,8 +103287,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_v2: CallDesc = CallDesc {
-        wire: 525u32,
-        call: 474u32,
+        wire: 545u32,
+        call: 478u32,
         name: "cuMemPrefetchAsync_v2",
         form: None,
         library: "driver",
@@ -102553,8 +103324,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 526u32,
-        call: 475u32,
+        wire: 546u32,
+        call: 479u32,
         name: "cuMemPrefetchAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -102590,8 +103361,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 527u32,
-        call: 476u32,
+        wire: 547u32,
+        call: 480u32,
         name: "cuMemPrefetchBatchAsync",
         form: None,
         library: "driver",
@@ -102650,8 +103421,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 528u32,
-        call: 477u32,
+        wire: 548u32,
+        call: 481u32,
         name: "cuMemPrefetchBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -102710,8 +103481,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRangeGetAttribute: CallDesc = CallDesc {
-        wire: 529u32,
-        call: 478u32,
+        wire: 549u32,
+        call: 482u32,
         name: "cuMemRangeGetAttribute",
         form: None,
         library: "driver",
@@ -102752,8 +103523,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRelease: CallDesc = CallDesc {
-        wire: 530u32,
-        call: 479u32,
+        wire: 550u32,
+        call: 483u32,
         name: "cuMemRelease",
         form: None,
         library: "driver",
@@ -102776,8 +103547,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRetainAllocationHandle: CallDesc = CallDesc {
-        wire: 531u32,
-        call: 480u32,
+        wire: 551u32,
+        call: 484u32,
         name: "cuMemRetainAllocationHandle",
         form: None,
         library: "driver",
@@ -102803,8 +103574,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemSetAccess: CallDesc = CallDesc {
-        wire: 532u32,
-        call: 481u32,
+        wire: 552u32,
+        call: 485u32,
         name: "cuMemSetAccess",
         form: None,
         library: "driver",
@@ -102841,8 +103612,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemSetMemPool: CallDesc = CallDesc {
-        wire: 533u32,
-        call: 482u32,
+        wire: 553u32,
+        call: 486u32,
         name: "cuMemSetMemPool",
         form: None,
         library: "driver",
@@ -102875,8 +103646,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemUnmap: CallDesc = CallDesc {
-        wire: 534u32,
-        call: 483u32,
+        wire: 554u32,
+        call: 487u32,
         name: "cuMemUnmap",
         form: None,
         library: "driver",
@@ -102903,8 +103674,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy: CallDesc = CallDesc {
-        wire: 535u32,
-        call: 484u32,
+        wire: 555u32,
+        call: 488u32,
         name: "cuMemcpy",
         form: None,
         library: "driver",
@@ -102935,8 +103706,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAsync: CallDesc = CallDesc {
-        wire: 536u32,
-        call: 485u32,
+        wire: 556u32,
+        call: 489u32,
         name: "cuMemcpyAsync",
         form: None,
         library: "driver",
@@ -102971,8 +103742,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
-        wire: 537u32,
-        call: 486u32,
+        wire: 557u32,
+        call: 490u32,
         name: "cuMemcpyAsync_ptsz",
         form: None,
         library: "driver",
@@ -103007,8 +103778,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 538u32,
-        call: 487u32,
+        wire: 558u32,
+        call: 491u32,
         name: "cuMemcpyAtoA",
         form: None,
         library: "driver",
@@ -103047,8 +103818,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 539u32,
-        call: 488u32,
+        wire: 559u32,
+        call: 492u32,
         name: "cuMemcpyAtoA_v2",
         form: None,
         library: "driver",
@@ -103087,8 +103858,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 540u32,
-        call: 489u32,
+        wire: 560u32,
+        call: 493u32,
         name: "cuMemcpyAtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -103127,8 +103898,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 541u32,
-        call: 490u32,
+        wire: 561u32,
+        call: 494u32,
         name: "cuMemcpyAtoD",
         form: None,
         library: "driver",
@@ -103163,8 +103934,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 542u32,
-        call: 491u32,
+        wire: 562u32,
+        call: 495u32,
         name: "cuMemcpyAtoD_v2",
         form: None,
         library: "driver",
@@ -103199,8 +103970,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 543u32,
-        call: 492u32,
+        wire: 563u32,
+        call: 496u32,
         name: "cuMemcpyAtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -103235,8 +104006,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 544u32,
-        call: 493u32,
+        wire: 564u32,
+        call: 497u32,
         name: "cuMemcpyDtoA",
         form: None,
         library: "driver",
@@ -103271,8 +104042,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 545u32,
-        call: 494u32,
+        wire: 565u32,
+        call: 498u32,
         name: "cuMemcpyDtoA_v2",
         form: None,
         library: "driver",
@@ -103307,8 +104078,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 546u32,
-        call: 495u32,
+        wire: 566u32,
+        call: 499u32,
         name: "cuMemcpyDtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -103343,8 +104114,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 547u32,
-        call: 496u32,
+        wire: 567u32,
+        call: 500u32,
         name: "cuMemcpyDtoD",
         form: None,
         library: "driver",
@@ -103375,8 +104146,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 548u32,
-        call: 497u32,
+        wire: 568u32,
+        call: 501u32,
         name: "cuMemcpyDtoDAsync",
         form: None,
         library: "driver",
@@ -103411,8 +104182,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 549u32,
-        call: 498u32,
+        wire: 569u32,
+        call: 502u32,
         name: "cuMemcpyDtoDAsync_v2",
         form: None,
         library: "driver",
@@ -103447,8 +104218,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 550u32,
-        call: 499u32,
+        wire: 570u32,
+        call: 503u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -103483,8 +104254,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 551u32,
-        call: 500u32,
+        wire: 571u32,
+        call: 504u32,
         name: "cuMemcpyDtoD_v2",
         form: None,
         library: "driver",
@@ -103515,8 +104286,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 552u32,
-        call: 501u32,
+        wire: 572u32,
+        call: 505u32,
         name: "cuMemcpyDtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -103547,8 +104318,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
-        wire: 553u32,
-        call: 502u32,
+        wire: 573u32,
+        call: 506u32,
         name: "cuMemcpyDtoHAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -103585,8 +104356,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 554u32,
-        call: 503u32,
+        wire: 574u32,
+        call: 507u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -103623,8 +104394,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
-        wire: 555u32,
-        call: 504u32,
+        wire: 575u32,
+        call: 508u32,
         name: "cuMemcpyDtoH_v2",
         form: Some("call"),
         library: "driver",
@@ -103657,8 +104428,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
-        wire: 556u32,
-        call: 505u32,
+        wire: 576u32,
+        call: 509u32,
         name: "cuMemcpyDtoH_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -103691,8 +104462,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
-        wire: 557u32,
-        call: 506u32,
+        wire: 577u32,
+        call: 510u32,
         name: "cuMemcpyHtoDAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -103729,8 +104500,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 558u32,
-        call: 507u32,
+        wire: 578u32,
+        call: 511u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -103767,8 +104538,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
-        wire: 559u32,
-        call: 508u32,
+        wire: 579u32,
+        call: 512u32,
         name: "cuMemcpyHtoD_v2",
         form: Some("call"),
         library: "driver",
@@ -103801,8 +104572,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
-        wire: 560u32,
-        call: 509u32,
+        wire: 580u32,
+        call: 513u32,
         name: "cuMemcpyHtoD_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -103835,8 +104606,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 561u32,
-        call: 510u32,
+        wire: 581u32,
+        call: 514u32,
         name: "cuMemcpyPeer",
         form: None,
         library: "driver",
@@ -103875,8 +104646,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 562u32,
-        call: 511u32,
+        wire: 582u32,
+        call: 515u32,
         name: "cuMemcpyPeerAsync",
         form: None,
         library: "driver",
@@ -103919,8 +104690,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 563u32,
-        call: 512u32,
+        wire: 583u32,
+        call: 516u32,
         name: "cuMemcpyPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -103963,8 +104734,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 564u32,
-        call: 513u32,
+        wire: 584u32,
+        call: 517u32,
         name: "cuMemcpyPeer_ptds",
         form: None,
         library: "driver",
@@ -104003,8 +104774,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy_ptds: CallDesc = CallDesc {
-        wire: 565u32,
-        call: 514u32,
+        wire: 585u32,
+        call: 518u32,
         name: "cuMemcpy_ptds",
         form: None,
         library: "driver",
@@ -104035,8 +104806,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 566u32,
-        call: 515u32,
+        wire: 586u32,
+        call: 519u32,
         name: "cuMemsetD16",
         form: None,
         library: "driver",
@@ -104067,8 +104838,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 567u32,
-        call: 516u32,
+        wire: 587u32,
+        call: 520u32,
         name: "cuMemsetD16Async",
         form: None,
         library: "driver",
@@ -104103,8 +104874,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 568u32,
-        call: 517u32,
+        wire: 588u32,
+        call: 521u32,
         name: "cuMemsetD16Async_ptsz",
         form: None,
         library: "driver",
@@ -104139,8 +104910,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 569u32,
-        call: 518u32,
+        wire: 589u32,
+        call: 522u32,
         name: "cuMemsetD16_v2",
         form: None,
         library: "driver",
@@ -104171,8 +104942,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 570u32,
-        call: 519u32,
+        wire: 590u32,
+        call: 523u32,
         name: "cuMemsetD16_v2_ptds",
         form: None,
         library: "driver",
@@ -104203,8 +104974,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 571u32,
-        call: 520u32,
+        wire: 591u32,
+        call: 524u32,
         name: "cuMemsetD2D16",
         form: None,
         library: "driver",
@@ -104243,8 +105014,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 572u32,
-        call: 521u32,
+        wire: 592u32,
+        call: 525u32,
         name: "cuMemsetD2D16Async",
         form: None,
         library: "driver",
@@ -104287,8 +105058,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 573u32,
-        call: 522u32,
+        wire: 593u32,
+        call: 526u32,
         name: "cuMemsetD2D16Async_ptsz",
         form: None,
         library: "driver",
@@ -104331,8 +105102,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 574u32,
-        call: 523u32,
+        wire: 594u32,
+        call: 527u32,
         name: "cuMemsetD2D16_v2",
         form: None,
         library: "driver",
@@ -104371,8 +105142,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 575u32,
-        call: 524u32,
+        wire: 595u32,
+        call: 528u32,
         name: "cuMemsetD2D16_v2_ptds",
         form: None,
         library: "driver",
@@ -104411,8 +105182,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 576u32,
-        call: 525u32,
+        wire: 596u32,
+        call: 529u32,
         name: "cuMemsetD2D32",
         form: None,
         library: "driver",
@@ -104451,8 +105222,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 577u32,
-        call: 526u32,
+        wire: 597u32,
+        call: 530u32,
         name: "cuMemsetD2D32Async",
         form: None,
         library: "driver",
@@ -104495,8 +105266,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 578u32,
-        call: 527u32,
+        wire: 598u32,
+        call: 531u32,
         name: "cuMemsetD2D32Async_ptsz",
         form: None,
         library: "driver",
@@ -104539,8 +105310,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 579u32,
-        call: 528u32,
+        wire: 599u32,
+        call: 532u32,
         name: "cuMemsetD2D32_v2",
         form: None,
         library: "driver",
@@ -104579,8 +105350,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 580u32,
-        call: 529u32,
+        wire: 600u32,
+        call: 533u32,
         name: "cuMemsetD2D32_v2_ptds",
         form: None,
         library: "driver",
@@ -104619,8 +105390,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 581u32,
-        call: 530u32,
+        wire: 601u32,
+        call: 534u32,
         name: "cuMemsetD2D8",
         form: None,
         library: "driver",
@@ -104659,8 +105430,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 582u32,
-        call: 531u32,
+        wire: 602u32,
+        call: 535u32,
         name: "cuMemsetD2D8Async",
         form: None,
         library: "driver",
@@ -104703,8 +105474,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 583u32,
-        call: 532u32,
+        wire: 603u32,
+        call: 536u32,
         name: "cuMemsetD2D8Async_ptsz",
         form: None,
         library: "driver",
@@ -104747,8 +105518,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 584u32,
-        call: 533u32,
+        wire: 604u32,
+        call: 537u32,
         name: "cuMemsetD2D8_v2",
         form: None,
         library: "driver",
@@ -104787,8 +105558,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 585u32,
-        call: 534u32,
+        wire: 605u32,
+        call: 538u32,
         name: "cuMemsetD2D8_v2_ptds",
         form: None,
         library: "driver",
@@ -104827,8 +105598,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 586u32,
-        call: 535u32,
+        wire: 606u32,
+        call: 539u32,
         name: "cuMemsetD32",
         form: None,
         library: "driver",
@@ -104859,8 +105630,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 587u32,
-        call: 536u32,
+        wire: 607u32,
+        call: 540u32,
         name: "cuMemsetD32Async",
         form: None,
         library: "driver",
@@ -104895,8 +105666,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 588u32,
-        call: 537u32,
+        wire: 608u32,
+        call: 541u32,
         name: "cuMemsetD32Async_ptsz",
         form: None,
         library: "driver",
@@ -104931,8 +105702,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 589u32,
-        call: 538u32,
+        wire: 609u32,
+        call: 542u32,
         name: "cuMemsetD32_v2",
         form: None,
         library: "driver",
@@ -104963,8 +105734,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 590u32,
-        call: 539u32,
+        wire: 610u32,
+        call: 543u32,
         name: "cuMemsetD32_v2_ptds",
         form: None,
         library: "driver",
@@ -104995,8 +105766,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 591u32,
-        call: 540u32,
+        wire: 611u32,
+        call: 544u32,
         name: "cuMemsetD8",
         form: None,
         library: "driver",
@@ -105027,8 +105798,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 592u32,
-        call: 541u32,
+        wire: 612u32,
+        call: 545u32,
         name: "cuMemsetD8Async",
         form: None,
         library: "driver",
@@ -105063,8 +105834,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 593u32,
-        call: 542u32,
+        wire: 613u32,
+        call: 546u32,
         name: "cuMemsetD8Async_ptsz",
         form: None,
         library: "driver",
@@ -105099,8 +105870,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 594u32,
-        call: 543u32,
+        wire: 614u32,
+        call: 547u32,
         name: "cuMemsetD8_v2",
         form: None,
         library: "driver",
@@ -105131,8 +105902,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 595u32,
-        call: 544u32,
+        wire: 615u32,
+        call: 548u32,
         name: "cuMemsetD8_v2_ptds",
         form: None,
         library: "driver",
@@ -105163,8 +105934,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayCreate: CallDesc = CallDesc {
-        wire: 596u32,
-        call: 545u32,
+        wire: 616u32,
+        call: 549u32,
         name: "cuMipmappedArrayCreate",
         form: None,
         library: "driver",
@@ -105197,8 +105968,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 597u32,
-        call: 546u32,
+        wire: 617u32,
+        call: 550u32,
         name: "cuMipmappedArrayDestroy",
         form: None,
         library: "driver",
@@ -105221,8 +105992,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 598u32,
-        call: 547u32,
+        wire: 618u32,
+        call: 551u32,
         name: "cuMipmappedArrayGetLevel",
         form: None,
         library: "driver",
@@ -105253,8 +106024,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 599u32,
-        call: 548u32,
+        wire: 619u32,
+        call: 552u32,
         name: "cuMipmappedArrayGetMemoryRequirements",
         form: None,
         library: "driver",
@@ -105287,8 +106058,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 600u32,
-        call: 549u32,
+        wire: 620u32,
+        call: 553u32,
         name: "cuMipmappedArrayGetSparseProperties",
         form: None,
         library: "driver",
@@ -105317,8 +106088,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 601u32,
-        call: 550u32,
+        wire: 621u32,
+        call: 554u32,
         name: "cuModuleEnumerateFunctions",
         form: None,
         library: "driver",
@@ -105349,8 +106120,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 602u32,
-        call: 551u32,
+        wire: 622u32,
+        call: 555u32,
         name: "cuModuleGetFunction",
         form: None,
         library: "driver",
@@ -105378,8 +106149,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 603u32,
-        call: 552u32,
+        wire: 623u32,
+        call: 556u32,
         name: "cuModuleGetFunctionCount",
         form: None,
         library: "driver",
@@ -105408,8 +106179,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 604u32,
-        call: 553u32,
+        wire: 624u32,
+        call: 557u32,
         name: "cuModuleGetGlobal",
         form: None,
         library: "driver",
@@ -105445,8 +106216,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 605u32,
-        call: 554u32,
+        wire: 625u32,
+        call: 558u32,
         name: "cuModuleGetGlobal_v2",
         form: None,
         library: "driver",
@@ -105482,8 +106253,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 606u32,
-        call: 555u32,
+        wire: 626u32,
+        call: 559u32,
         name: "cuModuleGetLoadingMode",
         form: None,
         library: "driver",
@@ -105508,8 +106279,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 607u32,
-        call: 556u32,
+        wire: 627u32,
+        call: 560u32,
         name: "cuModuleGetSurfRef",
         form: None,
         library: "driver",
@@ -105537,8 +106308,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 608u32,
-        call: 557u32,
+        wire: 628u32,
+        call: 561u32,
         name: "cuModuleGetTexRef",
         form: None,
         library: "driver",
@@ -105566,8 +106337,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 609u32,
-        call: 558u32,
+        wire: 629u32,
+        call: 562u32,
         name: "cuMulticastAddDevice",
         form: None,
         library: "driver",
@@ -105594,8 +106365,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 610u32,
-        call: 559u32,
+        wire: 630u32,
+        call: 563u32,
         name: "cuMulticastBindAddr",
         form: None,
         library: "driver",
@@ -105634,8 +106405,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 611u32,
-        call: 560u32,
+        wire: 631u32,
+        call: 564u32,
         name: "cuMulticastBindAddr_v2",
         form: None,
         library: "driver",
@@ -105678,8 +106449,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 612u32,
-        call: 561u32,
+        wire: 632u32,
+        call: 565u32,
         name: "cuMulticastBindMem",
         form: None,
         library: "driver",
@@ -105722,8 +106493,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 613u32,
-        call: 562u32,
+        wire: 633u32,
+        call: 566u32,
         name: "cuMulticastBindMem_v2",
         form: None,
         library: "driver",
@@ -105770,8 +106541,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 614u32,
-        call: 563u32,
+        wire: 634u32,
+        call: 567u32,
         name: "cuMulticastCreate",
         form: None,
         library: "driver",
@@ -105802,8 +106573,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 615u32,
-        call: 564u32,
+        wire: 635u32,
+        call: 568u32,
         name: "cuMulticastGetGranularity",
         form: None,
         library: "driver",
@@ -105838,8 +106609,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 616u32,
-        call: 565u32,
+        wire: 636u32,
+        call: 569u32,
         name: "cuMulticastUnbind",
         form: None,
         library: "driver",
@@ -105874,8 +106645,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyAvailableDynamicSMemPerBlock: CallDesc = CallDesc {
-        wire: 617u32,
-        call: 566u32,
+        wire: 637u32,
+        call: 570u32,
         name: "cuOccupancyAvailableDynamicSMemPerBlock",
         form: None,
         library: "driver",
@@ -105912,8 +106683,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
-        wire: 618u32,
-        call: 567u32,
+        wire: 638u32,
+        call: 571u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         form: None,
         library: "driver",
@@ -105950,8 +106721,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
-        wire: 619u32,
-        call: 568u32,
+        wire: 639u32,
+        call: 572u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         form: None,
         library: "driver",
@@ -105992,8 +106763,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 620u32,
-        call: 569u32,
+        wire: 640u32,
+        call: 573u32,
         name: "cuParamSetSize",
         form: None,
         library: "driver",
@@ -106020,8 +106791,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 621u32,
-        call: 570u32,
+        wire: 641u32,
+        call: 574u32,
         name: "cuParamSetTexRef",
         form: None,
         library: "driver",
@@ -106052,8 +106823,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 622u32,
-        call: 571u32,
+        wire: 642u32,
+        call: 575u32,
         name: "cuParamSetf",
         form: None,
         library: "driver",
@@ -106084,8 +106855,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 623u32,
-        call: 572u32,
+        wire: 643u32,
+        call: 576u32,
         name: "cuParamSeti",
         form: None,
         library: "driver",
@@ -106116,8 +106887,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuPointerSetAttribute: CallDesc = CallDesc {
-        wire: 624u32,
-        call: 573u32,
+        wire: 644u32,
+        call: 577u32,
         name: "cuPointerSetAttribute",
         form: None,
         library: "driver",
@@ -106150,8 +106921,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 625u32,
-        call: 574u32,
+        wire: 645u32,
+        call: 578u32,
         name: "cuStreamAttachMemAsync",
         form: None,
         library: "driver",
@@ -106186,8 +106957,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 626u32,
-        call: 575u32,
+        wire: 646u32,
+        call: 579u32,
         name: "cuStreamAttachMemAsync_ptsz",
         form: None,
         library: "driver",
@@ -106222,8 +106993,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu118: CallDesc = CallDesc {
-        wire: 627u32,
-        call: 576u32,
+        wire: 647u32,
+        call: 580u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -106260,8 +107031,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu131: CallDesc = CallDesc {
-        wire: 628u32,
-        call: 576u32,
+        wire: 648u32,
+        call: 580u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -106298,8 +107069,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu118: CallDesc = CallDesc {
-        wire: 629u32,
-        call: 577u32,
+        wire: 649u32,
+        call: 581u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -106336,8 +107107,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu131: CallDesc = CallDesc {
-        wire: 630u32,
-        call: 577u32,
+        wire: 650u32,
+        call: 581u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -106374,8 +107145,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu118: CallDesc = CallDesc {
-        wire: 631u32,
-        call: 578u32,
+        wire: 651u32,
+        call: 582u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -106412,8 +107183,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu131: CallDesc = CallDesc {
-        wire: 632u32,
-        call: 578u32,
+        wire: 652u32,
+        call: 582u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -106450,8 +107221,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu118: CallDesc = CallDesc {
-        wire: 633u32,
-        call: 579u32,
+        wire: 653u32,
+        call: 583u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -106488,8 +107259,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu131: CallDesc = CallDesc {
-        wire: 634u32,
-        call: 579u32,
+        wire: 654u32,
+        call: 583u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -106526,8 +107297,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 635u32,
-        call: 580u32,
+        wire: 655u32,
+        call: 584u32,
         name: "cuStreamBeginCapture",
         form: Some("call"),
         library: "driver",
@@ -106550,8 +107321,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 636u32,
-        call: 581u32,
+        wire: 656u32,
+        call: 585u32,
         name: "cuStreamBeginCapture_ptsz",
         form: Some("call"),
         library: "driver",
@@ -106574,8 +107345,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
-        wire: 637u32,
-        call: 582u32,
+        wire: 657u32,
+        call: 586u32,
         name: "cuStreamBeginCapture_v2",
         form: Some("call"),
         library: "driver",
@@ -106602,8 +107373,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 638u32,
-        call: 583u32,
+        wire: 658u32,
+        call: 587u32,
         name: "cuStreamBeginCapture_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -106630,8 +107401,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 639u32,
-        call: 584u32,
+        wire: 659u32,
+        call: 588u32,
         name: "cuStreamCopyAttributes",
         form: None,
         library: "driver",
@@ -106658,8 +107429,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 640u32,
-        call: 585u32,
+        wire: 660u32,
+        call: 589u32,
         name: "cuStreamCopyAttributes_ptsz",
         form: None,
         library: "driver",
@@ -106686,8 +107457,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 641u32,
-        call: 586u32,
+        wire: 661u32,
+        call: 590u32,
         name: "cuStreamCreate",
         form: None,
         library: "driver",
@@ -106714,8 +107485,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 642u32,
-        call: 587u32,
+        wire: 662u32,
+        call: 591u32,
         name: "cuStreamCreateWithPriority",
         form: None,
         library: "driver",
@@ -106746,8 +107517,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 643u32,
-        call: 588u32,
+        wire: 663u32,
+        call: 592u32,
         name: "cuStreamDestroy",
         form: None,
         library: "driver",
@@ -106770,8 +107541,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 644u32,
-        call: 589u32,
+        wire: 664u32,
+        call: 593u32,
         name: "cuStreamDestroy_v2",
         form: None,
         library: "driver",
@@ -106794,8 +107565,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 645u32,
-        call: 590u32,
+        wire: 665u32,
+        call: 594u32,
         name: "cuStreamEndCapture",
         form: Some("call"),
         library: "driver",
@@ -106822,8 +107593,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 646u32,
-        call: 591u32,
+        wire: 666u32,
+        call: 595u32,
         name: "cuStreamEndCapture_ptsz",
         form: Some("call"),
         library: "driver",
@@ -106850,8 +107621,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 647u32,
-        call: 592u32,
+        wire: 667u32,
+        call: 596u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -106884,8 +107655,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 648u32,
-        call: 592u32,
+        wire: 668u32,
+        call: 596u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -106918,8 +107689,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 649u32,
-        call: 592u32,
+        wire: 669u32,
+        call: 596u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -106952,8 +107723,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 650u32,
-        call: 592u32,
+        wire: 670u32,
+        call: 596u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -106986,8 +107757,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 651u32,
-        call: 592u32,
+        wire: 671u32,
+        call: 596u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -107020,8 +107791,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 652u32,
-        call: 593u32,
+        wire: 672u32,
+        call: 597u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107054,8 +107825,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 653u32,
-        call: 593u32,
+        wire: 673u32,
+        call: 597u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107088,8 +107859,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 654u32,
-        call: 593u32,
+        wire: 674u32,
+        call: 597u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107122,8 +107893,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 655u32,
-        call: 593u32,
+        wire: 675u32,
+        call: 597u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107156,8 +107927,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 656u32,
-        call: 593u32,
+        wire: 676u32,
+        call: 597u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107190,8 +107961,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 657u32,
-        call: 594u32,
+        wire: 677u32,
+        call: 598u32,
         name: "cuStreamGetCaptureInfo",
         form: None,
         library: "driver",
@@ -107226,8 +107997,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 658u32,
-        call: 595u32,
+        wire: 678u32,
+        call: 599u32,
         name: "cuStreamGetCaptureInfo_ptsz",
         form: None,
         library: "driver",
@@ -107262,8 +108033,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 659u32,
-        call: 596u32,
+        wire: 679u32,
+        call: 600u32,
         name: "cuStreamGetCtx",
         form: None,
         library: "driver",
@@ -107290,8 +108061,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 660u32,
-        call: 597u32,
+        wire: 680u32,
+        call: 601u32,
         name: "cuStreamGetCtx_ptsz",
         form: None,
         library: "driver",
@@ -107318,8 +108089,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 661u32,
-        call: 598u32,
+        wire: 681u32,
+        call: 602u32,
         name: "cuStreamGetCtx_v2",
         form: None,
         library: "driver",
@@ -107350,8 +108121,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 662u32,
-        call: 599u32,
+        wire: 682u32,
+        call: 603u32,
         name: "cuStreamGetCtx_v2_ptsz",
         form: None,
         library: "driver",
@@ -107382,8 +108153,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 663u32,
-        call: 600u32,
+        wire: 683u32,
+        call: 604u32,
         name: "cuStreamGetDevice",
         form: None,
         library: "driver",
@@ -107412,8 +108183,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 664u32,
-        call: 601u32,
+        wire: 684u32,
+        call: 605u32,
         name: "cuStreamGetDevice_ptsz",
         form: None,
         library: "driver",
@@ -107442,8 +108213,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 665u32,
-        call: 602u32,
+        wire: 685u32,
+        call: 606u32,
         name: "cuStreamGetFlags",
         form: None,
         library: "driver",
@@ -107472,8 +108243,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 666u32,
-        call: 603u32,
+        wire: 686u32,
+        call: 607u32,
         name: "cuStreamGetFlags_ptsz",
         form: None,
         library: "driver",
@@ -107502,8 +108273,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 667u32,
-        call: 604u32,
+        wire: 687u32,
+        call: 608u32,
         name: "cuStreamGetGreenCtx",
         form: None,
         library: "driver",
@@ -107530,8 +108301,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 668u32,
-        call: 605u32,
+        wire: 688u32,
+        call: 609u32,
         name: "cuStreamGetId",
         form: None,
         library: "driver",
@@ -107560,8 +108331,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 669u32,
-        call: 606u32,
+        wire: 689u32,
+        call: 610u32,
         name: "cuStreamGetId_ptsz",
         form: None,
         library: "driver",
@@ -107590,8 +108361,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 670u32,
-        call: 607u32,
+        wire: 690u32,
+        call: 611u32,
         name: "cuStreamGetPriority",
         form: None,
         library: "driver",
@@ -107620,8 +108391,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 671u32,
-        call: 608u32,
+        wire: 691u32,
+        call: 612u32,
         name: "cuStreamGetPriority_ptsz",
         form: None,
         library: "driver",
@@ -107650,8 +108421,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 672u32,
-        call: 609u32,
+        wire: 692u32,
+        call: 613u32,
         name: "cuStreamIsCapturing",
         form: Some("call"),
         library: "driver",
@@ -107680,8 +108451,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 673u32,
-        call: 610u32,
+        wire: 693u32,
+        call: 614u32,
         name: "cuStreamIsCapturing_ptsz",
         form: Some("call"),
         library: "driver",
@@ -107710,8 +108481,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 674u32,
-        call: 611u32,
+        wire: 694u32,
+        call: 615u32,
         name: "cuStreamQuery",
         form: None,
         library: "driver",
@@ -107734,8 +108505,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 675u32,
-        call: 612u32,
+        wire: 695u32,
+        call: 616u32,
         name: "cuStreamQuery_ptsz",
         form: None,
         library: "driver",
@@ -107757,9 +108528,349 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuStreamSetAttribute__cu118: CallDesc = CallDesc {
+        wire: 696u32,
+        call: 617u32,
+        name: "cuStreamSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute__cu121: CallDesc = CallDesc {
+        wire: 697u32,
+        call: 617u32,
+        name: "cuStreamSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute__cu126: CallDesc = CallDesc {
+        wire: 698u32,
+        call: 617u32,
+        name: "cuStreamSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["12.6"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute__cu128: CallDesc = CallDesc {
+        wire: 699u32,
+        call: 617u32,
+        name: "cuStreamSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute__cu130: CallDesc = CallDesc {
+        wire: 700u32,
+        call: 617u32,
+        name: "cuStreamSetAttribute",
+        form: None,
+        library: "driver",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute_ptsz__cu118: CallDesc = CallDesc {
+        wire: 701u32,
+        call: 618u32,
+        name: "cuStreamSetAttribute_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute_ptsz__cu121: CallDesc = CallDesc {
+        wire: 702u32,
+        call: 618u32,
+        name: "cuStreamSetAttribute_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute_ptsz__cu126: CallDesc = CallDesc {
+        wire: 703u32,
+        call: 618u32,
+        name: "cuStreamSetAttribute_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["12.6"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute_ptsz__cu128: CallDesc = CallDesc {
+        wire: 704u32,
+        call: 618u32,
+        name: "cuStreamSetAttribute_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamSetAttribute_ptsz__cu130: CallDesc = CallDesc {
+        wire: 705u32,
+        call: 618u32,
+        name: "cuStreamSetAttribute_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("CUlaunchAttributeValue_union"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 676u32,
-        call: 613u32,
+        wire: 706u32,
+        call: 619u32,
         name: "cuStreamSynchronize",
         form: None,
         library: "driver",
@@ -107782,8 +108893,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 677u32,
-        call: 614u32,
+        wire: 707u32,
+        call: 620u32,
         name: "cuStreamSynchronize_ptsz",
         form: None,
         library: "driver",
@@ -107806,8 +108917,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 678u32,
-        call: 615u32,
+        wire: 708u32,
+        call: 621u32,
         name: "cuStreamUpdateCaptureDependencies",
         form: None,
         library: "driver",
@@ -107842,8 +108953,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 679u32,
-        call: 616u32,
+        wire: 709u32,
+        call: 622u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "driver",
@@ -107878,8 +108989,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 680u32,
-        call: 617u32,
+        wire: 710u32,
+        call: 623u32,
         name: "cuStreamWaitEvent",
         form: None,
         library: "driver",
@@ -107910,8 +109021,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 681u32,
-        call: 618u32,
+        wire: 711u32,
+        call: 624u32,
         name: "cuStreamWaitEvent_ptsz",
         form: None,
         library: "driver",
@@ -107942,8 +109053,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 682u32,
-        call: 619u32,
+        wire: 712u32,
+        call: 625u32,
         name: "cuStreamWaitValue32",
         form: None,
         library: "driver",
@@ -107978,8 +109089,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 683u32,
-        call: 620u32,
+        wire: 713u32,
+        call: 626u32,
         name: "cuStreamWaitValue32_ptsz",
         form: None,
         library: "driver",
@@ -108014,8 +109125,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 684u32,
-        call: 621u32,
+        wire: 714u32,
+        call: 627u32,
         name: "cuStreamWaitValue32_v2",
         form: None,
         library: "driver",
@@ -108050,8 +109161,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 685u32,
-        call: 622u32,
+        wire: 715u32,
+        call: 628u32,
         name: "cuStreamWaitValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -108086,8 +109197,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 686u32,
-        call: 623u32,
+        wire: 716u32,
+        call: 629u32,
         name: "cuStreamWaitValue64",
         form: None,
         library: "driver",
@@ -108122,8 +109233,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 687u32,
-        call: 624u32,
+        wire: 717u32,
+        call: 630u32,
         name: "cuStreamWaitValue64_ptsz",
         form: None,
         library: "driver",
@@ -108158,8 +109269,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 688u32,
-        call: 625u32,
+        wire: 718u32,
+        call: 631u32,
         name: "cuStreamWaitValue64_v2",
         form: None,
         library: "driver",
@@ -108194,8 +109305,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 689u32,
-        call: 626u32,
+        wire: 719u32,
+        call: 632u32,
         name: "cuStreamWaitValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -108230,8 +109341,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 690u32,
-        call: 627u32,
+        wire: 720u32,
+        call: 633u32,
         name: "cuStreamWriteValue32",
         form: None,
         library: "driver",
@@ -108266,8 +109377,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 691u32,
-        call: 628u32,
+        wire: 721u32,
+        call: 634u32,
         name: "cuStreamWriteValue32_ptsz",
         form: None,
         library: "driver",
@@ -108302,8 +109413,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 692u32,
-        call: 629u32,
+        wire: 722u32,
+        call: 635u32,
         name: "cuStreamWriteValue32_v2",
         form: None,
         library: "driver",
@@ -108338,8 +109449,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 693u32,
-        call: 630u32,
+        wire: 723u32,
+        call: 636u32,
         name: "cuStreamWriteValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -108374,8 +109485,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 694u32,
-        call: 631u32,
+        wire: 724u32,
+        call: 637u32,
         name: "cuStreamWriteValue64",
         form: None,
         library: "driver",
@@ -108410,8 +109521,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 695u32,
-        call: 632u32,
+        wire: 725u32,
+        call: 638u32,
         name: "cuStreamWriteValue64_ptsz",
         form: None,
         library: "driver",
@@ -108446,8 +109557,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 696u32,
-        call: 633u32,
+        wire: 726u32,
+        call: 639u32,
         name: "cuStreamWriteValue64_v2",
         form: None,
         library: "driver",
@@ -108482,8 +109593,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 697u32,
-        call: 634u32,
+        wire: 727u32,
+        call: 640u32,
         name: "cuStreamWriteValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -108518,8 +109629,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 698u32,
-        call: 635u32,
+        wire: 728u32,
+        call: 641u32,
         name: "cuSurfObjectDestroy",
         form: None,
         library: "driver",
@@ -108542,8 +109653,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 699u32,
-        call: 636u32,
+        wire: 729u32,
+        call: 642u32,
         name: "cuSurfObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -108572,8 +109683,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 700u32,
-        call: 637u32,
+        wire: 730u32,
+        call: 643u32,
         name: "cuSurfRefGetArray",
         form: None,
         library: "driver",
@@ -108600,8 +109711,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 701u32,
-        call: 638u32,
+        wire: 731u32,
+        call: 644u32,
         name: "cuSurfRefSetArray",
         form: None,
         library: "driver",
@@ -108631,9 +109742,289 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuTensorMapEncodeIm2col: CallDesc = CallDesc {
+        wire: 732u32,
+        call: 645u32,
+        name: "cuTensorMapEncodeIm2col",
+        form: None,
+        library: "driver",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 128u32,
+                len: None,
+                record: Some("CUtensorMap_st"),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cuTensorMapEncodeIm2col_70),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cuTensorMapEncodeIm2col_73),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cuTensorMapEncodeIm2col_76),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cuTensorMapEncodeIm2col_79),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cuTensorMapEncodeIm2col_80),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuTensorMapEncodeIm2colWide: CallDesc = CallDesc {
+        wire: 733u32,
+        call: 646u32,
+        name: "cuTensorMapEncodeIm2colWide",
+        form: None,
+        library: "driver",
+        versions: &["12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 128u32,
+                len: None,
+                record: Some("CUtensorMap_st"),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_81),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_84),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_85),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuTensorMapEncodeTiled: CallDesc = CallDesc {
+        wire: 734u32,
+        call: 647u32,
+        name: "cuTensorMapEncodeTiled",
+        form: None,
+        library: "driver",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 128u32,
+                len: None,
+                record: Some("CUtensorMap_st"),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Device,
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cuTensorMapEncodeTiled_86),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cuTensorMapEncodeTiled_89),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cuTensorMapEncodeTiled_90),
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 4u32,
+                len: Some(&LEN_cuTensorMapEncodeTiled_91),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuTensorMapReplaceAddress: CallDesc = CallDesc {
+        wire: 735u32,
+        call: 648u32,
+        name: "cuTensorMapReplaceAddress",
+        form: None,
+        library: "driver",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 128u32,
+                len: None,
+                record: Some("CUtensorMap_st"),
+            },
+            Wire::Device,
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 702u32,
-        call: 639u32,
+        wire: 736u32,
+        call: 649u32,
         name: "cuTexObjectDestroy",
         form: None,
         library: "driver",
@@ -108656,8 +110047,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 703u32,
-        call: 640u32,
+        wire: 737u32,
+        call: 650u32,
         name: "cuTexObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -108686,8 +110077,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceViewDesc: CallDesc = CallDesc {
-        wire: 704u32,
-        call: 641u32,
+        wire: 738u32,
+        call: 651u32,
         name: "cuTexObjectGetResourceViewDesc",
         form: None,
         library: "driver",
@@ -108716,8 +110107,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetTextureDesc: CallDesc = CallDesc {
-        wire: 705u32,
-        call: 642u32,
+        wire: 739u32,
+        call: 652u32,
         name: "cuTexObjectGetTextureDesc",
         form: None,
         library: "driver",
@@ -108746,8 +110137,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 706u32,
-        call: 643u32,
+        wire: 740u32,
+        call: 653u32,
         name: "cuTexRefCreate",
         form: None,
         library: "driver",
@@ -108770,8 +110161,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 707u32,
-        call: 644u32,
+        wire: 741u32,
+        call: 654u32,
         name: "cuTexRefDestroy",
         form: None,
         library: "driver",
@@ -108794,8 +110185,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 708u32,
-        call: 645u32,
+        wire: 742u32,
+        call: 655u32,
         name: "cuTexRefGetAddress",
         form: None,
         library: "driver",
@@ -108824,8 +110215,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 709u32,
-        call: 646u32,
+        wire: 743u32,
+        call: 656u32,
         name: "cuTexRefGetAddressMode",
         form: None,
         library: "driver",
@@ -108858,8 +110249,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 710u32,
-        call: 647u32,
+        wire: 744u32,
+        call: 657u32,
         name: "cuTexRefGetAddress_v2",
         form: None,
         library: "driver",
@@ -108888,8 +110279,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 711u32,
-        call: 648u32,
+        wire: 745u32,
+        call: 658u32,
         name: "cuTexRefGetArray",
         form: None,
         library: "driver",
@@ -108916,8 +110307,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 712u32,
-        call: 649u32,
+        wire: 746u32,
+        call: 659u32,
         name: "cuTexRefGetBorderColor",
         form: None,
         library: "driver",
@@ -108946,8 +110337,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 713u32,
-        call: 650u32,
+        wire: 747u32,
+        call: 660u32,
         name: "cuTexRefGetFilterMode",
         form: None,
         library: "driver",
@@ -108976,8 +110367,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 714u32,
-        call: 651u32,
+        wire: 748u32,
+        call: 661u32,
         name: "cuTexRefGetFlags",
         form: None,
         library: "driver",
@@ -109006,8 +110397,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFormat: CallDesc = CallDesc {
-        wire: 715u32,
-        call: 652u32,
+        wire: 749u32,
+        call: 662u32,
         name: "cuTexRefGetFormat",
         form: None,
         library: "driver",
@@ -109042,8 +110433,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 716u32,
-        call: 653u32,
+        wire: 750u32,
+        call: 663u32,
         name: "cuTexRefGetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -109072,8 +110463,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 717u32,
-        call: 654u32,
+        wire: 751u32,
+        call: 664u32,
         name: "cuTexRefGetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -109102,8 +110493,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 718u32,
-        call: 655u32,
+        wire: 752u32,
+        call: 665u32,
         name: "cuTexRefGetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -109132,8 +110523,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 719u32,
-        call: 656u32,
+        wire: 753u32,
+        call: 666u32,
         name: "cuTexRefGetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -109168,8 +110559,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 720u32,
-        call: 657u32,
+        wire: 754u32,
+        call: 667u32,
         name: "cuTexRefGetMipmappedArray",
         form: None,
         library: "driver",
@@ -109196,8 +110587,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 721u32,
-        call: 658u32,
+        wire: 755u32,
+        call: 668u32,
         name: "cuTexRefSetAddress",
         form: None,
         library: "driver",
@@ -109234,8 +110625,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 722u32,
-        call: 659u32,
+        wire: 756u32,
+        call: 669u32,
         name: "cuTexRefSetAddress2D",
         form: None,
         library: "driver",
@@ -109272,8 +110663,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 723u32,
-        call: 660u32,
+        wire: 757u32,
+        call: 670u32,
         name: "cuTexRefSetAddress2D_v2",
         form: None,
         library: "driver",
@@ -109310,8 +110701,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 724u32,
-        call: 661u32,
+        wire: 758u32,
+        call: 671u32,
         name: "cuTexRefSetAddress2D_v3",
         form: None,
         library: "driver",
@@ -109348,8 +110739,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 725u32,
-        call: 662u32,
+        wire: 759u32,
+        call: 672u32,
         name: "cuTexRefSetAddressMode",
         form: None,
         library: "driver",
@@ -109380,8 +110771,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 726u32,
-        call: 663u32,
+        wire: 760u32,
+        call: 673u32,
         name: "cuTexRefSetAddress_v2",
         form: None,
         library: "driver",
@@ -109418,8 +110809,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 727u32,
-        call: 664u32,
+        wire: 761u32,
+        call: 674u32,
         name: "cuTexRefSetArray",
         form: None,
         library: "driver",
@@ -109450,8 +110841,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 728u32,
-        call: 665u32,
+        wire: 762u32,
+        call: 675u32,
         name: "cuTexRefSetBorderColor",
         form: None,
         library: "driver",
@@ -109480,8 +110871,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 729u32,
-        call: 666u32,
+        wire: 763u32,
+        call: 676u32,
         name: "cuTexRefSetFilterMode",
         form: None,
         library: "driver",
@@ -109508,8 +110899,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 730u32,
-        call: 667u32,
+        wire: 764u32,
+        call: 677u32,
         name: "cuTexRefSetFlags",
         form: None,
         library: "driver",
@@ -109536,8 +110927,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 731u32,
-        call: 668u32,
+        wire: 765u32,
+        call: 678u32,
         name: "cuTexRefSetFormat",
         form: None,
         library: "driver",
@@ -109568,8 +110959,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 732u32,
-        call: 669u32,
+        wire: 766u32,
+        call: 679u32,
         name: "cuTexRefSetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -109596,8 +110987,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 733u32,
-        call: 670u32,
+        wire: 767u32,
+        call: 680u32,
         name: "cuTexRefSetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -109624,8 +111015,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 734u32,
-        call: 671u32,
+        wire: 768u32,
+        call: 681u32,
         name: "cuTexRefSetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -109652,8 +111043,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 735u32,
-        call: 672u32,
+        wire: 769u32,
+        call: 682u32,
         name: "cuTexRefSetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -109684,8 +111075,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 736u32,
-        call: 673u32,
+        wire: 770u32,
+        call: 683u32,
         name: "cuTexRefSetMipmappedArray",
         form: None,
         library: "driver",
@@ -109716,8 +111107,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 737u32,
-        call: 674u32,
+        wire: 771u32,
+        call: 684u32,
         name: "cuThreadExchangeStreamCaptureMode",
         form: None,
         library: "driver",
@@ -109742,8 +111133,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 738u32,
-        call: 675u32,
+        wire: 772u32,
+        call: 685u32,
         name: "cuUserObjectRelease",
         form: None,
         library: "driver",
@@ -109770,8 +111161,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 739u32,
-        call: 676u32,
+        wire: 773u32,
+        call: 686u32,
         name: "cuUserObjectRetain",
         form: None,
         library: "driver",
@@ -109801,8 +111192,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2343u32,
+        wire: 2631u32,
+        call: 2353u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -109825,8 +111216,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2344u32,
+        wire: 2632u32,
+        call: 2354u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -109849,8 +111240,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2345u32,
+        wire: 2633u32,
+        call: 2355u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -109873,8 +111264,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2346u32,
+        wire: 2634u32,
+        call: 2356u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -109906,8 +111297,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2347u32,
+        wire: 2635u32,
+        call: 2357u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -109934,8 +111325,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2348u32,
+        wire: 2636u32,
+        call: 2358u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -109962,8 +111353,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2348u32,
+        wire: 2637u32,
+        call: 2358u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -109990,8 +111381,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2349u32,
+        wire: 2638u32,
+        call: 2359u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -110009,8 +111400,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2350u32,
+        wire: 2639u32,
+        call: 2360u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -110028,8 +111419,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2351u32,
+        wire: 2640u32,
+        call: 2361u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -110056,8 +111447,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2352u32,
+        wire: 2641u32,
+        call: 2362u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -110075,8 +111466,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2353u32,
+        wire: 2642u32,
+        call: 2363u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -110099,8 +111490,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2354u32,
+        wire: 2643u32,
+        call: 2364u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -110123,8 +111514,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2355u32,
+        wire: 2644u32,
+        call: 2365u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -110147,8 +111538,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2356u32,
+        wire: 2645u32,
+        call: 2366u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -110180,8 +111571,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2357u32,
+        wire: 2646u32,
+        call: 2367u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -110208,8 +111599,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2358u32,
+        wire: 2647u32,
+        call: 2368u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -110236,8 +111627,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2358u32,
+        wire: 2648u32,
+        call: 2368u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -110264,8 +111655,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2359u32,
+        wire: 2649u32,
+        call: 2369u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -110283,8 +111674,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2360u32,
+        wire: 2650u32,
+        call: 2370u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -110302,8 +111693,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2361u32,
+        wire: 2651u32,
+        call: 2371u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -110330,8 +111721,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2362u32,
+        wire: 2652u32,
+        call: 2372u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -110352,8 +111743,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2312u32,
+        wire: 2600u32,
+        call: 2322u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -110376,8 +111767,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2313u32,
+        wire: 2601u32,
+        call: 2323u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -110400,8 +111791,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2314u32,
+        wire: 2602u32,
+        call: 2324u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -110424,8 +111815,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2315u32,
+        wire: 2603u32,
+        call: 2325u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -110448,8 +111839,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2316u32,
+        wire: 2604u32,
+        call: 2326u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -110472,8 +111863,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2317u32,
+        wire: 2605u32,
+        call: 2327u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -110496,8 +111887,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2318u32,
+        wire: 2606u32,
+        call: 2328u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -110520,8 +111911,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2319u32,
+        wire: 2607u32,
+        call: 2329u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -110544,8 +111935,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2320u32,
+        wire: 2608u32,
+        call: 2330u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -110568,8 +111959,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2321u32,
+        wire: 2609u32,
+        call: 2331u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -110592,8 +111983,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2322u32,
+        wire: 2610u32,
+        call: 2332u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -110622,8 +112013,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2323u32,
+        wire: 2611u32,
+        call: 2333u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -110652,8 +112043,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2324u32,
+        wire: 2612u32,
+        call: 2334u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -110682,8 +112073,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2325u32,
+        wire: 2613u32,
+        call: 2335u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -110712,8 +112103,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2326u32,
+        wire: 2614u32,
+        call: 2336u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -110742,8 +112133,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2327u32,
+        wire: 2615u32,
+        call: 2337u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -110772,8 +112163,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2328u32,
+        wire: 2616u32,
+        call: 2338u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -110802,8 +112193,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2329u32,
+        wire: 2617u32,
+        call: 2339u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -110832,8 +112223,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2330u32,
+        wire: 2618u32,
+        call: 2340u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -110862,8 +112253,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2331u32,
+        wire: 2619u32,
+        call: 2341u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -110892,8 +112283,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2332u32,
+        wire: 2620u32,
+        call: 2342u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -110922,8 +112313,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2333u32,
+        wire: 2621u32,
+        call: 2343u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -110952,8 +112343,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2334u32,
+        wire: 2622u32,
+        call: 2344u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -110982,8 +112373,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2335u32,
+        wire: 2623u32,
+        call: 2345u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -111012,8 +112403,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2336u32,
+        wire: 2624u32,
+        call: 2346u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -111042,8 +112433,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2337u32,
+        wire: 2625u32,
+        call: 2347u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -111072,8 +112463,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2338u32,
+        wire: 2626u32,
+        call: 2348u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -111102,8 +112493,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2339u32,
+        wire: 2627u32,
+        call: 2349u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -111132,8 +112523,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2340u32,
+        wire: 2628u32,
+        call: 2350u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -111162,8 +112553,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2341u32,
+        wire: 2629u32,
+        call: 2351u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -111192,8 +112583,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2342u32,
+        wire: 2630u32,
+        call: 2352u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -111227,8 +112618,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1511u32,
+        wire: 1799u32,
+        call: 1521u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -111251,8 +112642,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1512u32,
+        wire: 1800u32,
+        call: 1522u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -111281,8 +112672,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1513u32,
+        wire: 1801u32,
+        call: 1523u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -111309,8 +112700,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1514u32,
+        wire: 1802u32,
+        call: 1524u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -111333,8 +112724,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1515u32,
+        wire: 1803u32,
+        call: 1525u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -111357,8 +112748,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1516u32,
+        wire: 1804u32,
+        call: 1526u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -111385,8 +112776,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1517u32,
+        wire: 1805u32,
+        call: 1527u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -111417,8 +112808,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1518u32,
+        wire: 1806u32,
+        call: 1528u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -111455,8 +112846,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1519u32,
+        wire: 1807u32,
+        call: 1529u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -111491,8 +112882,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1520u32,
+        wire: 1808u32,
+        call: 1530u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -111525,8 +112916,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1521u32,
+        wire: 1809u32,
+        call: 1531u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -111555,8 +112946,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1522u32,
+        wire: 1810u32,
+        call: 1532u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -111585,8 +112976,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1523u32,
+        wire: 1811u32,
+        call: 1533u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -111615,8 +113006,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1524u32,
+        wire: 1812u32,
+        call: 1534u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -111649,8 +113040,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1525u32,
+        wire: 1813u32,
+        call: 1535u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -111679,8 +113070,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1526u32,
+        wire: 1814u32,
+        call: 1536u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -111715,8 +113106,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1527u32,
+        wire: 1815u32,
+        call: 1537u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -111745,8 +113136,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1528u32,
+        wire: 1816u32,
+        call: 1538u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -111775,8 +113166,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1529u32,
+        wire: 1817u32,
+        call: 1539u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -111805,8 +113196,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1530u32,
+        wire: 1818u32,
+        call: 1540u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -111843,8 +113234,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1531u32,
+        wire: 1819u32,
+        call: 1541u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -111877,8 +113268,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1532u32,
+        wire: 1820u32,
+        call: 1542u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -111907,8 +113298,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1533u32,
+        wire: 1821u32,
+        call: 1543u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -111937,8 +113328,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1534u32,
+        wire: 1822u32,
+        call: 1544u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -111973,8 +113364,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1535u32,
+        wire: 1823u32,
+        call: 1545u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -112003,8 +113394,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1536u32,
+        wire: 1824u32,
+        call: 1546u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -112033,8 +113424,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1537u32,
+        wire: 1825u32,
+        call: 1547u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -112063,8 +113454,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1538u32,
+        wire: 1826u32,
+        call: 1548u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -112093,8 +113484,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1539u32,
+        wire: 1827u32,
+        call: 1549u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -112129,8 +113520,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1540u32,
+        wire: 1828u32,
+        call: 1550u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -112163,8 +113554,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1541u32,
+        wire: 1829u32,
+        call: 1551u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -112193,8 +113584,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1542u32,
+        wire: 1830u32,
+        call: 1552u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -112221,8 +113612,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1543u32,
+        wire: 1831u32,
+        call: 1553u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -112251,8 +113642,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1544u32,
+        wire: 1832u32,
+        call: 1554u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -112281,8 +113672,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1545u32,
+        wire: 1833u32,
+        call: 1555u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -112317,8 +113708,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1546u32,
+        wire: 1834u32,
+        call: 1556u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -112353,8 +113744,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1547u32,
+        wire: 1835u32,
+        call: 1557u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -112389,8 +113780,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1548u32,
+        wire: 1836u32,
+        call: 1558u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -112423,8 +113814,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1549u32,
+        wire: 1837u32,
+        call: 1559u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -112459,8 +113850,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1550u32,
+        wire: 1838u32,
+        call: 1560u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -112489,8 +113880,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1551u32,
+        wire: 1839u32,
+        call: 1561u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -112523,8 +113914,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1552u32,
+        wire: 1840u32,
+        call: 1562u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -112553,8 +113944,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1553u32,
+        wire: 1841u32,
+        call: 1563u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -112587,8 +113978,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1554u32,
+        wire: 1842u32,
+        call: 1564u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -112623,8 +114014,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1555u32,
+        wire: 1843u32,
+        call: 1565u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -112653,8 +114044,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1556u32,
+        wire: 1844u32,
+        call: 1566u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -112685,8 +114076,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1557u32,
+        wire: 1845u32,
+        call: 1567u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -112715,8 +114106,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1558u32,
+        wire: 1846u32,
+        call: 1568u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -112749,8 +114140,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1559u32,
+        wire: 1847u32,
+        call: 1569u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -112787,8 +114178,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1560u32,
+        wire: 1848u32,
+        call: 1570u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -112817,8 +114208,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1561u32,
+        wire: 1849u32,
+        call: 1571u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -112853,8 +114244,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1562u32,
+        wire: 1850u32,
+        call: 1572u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -112889,8 +114280,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1563u32,
+        wire: 1851u32,
+        call: 1573u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -112917,8 +114308,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1564u32,
+        wire: 1852u32,
+        call: 1574u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -112945,8 +114336,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1565u32,
+        wire: 1853u32,
+        call: 1575u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -112970,8 +114361,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1566u32,
+        wire: 1854u32,
+        call: 1576u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -112995,8 +114386,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1567u32,
+        wire: 1855u32,
+        call: 1577u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -113020,8 +114411,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1568u32,
+        wire: 1856u32,
+        call: 1578u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -113045,8 +114436,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1569u32,
+        wire: 1857u32,
+        call: 1579u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -113075,8 +114466,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1570u32,
+        wire: 1858u32,
+        call: 1580u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -113105,8 +114496,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1571u32,
+        wire: 1859u32,
+        call: 1581u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -113135,8 +114526,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1572u32,
+        wire: 1860u32,
+        call: 1582u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -113165,8 +114556,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1573u32,
+        wire: 1861u32,
+        call: 1583u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -113195,8 +114586,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1574u32,
+        wire: 1862u32,
+        call: 1584u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -113231,8 +114622,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1575u32,
+        wire: 1863u32,
+        call: 1585u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -113267,8 +114658,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1576u32,
+        wire: 1864u32,
+        call: 1586u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -113301,8 +114692,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1577u32,
+        wire: 1865u32,
+        call: 1587u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -113335,8 +114726,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1578u32,
+        wire: 1866u32,
+        call: 1588u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -113365,8 +114756,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1579u32,
+        wire: 1867u32,
+        call: 1589u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -113395,8 +114786,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1580u32,
+        wire: 1868u32,
+        call: 1590u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -113425,8 +114816,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1581u32,
+        wire: 1869u32,
+        call: 1591u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -113461,8 +114852,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1582u32,
+        wire: 1870u32,
+        call: 1592u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -113491,8 +114882,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1583u32,
+        wire: 1871u32,
+        call: 1593u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -113521,8 +114912,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1584u32,
+        wire: 1872u32,
+        call: 1594u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -113553,8 +114944,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1585u32,
+        wire: 1873u32,
+        call: 1595u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -113589,8 +114980,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1586u32,
+        wire: 1874u32,
+        call: 1596u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -113633,8 +115024,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1587u32,
+        wire: 1875u32,
+        call: 1597u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -113669,8 +115060,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1588u32,
+        wire: 1876u32,
+        call: 1598u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -113699,8 +115090,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1589u32,
+        wire: 1877u32,
+        call: 1599u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -113729,8 +115120,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1590u32,
+        wire: 1878u32,
+        call: 1600u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -113759,8 +115150,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1591u32,
+        wire: 1879u32,
+        call: 1601u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -113789,8 +115180,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1592u32,
+        wire: 1880u32,
+        call: 1602u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -113819,8 +115210,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1593u32,
+        wire: 1881u32,
+        call: 1603u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -113849,8 +115240,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1594u32,
+        wire: 1882u32,
+        call: 1604u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -113887,8 +115278,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1595u32,
+        wire: 1883u32,
+        call: 1605u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -113921,8 +115312,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1596u32,
+        wire: 1884u32,
+        call: 1606u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -113955,8 +115346,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1597u32,
+        wire: 1885u32,
+        call: 1607u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -113989,8 +115380,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1598u32,
+        wire: 1886u32,
+        call: 1608u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -114025,8 +115416,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1599u32,
+        wire: 1887u32,
+        call: 1609u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -114063,8 +115454,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1600u32,
+        wire: 1888u32,
+        call: 1610u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -114093,8 +115484,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1601u32,
+        wire: 1889u32,
+        call: 1611u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -114123,8 +115514,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1602u32,
+        wire: 1890u32,
+        call: 1612u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -114153,8 +115544,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1603u32,
+        wire: 1891u32,
+        call: 1613u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -114183,8 +115574,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1604u32,
+        wire: 1892u32,
+        call: 1614u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -114213,8 +115604,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1605u32,
+        wire: 1893u32,
+        call: 1615u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -114243,8 +115634,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1606u32,
+        wire: 1894u32,
+        call: 1616u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -114273,8 +115664,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1607u32,
+        wire: 1895u32,
+        call: 1617u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -114309,8 +115700,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1608u32,
+        wire: 1896u32,
+        call: 1618u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -114339,8 +115730,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1609u32,
+        wire: 1897u32,
+        call: 1619u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -114369,8 +115760,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1610u32,
+        wire: 1898u32,
+        call: 1620u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -114399,8 +115790,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1611u32,
+        wire: 1899u32,
+        call: 1621u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -114429,8 +115820,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1612u32,
+        wire: 1900u32,
+        call: 1622u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -114459,8 +115850,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1613u32,
+        wire: 1901u32,
+        call: 1623u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -114507,8 +115898,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1614u32,
+        wire: 1902u32,
+        call: 1624u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -114537,8 +115928,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1615u32,
+        wire: 1903u32,
+        call: 1625u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -114567,8 +115958,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1616u32,
+        wire: 1904u32,
+        call: 1626u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -114597,8 +115988,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1617u32,
+        wire: 1905u32,
+        call: 1627u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -114627,8 +116018,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1618u32,
+        wire: 1906u32,
+        call: 1628u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -114657,8 +116048,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1619u32,
+        wire: 1907u32,
+        call: 1629u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -114691,8 +116082,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1620u32,
+        wire: 1908u32,
+        call: 1630u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -114725,8 +116116,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1621u32,
+        wire: 1909u32,
+        call: 1631u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -114759,8 +116150,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1622u32,
+        wire: 1910u32,
+        call: 1632u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -114793,8 +116184,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1623u32,
+        wire: 1911u32,
+        call: 1633u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -114831,8 +116222,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1624u32,
+        wire: 1912u32,
+        call: 1634u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -114861,8 +116252,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1625u32,
+        wire: 1913u32,
+        call: 1635u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -114895,8 +116286,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1626u32,
+        wire: 1914u32,
+        call: 1636u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -114925,8 +116316,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1627u32,
+        wire: 1915u32,
+        call: 1637u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -114955,8 +116346,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1628u32,
+        wire: 1916u32,
+        call: 1638u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -114989,8 +116380,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1629u32,
+        wire: 1917u32,
+        call: 1639u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -115021,8 +116412,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1630u32,
+        wire: 1918u32,
+        call: 1640u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -115045,8 +116436,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1631u32,
+        wire: 1919u32,
+        call: 1641u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -115069,8 +116460,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1632u32,
+        wire: 1920u32,
+        call: 1642u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -115093,8 +116484,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1633u32,
+        wire: 1921u32,
+        call: 1643u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -115121,8 +116512,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1634u32,
+        wire: 1922u32,
+        call: 1644u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -115153,8 +116544,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1635u32,
+        wire: 1923u32,
+        call: 1645u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -115185,8 +116576,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1636u32,
+        wire: 1924u32,
+        call: 1646u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -115213,8 +116604,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1637u32,
+        wire: 1925u32,
+        call: 1647u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -115245,8 +116636,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1638u32,
+        wire: 1926u32,
+        call: 1648u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -115273,8 +116664,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1639u32,
+        wire: 1927u32,
+        call: 1649u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -115301,8 +116692,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1640u32,
+        wire: 1928u32,
+        call: 1650u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -115329,8 +116720,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1641u32,
+        wire: 1929u32,
+        call: 1651u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -115353,8 +116744,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1642u32,
+        wire: 1930u32,
+        call: 1652u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -115385,8 +116776,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1643u32,
+        wire: 1931u32,
+        call: 1653u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -115413,8 +116804,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1644u32,
+        wire: 1932u32,
+        call: 1654u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -115443,8 +116834,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1645u32,
+        wire: 1933u32,
+        call: 1655u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -115475,8 +116866,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1646u32,
+        wire: 1934u32,
+        call: 1656u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -115503,8 +116894,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1647u32,
+        wire: 1935u32,
+        call: 1657u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -115535,8 +116926,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1648u32,
+        wire: 1936u32,
+        call: 1658u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -115567,8 +116958,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1649u32,
+        wire: 1937u32,
+        call: 1659u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -115595,8 +116986,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1650u32,
+        wire: 1938u32,
+        call: 1660u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -115627,8 +117018,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1651u32,
+        wire: 1939u32,
+        call: 1661u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -115655,8 +117046,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1652u32,
+        wire: 1940u32,
+        call: 1662u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -115683,8 +117074,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1653u32,
+        wire: 1941u32,
+        call: 1663u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -115715,8 +117106,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1654u32,
+        wire: 1942u32,
+        call: 1664u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -115749,8 +117140,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1655u32,
+        wire: 1943u32,
+        call: 1665u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -115777,8 +117168,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1656u32,
+        wire: 1944u32,
+        call: 1666u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -115805,8 +117196,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1657u32,
+        wire: 1945u32,
+        call: 1667u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -115833,8 +117224,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1658u32,
+        wire: 1946u32,
+        call: 1668u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -115867,8 +117258,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1659u32,
+        wire: 1947u32,
+        call: 1669u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -115899,8 +117290,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1660u32,
+        wire: 1948u32,
+        call: 1670u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -115929,8 +117320,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1661u32,
+        wire: 1949u32,
+        call: 1671u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -115957,8 +117348,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1662u32,
+        wire: 1950u32,
+        call: 1672u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -115981,8 +117372,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1663u32,
+        wire: 1951u32,
+        call: 1673u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -116005,8 +117396,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1664u32,
+        wire: 1952u32,
+        call: 1674u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -116029,8 +117420,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1665u32,
+        wire: 1953u32,
+        call: 1675u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -116055,8 +117446,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1666u32,
+        wire: 1954u32,
+        call: 1676u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -116085,8 +117476,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1667u32,
+        wire: 1955u32,
+        call: 1677u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -116117,8 +117508,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1668u32,
+        wire: 1956u32,
+        call: 1678u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -116147,8 +117538,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1669u32,
+        wire: 1957u32,
+        call: 1679u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -116171,8 +117562,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1670u32,
+        wire: 1958u32,
+        call: 1680u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -116195,8 +117586,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1671u32,
+        wire: 1959u32,
+        call: 1681u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -116223,8 +117614,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1672u32,
+        wire: 1960u32,
+        call: 1682u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -116251,8 +117642,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1673u32,
+        wire: 1961u32,
+        call: 1683u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -116283,8 +117674,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1674u32,
+        wire: 1962u32,
+        call: 1684u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -116321,8 +117712,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1675u32,
+        wire: 1963u32,
+        call: 1685u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -116345,8 +117736,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1676u32,
+        wire: 1964u32,
+        call: 1686u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -116377,8 +117768,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1677u32,
+        wire: 1965u32,
+        call: 1687u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -116411,8 +117802,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1678u32,
+        wire: 1966u32,
+        call: 1688u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -116449,8 +117840,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1679u32,
+        wire: 1967u32,
+        call: 1689u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -116479,8 +117870,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1680u32,
+        wire: 1968u32,
+        call: 1690u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -116505,8 +117896,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1681u32,
+        wire: 1969u32,
+        call: 1691u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -116531,8 +117922,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1682u32,
+        wire: 1970u32,
+        call: 1692u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -116557,8 +117948,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1683u32,
+        wire: 1971u32,
+        call: 1693u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -116583,8 +117974,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1684u32,
+        wire: 1972u32,
+        call: 1694u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -116607,8 +117998,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1685u32,
+        wire: 1973u32,
+        call: 1695u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -116631,8 +118022,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1686u32,
+        wire: 1974u32,
+        call: 1696u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -116657,8 +118048,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1687u32,
+        wire: 1975u32,
+        call: 1697u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -116691,8 +118082,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1688u32,
+        wire: 1976u32,
+        call: 1698u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -116719,8 +118110,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1689u32,
+        wire: 1977u32,
+        call: 1699u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -116753,8 +118144,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1690u32,
+        wire: 1978u32,
+        call: 1700u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -116781,8 +118172,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1691u32,
+        wire: 1979u32,
+        call: 1701u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -116805,8 +118196,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1692u32,
+        wire: 1980u32,
+        call: 1702u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -116835,8 +118226,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1693u32,
+        wire: 1981u32,
+        call: 1703u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -116865,8 +118256,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1694u32,
+        wire: 1982u32,
+        call: 1704u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -116895,8 +118286,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1695u32,
+        wire: 1983u32,
+        call: 1705u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -116925,8 +118316,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1696u32,
+        wire: 1984u32,
+        call: 1706u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -116955,8 +118346,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1697u32,
+        wire: 1985u32,
+        call: 1707u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -116985,8 +118376,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1698u32,
+        wire: 1986u32,
+        call: 1708u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -117015,8 +118406,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1699u32,
+        wire: 1987u32,
+        call: 1709u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -117045,8 +118436,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1700u32,
+        wire: 1988u32,
+        call: 1710u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -117073,8 +118464,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1701u32,
+        wire: 1989u32,
+        call: 1711u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -117107,8 +118498,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1702u32,
+        wire: 1990u32,
+        call: 1712u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -117143,8 +118534,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1703u32,
+        wire: 1991u32,
+        call: 1713u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -117173,8 +118564,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1704u32,
+        wire: 1992u32,
+        call: 1714u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -117203,8 +118594,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1705u32,
+        wire: 1993u32,
+        call: 1715u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -117233,8 +118624,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1706u32,
+        wire: 1994u32,
+        call: 1716u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -117263,8 +118654,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1707u32,
+        wire: 1995u32,
+        call: 1717u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -117293,8 +118684,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1708u32,
+        wire: 1996u32,
+        call: 1718u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -117327,8 +118718,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1709u32,
+        wire: 1997u32,
+        call: 1719u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -117357,8 +118748,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1710u32,
+        wire: 1998u32,
+        call: 1720u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -117387,8 +118778,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1711u32,
+        wire: 1999u32,
+        call: 1721u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -117431,8 +118822,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2307u32,
+        wire: 2595u32,
+        call: 2317u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -117457,8 +118848,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2308u32,
+        wire: 2596u32,
+        call: 2318u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -117483,8 +118874,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2309u32,
+        wire: 2597u32,
+        call: 2319u32,
         name: "nvrtcGetSupportedArchs",
         form: Some("call"),
         library: "nvrtc",
@@ -117509,8 +118900,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2310u32,
+        wire: 2598u32,
+        call: 2320u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -117533,8 +118924,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2311u32,
+        wire: 2599u32,
+        call: 2321u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

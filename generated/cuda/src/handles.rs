@@ -114,7 +114,13 @@ pub static KINDS: &[&str] = &[
     "syevjInfo",
 ];
 /// (kind, other): a parameter of `kind` also takes a live handle of `other`.
-pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[(38u16, 37u16)];
+pub static ACCEPTS: &[(HandleKind, HandleKind)] = &[
+    (45u16, 0u16),
+    (49u16, 20u16),
+    (0u16, 45u16),
+    (20u16, 49u16),
+    (38u16, 37u16),
+];
 pub mod kind {
     use super::HandleKind;
     pub const CUarray_st: HandleKind = 0u16;

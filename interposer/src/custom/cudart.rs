@@ -684,3 +684,14 @@ pub unsafe fn cudaLaunchCooperativeKernel_ptsz(
 pub use super::capture::*;
 pub use super::context::{cudaDeviceReset, cudaSetDeviceFlags};
 pub use super::entry::cudart::*;
+
+// ---- Profiler control: a profiler attaches to the program's own process, where no GPU
+// work runs, so there is nothing to start or stop ----
+
+pub unsafe fn cudaProfilerStart() -> u32 {
+    runtime("cudaProfilerStart", || Ok(SUCCESS))
+}
+
+pub unsafe fn cudaProfilerStop() -> u32 {
+    runtime("cudaProfilerStop", || Ok(SUCCESS))
+}

@@ -1782,6 +1782,19 @@ pub static STRUCTS: &[StructMap] = &[
         ],
     },
     StructMap {
+        name: "CUtensorMap_st",
+        size: 128u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "opaque",
+                offset: 0u32,
+                size: 128u32,
+                ty: "[cuuint64_t; 16]",
+            },
+        ],
+    },
+    StructMap {
         name: "cublasLtMatmulAlgo_t",
         size: 64u32,
         union: false,
@@ -1804,6 +1817,43 @@ pub static STRUCTS: &[StructMap] = &[
                 offset: 0u32,
                 size: 256u32,
                 ty: "[u64; 32]",
+            },
+        ],
+    },
+    StructMap {
+        name: "cublasLtMatmulHeuristicResult_t",
+        size: 96u32,
+        union: false,
+        fields: &[
+            FieldMap {
+                name: "algo",
+                offset: 0u32,
+                size: 64u32,
+                ty: "cublasLtMatmulAlgo_t",
+            },
+            FieldMap {
+                name: "workspaceSize",
+                offset: 64u32,
+                size: 8u32,
+                ty: "usize",
+            },
+            FieldMap {
+                name: "state",
+                offset: 72u32,
+                size: 4u32,
+                ty: "cublasStatus_t",
+            },
+            FieldMap {
+                name: "wavesCount",
+                offset: 76u32,
+                size: 4u32,
+                ty: "f32",
+            },
+            FieldMap {
+                name: "reserved",
+                offset: 80u32,
+                size: 16u32,
+                ty: "[i32; 4]",
             },
         ],
     },
