@@ -362,6 +362,92 @@ pub unsafe extern "C" fn __chidori_cudart_cudaChooseDevice__cu130(
         ) as u32
     }
 }
+///`cudaCreateSurfaceObject` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateSurfaceObject__cu118(
+    pSurfObject: *mut c_void,
+    pResDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateSurfaceObject__cu118,
+            &[(pSurfObject) as usize as u64, (pResDesc) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaCreateSurfaceObject` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateSurfaceObject__cu130(
+    pSurfObject: *mut c_void,
+    pResDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateSurfaceObject__cu130,
+            &[(pSurfObject) as usize as u64, (pResDesc) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaCreateTextureObject` for CUDA 11.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu118(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateTextureObject__cu118,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaCreateTextureObject` for CUDA 12.1, 12.6, 12.8 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu121(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateTextureObject__cu121,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaCreateTextureObject` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateTextureObject__cu130(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaCreateTextureObject__cu130,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaCtxResetPersistingL2Cache` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaCtxResetPersistingL2Cache() -> u32 {
@@ -2185,6 +2271,42 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithFlags(
         ) as u32
     }
 }
+///`cudaGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithParams(
+    pGraphExec: *mut c_void,
+    graph: *mut c_void,
+    instantiateParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphInstantiateWithParams,
+            &[
+                (pGraphExec) as usize as u64,
+                (graph) as usize as u64,
+                (instantiateParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaGraphInstantiateWithParams_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphInstantiateWithParams_ptsz(
+    pGraphExec: *mut c_void,
+    graph: *mut c_void,
+    instantiateParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphInstantiateWithParams_ptsz,
+            &[
+                (pGraphExec) as usize as u64,
+                (graph) as usize as u64,
+                (instantiateParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaGraphKernelNodeCopyAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeCopyAttributes(
@@ -3467,6 +3589,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemGetMemPool(
         ) as u32
     }
 }
+///`cudaMemPoolCreate` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolCreate__cu118(
+    memPool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolCreate__cu118,
+            &[(memPool) as usize as u64, (poolProps) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemPoolCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolCreate__cu126(
+    memPool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemPoolCreate__cu126,
+            &[(memPool) as usize as u64, (poolProps) as usize as u64],
+        ) as u32
+    }
+}
 ///`cudaMemPoolDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemPoolDestroy(
@@ -4348,6 +4496,82 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemset2D_ptds(
                 (value) as i64 as u64,
                 (width) as u64,
                 (height) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset3D(
+    pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
+    value: i32,
+    extent: chidori_cuda::types::cudaExtent,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset3D,
+            &[
+                &(pitchedDevPtr) as *const _ as usize as u64,
+                (value) as i64 as u64,
+                &(extent) as *const _ as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset3DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset3DAsync(
+    pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
+    value: i32,
+    extent: chidori_cuda::types::cudaExtent,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset3DAsync,
+            &[
+                &(pitchedDevPtr) as *const _ as usize as u64,
+                (value) as i64 as u64,
+                &(extent) as *const _ as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset3DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset3DAsync_ptsz(
+    pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
+    value: i32,
+    extent: chidori_cuda::types::cudaExtent,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset3DAsync_ptsz,
+            &[
+                &(pitchedDevPtr) as *const _ as usize as u64,
+                (value) as i64 as u64,
+                &(extent) as *const _ as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaMemset3D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemset3D_ptds(
+    pitchedDevPtr: chidori_cuda::types::cudaPitchedPtr,
+    value: i32,
+    extent: chidori_cuda::types::cudaExtent,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemset3D_ptds,
+            &[
+                &(pitchedDevPtr) as *const _ as usize as u64,
+                (value) as i64 as u64,
+                &(extent) as *const _ as usize as u64,
             ],
         ) as u32
     }
@@ -5422,6 +5646,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies__c
         ) as u32
     }
 }
+///`cudaStreamUpdateCaptureDependencies` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies__cu130(
+    stream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies__cu130,
+            &[
+                (stream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaStreamUpdateCaptureDependencies_ptsz` for CUDA 12.6, 12.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_ptsz__cu126(
@@ -5436,6 +5682,28 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_pt
             &[
                 (stream) as usize as u64,
                 (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cudaStreamUpdateCaptureDependencies_ptsz` for CUDA 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamUpdateCaptureDependencies_ptsz__cu130(
+    stream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaStreamUpdateCaptureDependencies_ptsz__cu130,
+            &[
+                (stream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
                 (numDependencies) as u64,
                 (flags) as u64,
             ],

@@ -1608,6 +1608,30 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemFreeNode(
         ) as u32
     }
 }
+///`cuGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemcpyNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    copyParams: *mut c_void,
+    ctx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphAddMemcpyNode,
+            &[
+                (phGraphNode) as usize as u64,
+                (hGraph) as usize as u64,
+                (dependencies) as usize as u64,
+                (numDependencies) as u64,
+                (copyParams) as usize as u64,
+                (ctx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemsetNode(
@@ -1857,6 +1881,26 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecGetId(
         ) as u32
     }
 }
+///`cuGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    copyParams: *mut c_void,
+    ctx: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphExecMemcpyNodeSetParams,
+            &[
+                (hGraphExec) as usize as u64,
+                (hNode) as usize as u64,
+                (copyParams) as usize as u64,
+                (ctx) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemsetNodeSetParams(
@@ -2017,6 +2061,42 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithFlags(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuGraphInstantiateWithFlags,
             &[(phGraphExec) as usize as u64, (hGraph) as usize as u64, (flags) as u64],
+        ) as u32
+    }
+}
+///`cuGraphInstantiateWithParams` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithParams(
+    phGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    instantiateParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphInstantiateWithParams,
+            &[
+                (phGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (instantiateParams) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuGraphInstantiateWithParams_ptsz` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphInstantiateWithParams_ptsz(
+    phGraphExec: *mut c_void,
+    hGraph: *mut c_void,
+    instantiateParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphInstantiateWithParams_ptsz,
+            &[
+                (phGraphExec) as usize as u64,
+                (hGraph) as usize as u64,
+                (instantiateParams) as usize as u64,
+            ],
         ) as u32
     }
 }
@@ -2231,6 +2311,32 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphMemFreeNodeGetParams(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuGraphMemFreeNodeGetParams,
             &[(hNode) as usize as u64, (dptr_out) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphMemcpyNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeGetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphMemcpyNodeGetParams,
+            &[(hNode) as usize as u64, (nodeParams) as usize as u64],
+        ) as u32
+    }
+}
+///`cuGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemcpyNodeSetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuGraphMemcpyNodeSetParams,
+            &[(hNode) as usize as u64, (nodeParams) as usize as u64],
         ) as u32
     }
 }
@@ -3471,6 +3577,26 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAlloc_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAlloc_v2(dptr, bytesize) }
 }
+///`cuMemCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemCreate(
+    handle: *mut c_void,
+    size: usize,
+    prop: *mut c_void,
+    flags: u64,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemCreate,
+            &[
+                (handle) as usize as u64,
+                (size) as u64,
+                (prop) as usize as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuMemDiscardAndPrefetchBatchAsync` for CUDA 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemDiscardAndPrefetchBatchAsync(
@@ -3629,6 +3755,20 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetAccess(
         ) as u32
     }
 }
+///`cuMemGetAllocationGranularity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationGranularity(
+    granularity: *mut c_void,
+    prop: *mut c_void,
+    option: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemGetAllocationGranularity,
+            &[(granularity) as usize as u64, (prop) as usize as u64, (option) as u64],
+        ) as u32
+    }
+}
 ///`cuMemGetAllocationPropertiesFromHandle` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationPropertiesFromHandle(
@@ -3755,6 +3895,32 @@ pub unsafe extern "C" fn __chidori_driver_cuMemMap(
                 (handle) as u64,
                 (flags) as u64,
             ],
+        ) as u32
+    }
+}
+///`cuMemPoolCreate` for CUDA 11.8, 12.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolCreate__cu118(
+    pool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolCreate__cu118,
+            &[(pool) as usize as u64, (poolProps) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemPoolCreate` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemPoolCreate__cu126(
+    pool: *mut c_void,
+    poolProps: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemPoolCreate__cu126,
+            &[(pool) as usize as u64, (poolProps) as usize as u64],
         ) as u32
     }
 }
@@ -4235,6 +4401,132 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoD_v2_ptds(
         ) as u32
     }
 }
+///`cuMemcpyAtoH` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: u32,
+    ByteCount: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoH,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoHAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: u32,
+    ByteCount: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoHAsync,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoHAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync_v2(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: usize,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoHAsync_v2,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoHAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoHAsync_v2_ptsz(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: usize,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoHAsync_v2_ptsz,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoH_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: usize,
+    ByteCount: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoH_v2,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyAtoH_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2_ptds(
+    dstHost: *mut c_void,
+    srcArray: *mut c_void,
+    srcOffset: usize,
+    ByteCount: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyAtoH_v2_ptds,
+            &[
+                (dstHost) as usize as u64,
+                (srcArray) as usize as u64,
+                (srcOffset) as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuMemcpyDtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoA(
@@ -4448,6 +4740,132 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyDtoH_v2_ptds(
     ByteCount: usize,
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemcpyDtoH_v2_ptds(dstHost, srcDevice, ByteCount) }
+}
+///`cuMemcpyHtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA(
+    dstArray: *mut c_void,
+    dstOffset: u32,
+    srcHost: *mut c_void,
+    ByteCount: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoA,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoAAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync(
+    dstArray: *mut c_void,
+    dstOffset: u32,
+    srcHost: *mut c_void,
+    ByteCount: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoAAsync,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoAAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync_v2(
+    dstArray: *mut c_void,
+    dstOffset: usize,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoAAsync_v2,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoAAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoAAsync_v2_ptsz(
+    dstArray: *mut c_void,
+    dstOffset: usize,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoAAsync_v2_ptsz,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+                (hStream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoA_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA_v2(
+    dstArray: *mut c_void,
+    dstOffset: usize,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoA_v2,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemcpyHtoA_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyHtoA_v2_ptds(
+    dstArray: *mut c_void,
+    dstOffset: usize,
+    srcHost: *mut c_void,
+    ByteCount: usize,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpyHtoA_v2_ptds,
+            &[
+                (dstArray) as usize as u64,
+                (dstOffset) as u64,
+                (srcHost) as usize as u64,
+                (ByteCount) as u64,
+            ],
+        ) as u32
+    }
 }
 ///`cuMemcpyHtoDAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -5689,6 +6107,26 @@ pub unsafe extern "C" fn __chidori_driver_cuParamSeti(
         ) as u32
     }
 }
+///`cuParamSetv` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuParamSetv(
+    hfunc: *mut c_void,
+    offset: i32,
+    ptr: *mut c_void,
+    numbytes: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuParamSetv,
+            &[
+                (hfunc) as usize as u64,
+                (offset) as i64 as u64,
+                (ptr) as usize as u64,
+                (numbytes) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuPointerGetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttribute(
@@ -6750,6 +7188,50 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_ptsz
         ) as u32
     }
 }
+///`cuStreamUpdateCaptureDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_v2(
+    hStream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamUpdateCaptureDependencies_v2,
+            &[
+                (hStream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuStreamUpdateCaptureDependencies_v2_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamUpdateCaptureDependencies_v2_ptsz(
+    hStream: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuStreamUpdateCaptureDependencies_v2_ptsz,
+            &[
+                (hStream) as usize as u64,
+                (dependencies) as usize as u64,
+                (dependencyData) as usize as u64,
+                (numDependencies) as u64,
+                (flags) as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuStreamWaitEvent` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuStreamWaitEvent(
@@ -7018,6 +7500,19 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamWriteValue64_v2_ptsz(
         ) as u32
     }
 }
+///`cuSurfObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuSurfObjectCreate(
+    pSurfObject: *mut c_void,
+    pResDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuSurfObjectCreate,
+            &[(pSurfObject) as usize as u64, (pResDesc) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuSurfObjectDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuSurfObjectDestroy(surfObject: u64) -> u32 {
@@ -7200,6 +7695,26 @@ pub unsafe extern "C" fn __chidori_driver_cuTensorMapReplaceAddress(
         crate::runtime::call(
             &chidori_cuda::calls::driver::cuTensorMapReplaceAddress,
             &[(tensorMap) as usize as u64, (globalAddress) as usize as u64],
+        ) as u32
+    }
+}
+///`cuTexObjectCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuTexObjectCreate(
+    pTexObject: *mut c_void,
+    pResDesc: *mut c_void,
+    pTexDesc: *mut c_void,
+    pResViewDesc: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuTexObjectCreate,
+            &[
+                (pTexObject) as usize as u64,
+                (pResDesc) as usize as u64,
+                (pTexDesc) as usize as u64,
+                (pResViewDesc) as usize as u64,
+            ],
         ) as u32
     }
 }

@@ -395,6 +395,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphAddMemFreeNode" => {
             Some(driver::__chidori_driver_cuGraphAddMemFreeNode as *const c_void)
         }
+        "cuGraphAddMemcpyNode" => {
+            Some(driver::__chidori_driver_cuGraphAddMemcpyNode as *const c_void)
+        }
         "cuGraphAddMemsetNode" => {
             Some(driver::__chidori_driver_cuGraphAddMemsetNode as *const c_void)
         }
@@ -457,6 +460,11 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphExecGetId" => {
             Some(driver::__chidori_driver_cuGraphExecGetId as *const c_void)
         }
+        "cuGraphExecMemcpyNodeSetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphExecMemcpyNodeSetParams as *const c_void,
+            )
+        }
         "cuGraphExecMemsetNodeSetParams" => {
             Some(
                 driver::__chidori_driver_cuGraphExecMemsetNodeSetParams as *const c_void,
@@ -484,6 +492,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphInstantiateWithFlags" => {
             Some(driver::__chidori_driver_cuGraphInstantiateWithFlags as *const c_void)
         }
+        "cuGraphInstantiateWithParams" => {
+            Some(driver::__chidori_driver_cuGraphInstantiateWithParams as *const c_void)
+        }
+        "cuGraphInstantiateWithParams_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuGraphInstantiateWithParams_ptsz
+                    as *const c_void,
+            )
+        }
         "cuGraphInstantiate_v2" => {
             Some(driver::__chidori_driver_cuGraphInstantiate_v2 as *const c_void)
         }
@@ -510,6 +527,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphMemFreeNodeGetParams" => {
             Some(driver::__chidori_driver_cuGraphMemFreeNodeGetParams as *const c_void)
+        }
+        "cuGraphMemcpyNodeGetParams" => {
+            Some(driver::__chidori_driver_cuGraphMemcpyNodeGetParams as *const c_void)
+        }
+        "cuGraphMemcpyNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphMemcpyNodeSetParams as *const c_void)
         }
         "cuGraphMemsetNodeGetParams" => {
             Some(driver::__chidori_driver_cuGraphMemsetNodeGetParams as *const c_void)
@@ -721,6 +744,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemAllocHost_v2 as *const c_void)
         }
         "cuMemAlloc_v2" => Some(driver::__chidori_driver_cuMemAlloc_v2 as *const c_void),
+        "cuMemCreate" => Some(driver::__chidori_driver_cuMemCreate as *const c_void),
         "cuMemDiscardAndPrefetchBatchAsync" => {
             Some(
                 driver::__chidori_driver_cuMemDiscardAndPrefetchBatchAsync
@@ -750,6 +774,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemFree_v2" => Some(driver::__chidori_driver_cuMemFree_v2 as *const c_void),
         "cuMemGetAccess" => {
             Some(driver::__chidori_driver_cuMemGetAccess as *const c_void)
+        }
+        "cuMemGetAllocationGranularity" => {
+            Some(driver::__chidori_driver_cuMemGetAllocationGranularity as *const c_void)
         }
         "cuMemGetAllocationPropertiesFromHandle" => {
             Some(
@@ -783,6 +810,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemHostUnregister as *const c_void)
         }
         "cuMemMap" => Some(driver::__chidori_driver_cuMemMap as *const c_void),
+        "cuMemPoolCreate" => {
+            Some(driver::__chidori_driver_cuMemPoolCreate__cu126 as *const c_void)
+        }
         "cuMemPoolDestroy" => {
             Some(driver::__chidori_driver_cuMemPoolDestroy as *const c_void)
         }
@@ -852,6 +882,22 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemcpyAtoD_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyAtoD_v2_ptds as *const c_void)
         }
+        "cuMemcpyAtoH" => Some(driver::__chidori_driver_cuMemcpyAtoH as *const c_void),
+        "cuMemcpyAtoHAsync" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoHAsync as *const c_void)
+        }
+        "cuMemcpyAtoHAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoHAsync_v2 as *const c_void)
+        }
+        "cuMemcpyAtoHAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoHAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpyAtoH_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoH_v2 as *const c_void)
+        }
+        "cuMemcpyAtoH_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpyAtoH_v2_ptds as *const c_void)
+        }
         "cuMemcpyDtoA" => Some(driver::__chidori_driver_cuMemcpyDtoA as *const c_void),
         "cuMemcpyDtoA_v2" => {
             Some(driver::__chidori_driver_cuMemcpyDtoA_v2 as *const c_void)
@@ -886,6 +932,22 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemcpyDtoH_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyDtoH_v2_ptds as *const c_void)
+        }
+        "cuMemcpyHtoA" => Some(driver::__chidori_driver_cuMemcpyHtoA as *const c_void),
+        "cuMemcpyHtoAAsync" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoAAsync as *const c_void)
+        }
+        "cuMemcpyHtoAAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoAAsync_v2 as *const c_void)
+        }
+        "cuMemcpyHtoAAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoAAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpyHtoA_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoA_v2 as *const c_void)
+        }
+        "cuMemcpyHtoA_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpyHtoA_v2_ptds as *const c_void)
         }
         "cuMemcpyHtoDAsync_v2" => {
             Some(driver::__chidori_driver_cuMemcpyHtoDAsync_v2 as *const c_void)
@@ -1094,6 +1156,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuParamSetf" => Some(driver::__chidori_driver_cuParamSetf as *const c_void),
         "cuParamSeti" => Some(driver::__chidori_driver_cuParamSeti as *const c_void),
+        "cuParamSetv" => Some(driver::__chidori_driver_cuParamSetv as *const c_void),
         "cuPointerGetAttribute" => {
             Some(driver::__chidori_driver_cuPointerGetAttribute as *const c_void)
         }
@@ -1254,6 +1317,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
+        "cuStreamUpdateCaptureDependencies_v2" => {
+            Some(
+                driver::__chidori_driver_cuStreamUpdateCaptureDependencies_v2
+                    as *const c_void,
+            )
+        }
+        "cuStreamUpdateCaptureDependencies_v2_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamUpdateCaptureDependencies_v2_ptsz
+                    as *const c_void,
+            )
+        }
         "cuStreamWaitEvent" => {
             Some(driver::__chidori_driver_cuStreamWaitEvent as *const c_void)
         }
@@ -1308,6 +1383,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuStreamWriteValue64_v2_ptsz" => {
             Some(driver::__chidori_driver_cuStreamWriteValue64_v2_ptsz as *const c_void)
         }
+        "cuSurfObjectCreate" => {
+            Some(driver::__chidori_driver_cuSurfObjectCreate as *const c_void)
+        }
         "cuSurfObjectDestroy" => {
             Some(driver::__chidori_driver_cuSurfObjectDestroy as *const c_void)
         }
@@ -1331,6 +1409,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuTensorMapReplaceAddress" => {
             Some(driver::__chidori_driver_cuTensorMapReplaceAddress as *const c_void)
+        }
+        "cuTexObjectCreate" => {
+            Some(driver::__chidori_driver_cuTexObjectCreate as *const c_void)
         }
         "cuTexObjectDestroy" => {
             Some(driver::__chidori_driver_cuTexObjectDestroy as *const c_void)

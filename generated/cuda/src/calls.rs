@@ -3,10 +3,10 @@
 //! Call ids and the wire schema of every forwarded function variant and wire form.
 
 /// Hash of every descriptor below; client and server refuse to talk if theirs differ.
-pub const SCHEMA_HASH: u64 = 10338777114764092494u64;
+pub const SCHEMA_HASH: u64 = 632228527658227336u64;
 use chidori_protocol::desc::CallDesc;
 /// Function name by call id.
-pub static FUNCTIONS: [&str; 2377usize] = [
+pub static FUNCTIONS: [&str; 2412usize] = [
     "cublasAxpyEx",
     "cublasAxpyEx_64",
     "cublasCaxpy",
@@ -637,6 +637,8 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cudaBindTextureToArray",
     "cudaBindTextureToMipmappedArray",
     "cudaChooseDevice",
+    "cudaCreateSurfaceObject",
+    "cudaCreateTextureObject",
     "cudaCtxResetPersistingL2Cache",
     "cudaDestroyExternalMemory",
     "cudaDestroyExternalSemaphore",
@@ -733,6 +735,8 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cudaGraphGetRootNodes",
     "cudaGraphInstantiate",
     "cudaGraphInstantiateWithFlags",
+    "cudaGraphInstantiateWithParams",
+    "cudaGraphInstantiateWithParams_ptsz",
     "cudaGraphKernelNodeCopyAttributes",
     "cudaGraphKernelNodeGetAttribute",
     "cudaGraphKernelNodeSetAttribute",
@@ -788,6 +792,7 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cudaMemGetDefaultMemPool",
     "cudaMemGetInfo",
     "cudaMemGetMemPool",
+    "cudaMemPoolCreate",
     "cudaMemPoolDestroy",
     "cudaMemPoolGetAccess",
     "cudaMemPoolGetAttribute",
@@ -819,6 +824,10 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cudaMemset2DAsync",
     "cudaMemset2DAsync_ptsz",
     "cudaMemset2D_ptds",
+    "cudaMemset3D",
+    "cudaMemset3DAsync",
+    "cudaMemset3DAsync_ptsz",
+    "cudaMemset3D_ptds",
     "cudaMemsetAsync",
     "cudaMemsetAsync_ptsz",
     "cudaMemset_ptds",
@@ -1798,6 +1807,7 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuGraphAddEventRecordNode",
     "cuGraphAddEventWaitNode",
     "cuGraphAddMemFreeNode",
+    "cuGraphAddMemcpyNode",
     "cuGraphAddMemsetNode",
     "cuGraphChildGraphNodeGetGraph",
     "cuGraphClone",
@@ -1815,6 +1825,7 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuGraphExecEventWaitNodeSetEvent",
     "cuGraphExecGetFlags",
     "cuGraphExecGetId",
+    "cuGraphExecMemcpyNodeSetParams",
     "cuGraphExecMemsetNodeSetParams",
     "cuGraphExecUpdate",
     "cuGraphExecUpdate_v2",
@@ -1824,6 +1835,8 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuGraphGetRootNodes",
     "cuGraphInstantiate",
     "cuGraphInstantiateWithFlags",
+    "cuGraphInstantiateWithParams",
+    "cuGraphInstantiateWithParams_ptsz",
     "cuGraphInstantiate_v2",
     "cuGraphKernelNodeCopyAttributes",
     "cuGraphKernelNodeGetAttribute",
@@ -1831,6 +1844,8 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuGraphLaunch",
     "cuGraphLaunch_ptsz",
     "cuGraphMemFreeNodeGetParams",
+    "cuGraphMemcpyNodeGetParams",
+    "cuGraphMemcpyNodeSetParams",
     "cuGraphMemsetNodeGetParams",
     "cuGraphMemsetNodeSetParams",
     "cuGraphNodeFindInClone",
@@ -1895,6 +1910,7 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuMemAdvise",
     "cuMemAdvise_v2",
     "cuMemAlloc_v2",
+    "cuMemCreate",
     "cuMemDiscardAndPrefetchBatchAsync",
     "cuMemDiscardAndPrefetchBatchAsync_ptsz",
     "cuMemDiscardBatchAsync",
@@ -1904,12 +1920,14 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuMemFreeAsync_ptsz",
     "cuMemFree_v2",
     "cuMemGetAccess",
+    "cuMemGetAllocationGranularity",
     "cuMemGetAllocationPropertiesFromHandle",
     "cuMemGetDefaultMemPool",
     "cuMemGetInfo",
     "cuMemGetInfo_v2",
     "cuMemGetMemPool",
     "cuMemMap",
+    "cuMemPoolCreate",
     "cuMemPoolDestroy",
     "cuMemPoolGetAccess",
     "cuMemPoolGetAttribute",
@@ -1937,6 +1955,12 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuMemcpyAtoD",
     "cuMemcpyAtoD_v2",
     "cuMemcpyAtoD_v2_ptds",
+    "cuMemcpyAtoH",
+    "cuMemcpyAtoHAsync",
+    "cuMemcpyAtoHAsync_v2",
+    "cuMemcpyAtoHAsync_v2_ptsz",
+    "cuMemcpyAtoH_v2",
+    "cuMemcpyAtoH_v2_ptds",
     "cuMemcpyDtoA",
     "cuMemcpyDtoA_v2",
     "cuMemcpyDtoA_v2_ptds",
@@ -1950,6 +1974,12 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuMemcpyDtoHAsync_v2_ptsz",
     "cuMemcpyDtoH_v2",
     "cuMemcpyDtoH_v2_ptds",
+    "cuMemcpyHtoA",
+    "cuMemcpyHtoAAsync",
+    "cuMemcpyHtoAAsync_v2",
+    "cuMemcpyHtoAAsync_v2_ptsz",
+    "cuMemcpyHtoA_v2",
+    "cuMemcpyHtoA_v2_ptds",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyHtoDAsync_v2_ptsz",
     "cuMemcpyHtoD_v2",
@@ -2017,6 +2047,7 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuParamSetTexRef",
     "cuParamSetf",
     "cuParamSeti",
+    "cuParamSetv",
     "cuPointerSetAttribute",
     "cuStreamAttachMemAsync",
     "cuStreamAttachMemAsync_ptsz",
@@ -2063,6 +2094,8 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuStreamSynchronize_ptsz",
     "cuStreamUpdateCaptureDependencies",
     "cuStreamUpdateCaptureDependencies_ptsz",
+    "cuStreamUpdateCaptureDependencies_v2",
+    "cuStreamUpdateCaptureDependencies_v2_ptsz",
     "cuStreamWaitEvent",
     "cuStreamWaitEvent_ptsz",
     "cuStreamWaitValue32",
@@ -2081,6 +2114,7 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuStreamWriteValue64_ptsz",
     "cuStreamWriteValue64_v2",
     "cuStreamWriteValue64_v2_ptsz",
+    "cuSurfObjectCreate",
     "cuSurfObjectDestroy",
     "cuSurfObjectGetResourceDesc",
     "cuSurfRefGetArray",
@@ -2089,6 +2123,7 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "cuTensorMapEncodeIm2colWide",
     "cuTensorMapEncodeTiled",
     "cuTensorMapReplaceAddress",
+    "cuTexObjectCreate",
     "cuTexObjectDestroy",
     "cuTexObjectGetResourceDesc",
     "cuTexObjectGetResourceViewDesc",
@@ -2386,7 +2421,7 @@ pub static FUNCTIONS: [&str; 2377usize] = [
     "nvrtcVersion",
 ];
 /// Library by call id.
-pub static LIBRARY_OF: [&str; 2377usize] = [
+pub static LIBRARY_OF: [&str; 2412usize] = [
     "cublas",
     "cublas",
     "cublas",
@@ -3009,6 +3044,15 @@ pub static LIBRARY_OF: [&str; 2377usize] = [
     "cublaslt",
     "cublaslt",
     "cublaslt",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
+    "cudart",
     "cudart",
     "cudart",
     "cudart",
@@ -4068,6 +4112,32 @@ pub static LIBRARY_OF: [&str; 2377usize] = [
     "cusparselt",
     "cusparselt",
     "cusparselt",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
+    "driver",
     "driver",
     "driver",
     "driver",
@@ -4777,6 +4847,11 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaChooseDevice__cu118,
     &cudart::cudaChooseDevice__cu121,
     &cudart::cudaChooseDevice__cu130,
+    &cudart::cudaCreateSurfaceObject__cu118,
+    &cudart::cudaCreateSurfaceObject__cu130,
+    &cudart::cudaCreateTextureObject__cu118,
+    &cudart::cudaCreateTextureObject__cu121,
+    &cudart::cudaCreateTextureObject__cu130,
     &cudart::cudaCtxResetPersistingL2Cache,
     &cudart::cudaDestroyExternalMemory,
     &cudart::cudaDestroyExternalSemaphore,
@@ -4880,6 +4955,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaGraphGetRootNodes,
     &cudart::cudaGraphInstantiate__cu121,
     &cudart::cudaGraphInstantiateWithFlags,
+    &cudart::cudaGraphInstantiateWithParams,
+    &cudart::cudaGraphInstantiateWithParams_ptsz,
     &cudart::cudaGraphKernelNodeCopyAttributes,
     &cudart::cudaGraphKernelNodeGetAttribute__cu118,
     &cudart::cudaGraphKernelNodeGetAttribute__cu121,
@@ -4945,6 +5022,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaMemGetDefaultMemPool,
     &cudart::cudaMemGetInfo,
     &cudart::cudaMemGetMemPool,
+    &cudart::cudaMemPoolCreate__cu118,
+    &cudart::cudaMemPoolCreate__cu126,
     &cudart::cudaMemPoolDestroy,
     &cudart::cudaMemPoolGetAccess,
     &cudart::cudaMemPoolGetAttribute,
@@ -4994,6 +5073,10 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaMemset2DAsync,
     &cudart::cudaMemset2DAsync_ptsz,
     &cudart::cudaMemset2D_ptds,
+    &cudart::cudaMemset3D,
+    &cudart::cudaMemset3DAsync,
+    &cudart::cudaMemset3DAsync_ptsz,
+    &cudart::cudaMemset3D_ptds,
     &cudart::cudaMemsetAsync,
     &cudart::cudaMemsetAsync_ptsz,
     &cudart::cudaMemset_ptds,
@@ -5057,7 +5140,9 @@ pub static VARIANTS: &[&CallDesc] = &[
     &cudart::cudaStreamSynchronize,
     &cudart::cudaStreamSynchronize_ptsz,
     &cudart::cudaStreamUpdateCaptureDependencies__cu118,
+    &cudart::cudaStreamUpdateCaptureDependencies__cu130,
     &cudart::cudaStreamUpdateCaptureDependencies_ptsz__cu126,
+    &cudart::cudaStreamUpdateCaptureDependencies_ptsz__cu130,
     &cudart::cudaStreamWaitEvent,
     &cudart::cudaStreamWaitEvent_ptsz,
     &cudart::cudaThreadExchangeStreamCaptureMode,
@@ -5183,6 +5268,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuGraphAddEventRecordNode,
     &driver::cuGraphAddEventWaitNode,
     &driver::cuGraphAddMemFreeNode,
+    &driver::cuGraphAddMemcpyNode,
     &driver::cuGraphAddMemsetNode,
     &driver::cuGraphChildGraphNodeGetGraph,
     &driver::cuGraphClone,
@@ -5200,6 +5286,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuGraphExecEventWaitNodeSetEvent,
     &driver::cuGraphExecGetFlags,
     &driver::cuGraphExecGetId,
+    &driver::cuGraphExecMemcpyNodeSetParams,
     &driver::cuGraphExecMemsetNodeSetParams,
     &driver::cuGraphExecUpdate,
     &driver::cuGraphExecUpdate_v2,
@@ -5209,6 +5296,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuGraphGetRootNodes,
     &driver::cuGraphInstantiate,
     &driver::cuGraphInstantiateWithFlags,
+    &driver::cuGraphInstantiateWithParams,
+    &driver::cuGraphInstantiateWithParams_ptsz,
     &driver::cuGraphInstantiate_v2,
     &driver::cuGraphKernelNodeCopyAttributes,
     &driver::cuGraphKernelNodeGetAttribute__cu118,
@@ -5224,6 +5313,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuGraphLaunch,
     &driver::cuGraphLaunch_ptsz,
     &driver::cuGraphMemFreeNodeGetParams,
+    &driver::cuGraphMemcpyNodeGetParams,
+    &driver::cuGraphMemcpyNodeSetParams,
     &driver::cuGraphMemsetNodeGetParams,
     &driver::cuGraphMemsetNodeSetParams,
     &driver::cuGraphNodeFindInClone,
@@ -5289,6 +5380,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemAdvise,
     &driver::cuMemAdvise_v2,
     &driver::cuMemAlloc_v2__call,
+    &driver::cuMemCreate,
     &driver::cuMemDiscardAndPrefetchBatchAsync,
     &driver::cuMemDiscardAndPrefetchBatchAsync_ptsz,
     &driver::cuMemDiscardBatchAsync,
@@ -5298,12 +5390,15 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemFreeAsync_ptsz,
     &driver::cuMemFree_v2__call,
     &driver::cuMemGetAccess,
+    &driver::cuMemGetAllocationGranularity,
     &driver::cuMemGetAllocationPropertiesFromHandle,
     &driver::cuMemGetDefaultMemPool,
     &driver::cuMemGetInfo,
     &driver::cuMemGetInfo_v2,
     &driver::cuMemGetMemPool,
     &driver::cuMemMap,
+    &driver::cuMemPoolCreate__cu118,
+    &driver::cuMemPoolCreate__cu126,
     &driver::cuMemPoolDestroy,
     &driver::cuMemPoolGetAccess,
     &driver::cuMemPoolGetAttribute,
@@ -5331,6 +5426,12 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemcpyAtoD,
     &driver::cuMemcpyAtoD_v2,
     &driver::cuMemcpyAtoD_v2_ptds,
+    &driver::cuMemcpyAtoH,
+    &driver::cuMemcpyAtoHAsync,
+    &driver::cuMemcpyAtoHAsync_v2,
+    &driver::cuMemcpyAtoHAsync_v2_ptsz,
+    &driver::cuMemcpyAtoH_v2,
+    &driver::cuMemcpyAtoH_v2_ptds,
     &driver::cuMemcpyDtoA,
     &driver::cuMemcpyDtoA_v2,
     &driver::cuMemcpyDtoA_v2_ptds,
@@ -5344,6 +5445,12 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuMemcpyDtoHAsync_v2_ptsz__call,
     &driver::cuMemcpyDtoH_v2__call,
     &driver::cuMemcpyDtoH_v2_ptds__call,
+    &driver::cuMemcpyHtoA,
+    &driver::cuMemcpyHtoAAsync,
+    &driver::cuMemcpyHtoAAsync_v2,
+    &driver::cuMemcpyHtoAAsync_v2_ptsz,
+    &driver::cuMemcpyHtoA_v2,
+    &driver::cuMemcpyHtoA_v2_ptds,
     &driver::cuMemcpyHtoDAsync_v2__call,
     &driver::cuMemcpyHtoDAsync_v2_ptsz__call,
     &driver::cuMemcpyHtoD_v2__call,
@@ -5411,6 +5518,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuParamSetTexRef,
     &driver::cuParamSetf,
     &driver::cuParamSeti,
+    &driver::cuParamSetv,
     &driver::cuPointerSetAttribute,
     &driver::cuStreamAttachMemAsync,
     &driver::cuStreamAttachMemAsync_ptsz,
@@ -5477,6 +5585,8 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuStreamSynchronize_ptsz,
     &driver::cuStreamUpdateCaptureDependencies,
     &driver::cuStreamUpdateCaptureDependencies_ptsz,
+    &driver::cuStreamUpdateCaptureDependencies_v2,
+    &driver::cuStreamUpdateCaptureDependencies_v2_ptsz,
     &driver::cuStreamWaitEvent,
     &driver::cuStreamWaitEvent_ptsz,
     &driver::cuStreamWaitValue32,
@@ -5495,6 +5605,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuStreamWriteValue64_ptsz,
     &driver::cuStreamWriteValue64_v2,
     &driver::cuStreamWriteValue64_v2_ptsz,
+    &driver::cuSurfObjectCreate,
     &driver::cuSurfObjectDestroy,
     &driver::cuSurfObjectGetResourceDesc,
     &driver::cuSurfRefGetArray,
@@ -5503,6 +5614,7 @@ pub static VARIANTS: &[&CallDesc] = &[
     &driver::cuTensorMapEncodeIm2colWide,
     &driver::cuTensorMapEncodeTiled,
     &driver::cuTensorMapReplaceAddress,
+    &driver::cuTexObjectCreate,
     &driver::cuTexObjectDestroy,
     &driver::cuTexObjectGetResourceDesc,
     &driver::cuTexObjectGetResourceViewDesc,
@@ -7435,8 +7547,8 @@ pub mod cublas {
     use chidori_protocol::desc::*;
     static LEN_cublasDotEx__host_0: Len = Len::Lit(16u64);
     pub static cublasAxpyEx: CallDesc = CallDesc {
-        wire: 774u32,
-        call: 687u32,
+        wire: 816u32,
+        call: 722u32,
         name: "cublasAxpyEx",
         form: None,
         library: "cublas",
@@ -7494,8 +7606,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasAxpyEx_64: CallDesc = CallDesc {
-        wire: 775u32,
-        call: 688u32,
+        wire: 817u32,
+        call: 723u32,
         name: "cublasAxpyEx_64",
         form: None,
         library: "cublas",
@@ -7553,8 +7665,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy: CallDesc = CallDesc {
-        wire: 776u32,
-        call: 689u32,
+        wire: 818u32,
+        call: 724u32,
         name: "cublasCaxpy",
         form: None,
         library: "cublas",
@@ -7588,8 +7700,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2: CallDesc = CallDesc {
-        wire: 777u32,
-        call: 690u32,
+        wire: 819u32,
+        call: 725u32,
         name: "cublasCaxpy_v2",
         form: None,
         library: "cublas",
@@ -7631,8 +7743,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCaxpy_v2_64: CallDesc = CallDesc {
-        wire: 778u32,
-        call: 691u32,
+        wire: 820u32,
+        call: 726u32,
         name: "cublasCaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -7674,8 +7786,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy: CallDesc = CallDesc {
-        wire: 779u32,
-        call: 692u32,
+        wire: 821u32,
+        call: 727u32,
         name: "cublasCcopy",
         form: None,
         library: "cublas",
@@ -7708,8 +7820,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2: CallDesc = CallDesc {
-        wire: 780u32,
-        call: 693u32,
+        wire: 822u32,
+        call: 728u32,
         name: "cublasCcopy_v2",
         form: None,
         library: "cublas",
@@ -7746,8 +7858,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCcopy_v2_64: CallDesc = CallDesc {
-        wire: 781u32,
-        call: 694u32,
+        wire: 823u32,
+        call: 729u32,
         name: "cublasCcopy_v2_64",
         form: None,
         library: "cublas",
@@ -7784,8 +7896,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm: CallDesc = CallDesc {
-        wire: 782u32,
-        call: 695u32,
+        wire: 824u32,
+        call: 730u32,
         name: "cublasCdgmm",
         form: None,
         library: "cublas",
@@ -7835,8 +7947,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdgmm_64: CallDesc = CallDesc {
-        wire: 783u32,
-        call: 696u32,
+        wire: 825u32,
+        call: 731u32,
         name: "cublasCdgmm_64",
         form: None,
         library: "cublas",
@@ -7886,8 +7998,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2: CallDesc = CallDesc {
-        wire: 784u32,
-        call: 697u32,
+        wire: 826u32,
+        call: 732u32,
         name: "cublasCdotc_v2",
         form: None,
         library: "cublas",
@@ -7929,8 +8041,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotc_v2_64: CallDesc = CallDesc {
-        wire: 785u32,
-        call: 698u32,
+        wire: 827u32,
+        call: 733u32,
         name: "cublasCdotc_v2_64",
         form: None,
         library: "cublas",
@@ -7972,8 +8084,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2: CallDesc = CallDesc {
-        wire: 786u32,
-        call: 699u32,
+        wire: 828u32,
+        call: 734u32,
         name: "cublasCdotu_v2",
         form: None,
         library: "cublas",
@@ -8015,8 +8127,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCdotu_v2_64: CallDesc = CallDesc {
-        wire: 787u32,
-        call: 700u32,
+        wire: 829u32,
+        call: 735u32,
         name: "cublasCdotu_v2_64",
         form: None,
         library: "cublas",
@@ -8058,8 +8170,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv: CallDesc = CallDesc {
-        wire: 788u32,
-        call: 701u32,
+        wire: 830u32,
+        call: 736u32,
         name: "cublasCgbmv",
         form: None,
         library: "cublas",
@@ -8115,8 +8227,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2: CallDesc = CallDesc {
-        wire: 789u32,
-        call: 702u32,
+        wire: 831u32,
+        call: 737u32,
         name: "cublasCgbmv_v2",
         form: None,
         library: "cublas",
@@ -8184,8 +8296,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgbmv_v2_64: CallDesc = CallDesc {
-        wire: 790u32,
-        call: 703u32,
+        wire: 832u32,
+        call: 738u32,
         name: "cublasCgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -8253,8 +8365,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam: CallDesc = CallDesc {
-        wire: 791u32,
-        call: 704u32,
+        wire: 833u32,
+        call: 739u32,
         name: "cublasCgeam",
         form: None,
         library: "cublas",
@@ -8318,8 +8430,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeam_64: CallDesc = CallDesc {
-        wire: 792u32,
-        call: 705u32,
+        wire: 834u32,
+        call: 740u32,
         name: "cublasCgeam_64",
         form: None,
         library: "cublas",
@@ -8383,8 +8495,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgelsBatched: CallDesc = CallDesc {
-        wire: 793u32,
-        call: 706u32,
+        wire: 835u32,
+        call: 741u32,
         name: "cublasCgelsBatched",
         form: None,
         library: "cublas",
@@ -8444,8 +8556,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm: CallDesc = CallDesc {
-        wire: 794u32,
-        call: 707u32,
+        wire: 836u32,
+        call: 742u32,
         name: "cublasCgemm",
         form: None,
         library: "cublas",
@@ -8501,8 +8613,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m: CallDesc = CallDesc {
-        wire: 795u32,
-        call: 708u32,
+        wire: 837u32,
+        call: 743u32,
         name: "cublasCgemm3m",
         form: None,
         library: "cublas",
@@ -8570,8 +8682,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched: CallDesc = CallDesc {
-        wire: 796u32,
-        call: 709u32,
+        wire: 838u32,
+        call: 744u32,
         name: "cublasCgemm3mBatched",
         form: None,
         library: "cublas",
@@ -8643,8 +8755,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mBatched_64: CallDesc = CallDesc {
-        wire: 797u32,
-        call: 710u32,
+        wire: 839u32,
+        call: 745u32,
         name: "cublasCgemm3mBatched_64",
         form: None,
         library: "cublas",
@@ -8716,8 +8828,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx: CallDesc = CallDesc {
-        wire: 798u32,
-        call: 711u32,
+        wire: 840u32,
+        call: 746u32,
         name: "cublasCgemm3mEx",
         form: None,
         library: "cublas",
@@ -8797,8 +8909,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mEx_64: CallDesc = CallDesc {
-        wire: 799u32,
-        call: 712u32,
+        wire: 841u32,
+        call: 747u32,
         name: "cublasCgemm3mEx_64",
         form: None,
         library: "cublas",
@@ -8878,8 +8990,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched: CallDesc = CallDesc {
-        wire: 800u32,
-        call: 713u32,
+        wire: 842u32,
+        call: 748u32,
         name: "cublasCgemm3mStridedBatched",
         form: None,
         library: "cublas",
@@ -8963,8 +9075,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3mStridedBatched_64: CallDesc = CallDesc {
-        wire: 801u32,
-        call: 714u32,
+        wire: 843u32,
+        call: 749u32,
         name: "cublasCgemm3mStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9048,8 +9160,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm3m_64: CallDesc = CallDesc {
-        wire: 802u32,
-        call: 715u32,
+        wire: 844u32,
+        call: 750u32,
         name: "cublasCgemm3m_64",
         form: None,
         library: "cublas",
@@ -9117,8 +9229,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched: CallDesc = CallDesc {
-        wire: 803u32,
-        call: 716u32,
+        wire: 845u32,
+        call: 751u32,
         name: "cublasCgemmBatched",
         form: None,
         library: "cublas",
@@ -9190,8 +9302,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmBatched_64: CallDesc = CallDesc {
-        wire: 804u32,
-        call: 717u32,
+        wire: 846u32,
+        call: 752u32,
         name: "cublasCgemmBatched_64",
         form: None,
         library: "cublas",
@@ -9263,8 +9375,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx: CallDesc = CallDesc {
-        wire: 805u32,
-        call: 718u32,
+        wire: 847u32,
+        call: 753u32,
         name: "cublasCgemmEx",
         form: None,
         library: "cublas",
@@ -9344,8 +9456,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmEx_64: CallDesc = CallDesc {
-        wire: 806u32,
-        call: 719u32,
+        wire: 848u32,
+        call: 754u32,
         name: "cublasCgemmEx_64",
         form: None,
         library: "cublas",
@@ -9425,8 +9537,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched: CallDesc = CallDesc {
-        wire: 807u32,
-        call: 720u32,
+        wire: 849u32,
+        call: 755u32,
         name: "cublasCgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -9510,8 +9622,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 808u32,
-        call: 721u32,
+        wire: 850u32,
+        call: 756u32,
         name: "cublasCgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9595,8 +9707,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2: CallDesc = CallDesc {
-        wire: 809u32,
-        call: 722u32,
+        wire: 851u32,
+        call: 757u32,
         name: "cublasCgemm_v2",
         form: None,
         library: "cublas",
@@ -9664,8 +9776,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemm_v2_64: CallDesc = CallDesc {
-        wire: 810u32,
-        call: 723u32,
+        wire: 852u32,
+        call: 758u32,
         name: "cublasCgemm_v2_64",
         form: None,
         library: "cublas",
@@ -9733,8 +9845,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv: CallDesc = CallDesc {
-        wire: 811u32,
-        call: 724u32,
+        wire: 853u32,
+        call: 759u32,
         name: "cublasCgemv",
         form: None,
         library: "cublas",
@@ -9782,8 +9894,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched: CallDesc = CallDesc {
-        wire: 812u32,
-        call: 725u32,
+        wire: 854u32,
+        call: 760u32,
         name: "cublasCgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -9859,8 +9971,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 813u32,
-        call: 726u32,
+        wire: 855u32,
+        call: 761u32,
         name: "cublasCgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -9936,8 +10048,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2: CallDesc = CallDesc {
-        wire: 814u32,
-        call: 727u32,
+        wire: 856u32,
+        call: 762u32,
         name: "cublasCgemv_v2",
         form: None,
         library: "cublas",
@@ -9997,8 +10109,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgemv_v2_64: CallDesc = CallDesc {
-        wire: 815u32,
-        call: 728u32,
+        wire: 857u32,
+        call: 763u32,
         name: "cublasCgemv_v2_64",
         form: None,
         library: "cublas",
@@ -10058,8 +10170,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeqrfBatched: CallDesc = CallDesc {
-        wire: 816u32,
-        call: 729u32,
+        wire: 858u32,
+        call: 764u32,
         name: "cublasCgeqrfBatched",
         form: None,
         library: "cublas",
@@ -10106,8 +10218,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc: CallDesc = CallDesc {
-        wire: 817u32,
-        call: 730u32,
+        wire: 859u32,
+        call: 765u32,
         name: "cublasCgerc",
         form: None,
         library: "cublas",
@@ -10150,8 +10262,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2: CallDesc = CallDesc {
-        wire: 818u32,
-        call: 731u32,
+        wire: 860u32,
+        call: 766u32,
         name: "cublasCgerc_v2",
         form: None,
         library: "cublas",
@@ -10202,8 +10314,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgerc_v2_64: CallDesc = CallDesc {
-        wire: 819u32,
-        call: 732u32,
+        wire: 861u32,
+        call: 767u32,
         name: "cublasCgerc_v2_64",
         form: None,
         library: "cublas",
@@ -10254,8 +10366,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru: CallDesc = CallDesc {
-        wire: 820u32,
-        call: 733u32,
+        wire: 862u32,
+        call: 768u32,
         name: "cublasCgeru",
         form: None,
         library: "cublas",
@@ -10298,8 +10410,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2: CallDesc = CallDesc {
-        wire: 821u32,
-        call: 734u32,
+        wire: 863u32,
+        call: 769u32,
         name: "cublasCgeru_v2",
         form: None,
         library: "cublas",
@@ -10350,8 +10462,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgeru_v2_64: CallDesc = CallDesc {
-        wire: 822u32,
-        call: 735u32,
+        wire: 864u32,
+        call: 770u32,
         name: "cublasCgeru_v2_64",
         form: None,
         library: "cublas",
@@ -10402,8 +10514,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrfBatched: CallDesc = CallDesc {
-        wire: 823u32,
-        call: 736u32,
+        wire: 865u32,
+        call: 771u32,
         name: "cublasCgetrfBatched",
         form: None,
         library: "cublas",
@@ -10441,8 +10553,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetriBatched: CallDesc = CallDesc {
-        wire: 824u32,
-        call: 737u32,
+        wire: 866u32,
+        call: 772u32,
         name: "cublasCgetriBatched",
         form: None,
         library: "cublas",
@@ -10490,8 +10602,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCgetrsBatched: CallDesc = CallDesc {
-        wire: 825u32,
-        call: 738u32,
+        wire: 867u32,
+        call: 773u32,
         name: "cublasCgetrsBatched",
         form: None,
         library: "cublas",
@@ -10547,8 +10659,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv: CallDesc = CallDesc {
-        wire: 826u32,
-        call: 739u32,
+        wire: 868u32,
+        call: 774u32,
         name: "cublasChbmv",
         form: None,
         library: "cublas",
@@ -10596,8 +10708,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2: CallDesc = CallDesc {
-        wire: 827u32,
-        call: 740u32,
+        wire: 869u32,
+        call: 775u32,
         name: "cublasChbmv_v2",
         form: None,
         library: "cublas",
@@ -10657,8 +10769,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChbmv_v2_64: CallDesc = CallDesc {
-        wire: 828u32,
-        call: 741u32,
+        wire: 870u32,
+        call: 776u32,
         name: "cublasChbmv_v2_64",
         form: None,
         library: "cublas",
@@ -10718,8 +10830,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm: CallDesc = CallDesc {
-        wire: 829u32,
-        call: 742u32,
+        wire: 871u32,
+        call: 777u32,
         name: "cublasChemm",
         form: None,
         library: "cublas",
@@ -10771,8 +10883,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2: CallDesc = CallDesc {
-        wire: 830u32,
-        call: 743u32,
+        wire: 872u32,
+        call: 778u32,
         name: "cublasChemm_v2",
         form: None,
         library: "cublas",
@@ -10836,8 +10948,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemm_v2_64: CallDesc = CallDesc {
-        wire: 831u32,
-        call: 744u32,
+        wire: 873u32,
+        call: 779u32,
         name: "cublasChemm_v2_64",
         form: None,
         library: "cublas",
@@ -10901,8 +11013,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv: CallDesc = CallDesc {
-        wire: 832u32,
-        call: 745u32,
+        wire: 874u32,
+        call: 780u32,
         name: "cublasChemv",
         form: None,
         library: "cublas",
@@ -10946,8 +11058,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2: CallDesc = CallDesc {
-        wire: 833u32,
-        call: 746u32,
+        wire: 875u32,
+        call: 781u32,
         name: "cublasChemv_v2",
         form: None,
         library: "cublas",
@@ -11003,8 +11115,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChemv_v2_64: CallDesc = CallDesc {
-        wire: 834u32,
-        call: 747u32,
+        wire: 876u32,
+        call: 782u32,
         name: "cublasChemv_v2_64",
         form: None,
         library: "cublas",
@@ -11060,8 +11172,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher: CallDesc = CallDesc {
-        wire: 835u32,
-        call: 748u32,
+        wire: 877u32,
+        call: 783u32,
         name: "cublasCher",
         form: None,
         library: "cublas",
@@ -11102,8 +11214,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2: CallDesc = CallDesc {
-        wire: 836u32,
-        call: 749u32,
+        wire: 878u32,
+        call: 784u32,
         name: "cublasCher2",
         form: None,
         library: "cublas",
@@ -11146,8 +11258,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2: CallDesc = CallDesc {
-        wire: 837u32,
-        call: 750u32,
+        wire: 879u32,
+        call: 785u32,
         name: "cublasCher2_v2",
         form: None,
         library: "cublas",
@@ -11198,8 +11310,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2_v2_64: CallDesc = CallDesc {
-        wire: 838u32,
-        call: 751u32,
+        wire: 880u32,
+        call: 786u32,
         name: "cublasCher2_v2_64",
         form: None,
         library: "cublas",
@@ -11250,8 +11362,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k: CallDesc = CallDesc {
-        wire: 839u32,
-        call: 752u32,
+        wire: 881u32,
+        call: 787u32,
         name: "cublasCher2k",
         form: None,
         library: "cublas",
@@ -11306,8 +11418,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2: CallDesc = CallDesc {
-        wire: 840u32,
-        call: 753u32,
+        wire: 882u32,
+        call: 788u32,
         name: "cublasCher2k_v2",
         form: None,
         library: "cublas",
@@ -11371,8 +11483,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher2k_v2_64: CallDesc = CallDesc {
-        wire: 841u32,
-        call: 754u32,
+        wire: 883u32,
+        call: 789u32,
         name: "cublasCher2k_v2_64",
         form: None,
         library: "cublas",
@@ -11436,8 +11548,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2: CallDesc = CallDesc {
-        wire: 842u32,
-        call: 755u32,
+        wire: 884u32,
+        call: 790u32,
         name: "cublasCher_v2",
         form: None,
         library: "cublas",
@@ -11483,8 +11595,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCher_v2_64: CallDesc = CallDesc {
-        wire: 843u32,
-        call: 756u32,
+        wire: 885u32,
+        call: 791u32,
         name: "cublasCher_v2_64",
         form: None,
         library: "cublas",
@@ -11530,8 +11642,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk: CallDesc = CallDesc {
-        wire: 844u32,
-        call: 757u32,
+        wire: 886u32,
+        call: 792u32,
         name: "cublasCherk",
         form: None,
         library: "cublas",
@@ -11584,8 +11696,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx: CallDesc = CallDesc {
-        wire: 845u32,
-        call: 758u32,
+        wire: 887u32,
+        call: 793u32,
         name: "cublasCherk3mEx",
         form: None,
         library: "cublas",
@@ -11652,8 +11764,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk3mEx_64: CallDesc = CallDesc {
-        wire: 846u32,
-        call: 759u32,
+        wire: 888u32,
+        call: 794u32,
         name: "cublasCherk3mEx_64",
         form: None,
         library: "cublas",
@@ -11720,8 +11832,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx: CallDesc = CallDesc {
-        wire: 847u32,
-        call: 760u32,
+        wire: 889u32,
+        call: 795u32,
         name: "cublasCherkEx",
         form: None,
         library: "cublas",
@@ -11788,8 +11900,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkEx_64: CallDesc = CallDesc {
-        wire: 848u32,
-        call: 761u32,
+        wire: 890u32,
+        call: 796u32,
         name: "cublasCherkEx_64",
         form: None,
         library: "cublas",
@@ -11856,8 +11968,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2: CallDesc = CallDesc {
-        wire: 849u32,
-        call: 762u32,
+        wire: 891u32,
+        call: 797u32,
         name: "cublasCherk_v2",
         form: None,
         library: "cublas",
@@ -11916,8 +12028,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherk_v2_64: CallDesc = CallDesc {
-        wire: 850u32,
-        call: 763u32,
+        wire: 892u32,
+        call: 798u32,
         name: "cublasCherk_v2_64",
         form: None,
         library: "cublas",
@@ -11976,8 +12088,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx: CallDesc = CallDesc {
-        wire: 851u32,
-        call: 764u32,
+        wire: 893u32,
+        call: 799u32,
         name: "cublasCherkx",
         form: None,
         library: "cublas",
@@ -12041,8 +12153,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCherkx_64: CallDesc = CallDesc {
-        wire: 852u32,
-        call: 765u32,
+        wire: 894u32,
+        call: 800u32,
         name: "cublasCherkx_64",
         form: None,
         library: "cublas",
@@ -12106,8 +12218,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv: CallDesc = CallDesc {
-        wire: 853u32,
-        call: 766u32,
+        wire: 895u32,
+        call: 801u32,
         name: "cublasChpmv",
         form: None,
         library: "cublas",
@@ -12152,8 +12264,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2: CallDesc = CallDesc {
-        wire: 854u32,
-        call: 767u32,
+        wire: 896u32,
+        call: 802u32,
         name: "cublasChpmv_v2",
         form: None,
         library: "cublas",
@@ -12210,8 +12322,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasChpmv_v2_64: CallDesc = CallDesc {
-        wire: 855u32,
-        call: 768u32,
+        wire: 897u32,
+        call: 803u32,
         name: "cublasChpmv_v2_64",
         form: None,
         library: "cublas",
@@ -12268,8 +12380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx: CallDesc = CallDesc {
-        wire: 856u32,
-        call: 769u32,
+        wire: 898u32,
+        call: 804u32,
         name: "cublasCopyEx",
         form: None,
         library: "cublas",
@@ -12314,8 +12426,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCopyEx_64: CallDesc = CallDesc {
-        wire: 857u32,
-        call: 770u32,
+        wire: 899u32,
+        call: 805u32,
         name: "cublasCopyEx_64",
         form: None,
         library: "cublas",
@@ -12360,8 +12472,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCreate_v2__call: CallDesc = CallDesc {
-        wire: 858u32,
-        call: 771u32,
+        wire: 900u32,
+        call: 806u32,
         name: "cublasCreate_v2",
         form: Some("call"),
         library: "cublas",
@@ -12384,8 +12496,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot: CallDesc = CallDesc {
-        wire: 859u32,
-        call: 772u32,
+        wire: 901u32,
+        call: 807u32,
         name: "cublasCrot",
         form: None,
         library: "cublas",
@@ -12423,8 +12535,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2: CallDesc = CallDesc {
-        wire: 860u32,
-        call: 773u32,
+        wire: 902u32,
+        call: 808u32,
         name: "cublasCrot_v2",
         form: None,
         library: "cublas",
@@ -12471,8 +12583,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrot_v2_64: CallDesc = CallDesc {
-        wire: 861u32,
-        call: 774u32,
+        wire: 903u32,
+        call: 809u32,
         name: "cublasCrot_v2_64",
         form: None,
         library: "cublas",
@@ -12519,8 +12631,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCrotg_v2: CallDesc = CallDesc {
-        wire: 862u32,
-        call: 775u32,
+        wire: 904u32,
+        call: 810u32,
         name: "cublasCrotg_v2",
         form: None,
         library: "cublas",
@@ -12563,8 +12675,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal: CallDesc = CallDesc {
-        wire: 863u32,
-        call: 776u32,
+        wire: 905u32,
+        call: 811u32,
         name: "cublasCscal",
         form: None,
         library: "cublas",
@@ -12593,8 +12705,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2: CallDesc = CallDesc {
-        wire: 864u32,
-        call: 777u32,
+        wire: 906u32,
+        call: 812u32,
         name: "cublasCscal_v2",
         form: None,
         library: "cublas",
@@ -12631,8 +12743,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCscal_v2_64: CallDesc = CallDesc {
-        wire: 865u32,
-        call: 778u32,
+        wire: 907u32,
+        call: 813u32,
         name: "cublasCscal_v2_64",
         form: None,
         library: "cublas",
@@ -12669,8 +12781,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot: CallDesc = CallDesc {
-        wire: 866u32,
-        call: 779u32,
+        wire: 908u32,
+        call: 814u32,
         name: "cublasCsrot",
         form: None,
         library: "cublas",
@@ -12711,8 +12823,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2: CallDesc = CallDesc {
-        wire: 867u32,
-        call: 780u32,
+        wire: 909u32,
+        call: 815u32,
         name: "cublasCsrot_v2",
         form: None,
         library: "cublas",
@@ -12759,8 +12871,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsrot_v2_64: CallDesc = CallDesc {
-        wire: 868u32,
-        call: 781u32,
+        wire: 910u32,
+        call: 816u32,
         name: "cublasCsrot_v2_64",
         form: None,
         library: "cublas",
@@ -12807,8 +12919,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal: CallDesc = CallDesc {
-        wire: 869u32,
-        call: 782u32,
+        wire: 911u32,
+        call: 817u32,
         name: "cublasCsscal",
         form: None,
         library: "cublas",
@@ -12840,8 +12952,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2: CallDesc = CallDesc {
-        wire: 870u32,
-        call: 783u32,
+        wire: 912u32,
+        call: 818u32,
         name: "cublasCsscal_v2",
         form: None,
         library: "cublas",
@@ -12878,8 +12990,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsscal_v2_64: CallDesc = CallDesc {
-        wire: 871u32,
-        call: 784u32,
+        wire: 913u32,
+        call: 819u32,
         name: "cublasCsscal_v2_64",
         form: None,
         library: "cublas",
@@ -12916,8 +13028,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap: CallDesc = CallDesc {
-        wire: 872u32,
-        call: 785u32,
+        wire: 914u32,
+        call: 820u32,
         name: "cublasCswap",
         form: None,
         library: "cublas",
@@ -12950,8 +13062,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2: CallDesc = CallDesc {
-        wire: 873u32,
-        call: 786u32,
+        wire: 915u32,
+        call: 821u32,
         name: "cublasCswap_v2",
         form: None,
         library: "cublas",
@@ -12988,8 +13100,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCswap_v2_64: CallDesc = CallDesc {
-        wire: 874u32,
-        call: 787u32,
+        wire: 916u32,
+        call: 822u32,
         name: "cublasCswap_v2_64",
         form: None,
         library: "cublas",
@@ -13026,8 +13138,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm: CallDesc = CallDesc {
-        wire: 875u32,
-        call: 788u32,
+        wire: 917u32,
+        call: 823u32,
         name: "cublasCsymm",
         form: None,
         library: "cublas",
@@ -13079,8 +13191,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2: CallDesc = CallDesc {
-        wire: 876u32,
-        call: 789u32,
+        wire: 918u32,
+        call: 824u32,
         name: "cublasCsymm_v2",
         form: None,
         library: "cublas",
@@ -13144,8 +13256,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymm_v2_64: CallDesc = CallDesc {
-        wire: 877u32,
-        call: 790u32,
+        wire: 919u32,
+        call: 825u32,
         name: "cublasCsymm_v2_64",
         form: None,
         library: "cublas",
@@ -13209,8 +13321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2: CallDesc = CallDesc {
-        wire: 878u32,
-        call: 791u32,
+        wire: 920u32,
+        call: 826u32,
         name: "cublasCsymv_v2",
         form: None,
         library: "cublas",
@@ -13266,8 +13378,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsymv_v2_64: CallDesc = CallDesc {
-        wire: 879u32,
-        call: 792u32,
+        wire: 921u32,
+        call: 827u32,
         name: "cublasCsymv_v2_64",
         form: None,
         library: "cublas",
@@ -13323,8 +13435,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2: CallDesc = CallDesc {
-        wire: 880u32,
-        call: 793u32,
+        wire: 922u32,
+        call: 828u32,
         name: "cublasCsyr2_v2",
         form: None,
         library: "cublas",
@@ -13375,8 +13487,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2_v2_64: CallDesc = CallDesc {
-        wire: 881u32,
-        call: 794u32,
+        wire: 923u32,
+        call: 829u32,
         name: "cublasCsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -13427,8 +13539,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k: CallDesc = CallDesc {
-        wire: 882u32,
-        call: 795u32,
+        wire: 924u32,
+        call: 830u32,
         name: "cublasCsyr2k",
         form: None,
         library: "cublas",
@@ -13480,8 +13592,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2: CallDesc = CallDesc {
-        wire: 883u32,
-        call: 796u32,
+        wire: 925u32,
+        call: 831u32,
         name: "cublasCsyr2k_v2",
         form: None,
         library: "cublas",
@@ -13545,8 +13657,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 884u32,
-        call: 797u32,
+        wire: 926u32,
+        call: 832u32,
         name: "cublasCsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -13610,8 +13722,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2: CallDesc = CallDesc {
-        wire: 885u32,
-        call: 798u32,
+        wire: 927u32,
+        call: 833u32,
         name: "cublasCsyr_v2",
         form: None,
         library: "cublas",
@@ -13657,8 +13769,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyr_v2_64: CallDesc = CallDesc {
-        wire: 886u32,
-        call: 799u32,
+        wire: 928u32,
+        call: 834u32,
         name: "cublasCsyr_v2_64",
         form: None,
         library: "cublas",
@@ -13704,8 +13816,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk: CallDesc = CallDesc {
-        wire: 887u32,
-        call: 800u32,
+        wire: 929u32,
+        call: 835u32,
         name: "cublasCsyrk",
         form: None,
         library: "cublas",
@@ -13752,8 +13864,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx: CallDesc = CallDesc {
-        wire: 888u32,
-        call: 801u32,
+        wire: 930u32,
+        call: 836u32,
         name: "cublasCsyrk3mEx",
         form: None,
         library: "cublas",
@@ -13820,8 +13932,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk3mEx_64: CallDesc = CallDesc {
-        wire: 889u32,
-        call: 802u32,
+        wire: 931u32,
+        call: 837u32,
         name: "cublasCsyrk3mEx_64",
         form: None,
         library: "cublas",
@@ -13888,8 +14000,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx: CallDesc = CallDesc {
-        wire: 890u32,
-        call: 803u32,
+        wire: 932u32,
+        call: 838u32,
         name: "cublasCsyrkEx",
         form: None,
         library: "cublas",
@@ -13956,8 +14068,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkEx_64: CallDesc = CallDesc {
-        wire: 891u32,
-        call: 804u32,
+        wire: 933u32,
+        call: 839u32,
         name: "cublasCsyrkEx_64",
         form: None,
         library: "cublas",
@@ -14024,8 +14136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2: CallDesc = CallDesc {
-        wire: 892u32,
-        call: 805u32,
+        wire: 934u32,
+        call: 840u32,
         name: "cublasCsyrk_v2",
         form: None,
         library: "cublas",
@@ -14084,8 +14196,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrk_v2_64: CallDesc = CallDesc {
-        wire: 893u32,
-        call: 806u32,
+        wire: 935u32,
+        call: 841u32,
         name: "cublasCsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -14144,8 +14256,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx: CallDesc = CallDesc {
-        wire: 894u32,
-        call: 807u32,
+        wire: 936u32,
+        call: 842u32,
         name: "cublasCsyrkx",
         form: None,
         library: "cublas",
@@ -14209,8 +14321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCsyrkx_64: CallDesc = CallDesc {
-        wire: 895u32,
-        call: 808u32,
+        wire: 937u32,
+        call: 843u32,
         name: "cublasCsyrkx_64",
         form: None,
         library: "cublas",
@@ -14274,8 +14386,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv: CallDesc = CallDesc {
-        wire: 896u32,
-        call: 809u32,
+        wire: 938u32,
+        call: 844u32,
         name: "cublasCtbmv",
         form: None,
         library: "cublas",
@@ -14324,8 +14436,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2: CallDesc = CallDesc {
-        wire: 897u32,
-        call: 810u32,
+        wire: 939u32,
+        call: 845u32,
         name: "cublasCtbmv_v2",
         form: None,
         library: "cublas",
@@ -14378,8 +14490,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbmv_v2_64: CallDesc = CallDesc {
-        wire: 898u32,
-        call: 811u32,
+        wire: 940u32,
+        call: 846u32,
         name: "cublasCtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -14432,8 +14544,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv: CallDesc = CallDesc {
-        wire: 899u32,
-        call: 812u32,
+        wire: 941u32,
+        call: 847u32,
         name: "cublasCtbsv",
         form: None,
         library: "cublas",
@@ -14482,8 +14594,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2: CallDesc = CallDesc {
-        wire: 900u32,
-        call: 813u32,
+        wire: 942u32,
+        call: 848u32,
         name: "cublasCtbsv_v2",
         form: None,
         library: "cublas",
@@ -14536,8 +14648,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtbsv_v2_64: CallDesc = CallDesc {
-        wire: 901u32,
-        call: 814u32,
+        wire: 943u32,
+        call: 849u32,
         name: "cublasCtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -14590,8 +14702,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv: CallDesc = CallDesc {
-        wire: 902u32,
-        call: 815u32,
+        wire: 944u32,
+        call: 850u32,
         name: "cublasCtpmv",
         form: None,
         library: "cublas",
@@ -14637,8 +14749,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2: CallDesc = CallDesc {
-        wire: 903u32,
-        call: 816u32,
+        wire: 945u32,
+        call: 851u32,
         name: "cublasCtpmv_v2",
         form: None,
         library: "cublas",
@@ -14688,8 +14800,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpmv_v2_64: CallDesc = CallDesc {
-        wire: 904u32,
-        call: 817u32,
+        wire: 946u32,
+        call: 852u32,
         name: "cublasCtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -14739,8 +14851,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv: CallDesc = CallDesc {
-        wire: 905u32,
-        call: 818u32,
+        wire: 947u32,
+        call: 853u32,
         name: "cublasCtpsv",
         form: None,
         library: "cublas",
@@ -14786,8 +14898,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2: CallDesc = CallDesc {
-        wire: 906u32,
-        call: 819u32,
+        wire: 948u32,
+        call: 854u32,
         name: "cublasCtpsv_v2",
         form: None,
         library: "cublas",
@@ -14837,8 +14949,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpsv_v2_64: CallDesc = CallDesc {
-        wire: 907u32,
-        call: 820u32,
+        wire: 949u32,
+        call: 855u32,
         name: "cublasCtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -14888,8 +15000,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtpttr: CallDesc = CallDesc {
-        wire: 908u32,
-        call: 821u32,
+        wire: 950u32,
+        call: 856u32,
         name: "cublasCtpttr",
         form: None,
         library: "cublas",
@@ -14931,8 +15043,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm: CallDesc = CallDesc {
-        wire: 909u32,
-        call: 822u32,
+        wire: 951u32,
+        call: 857u32,
         name: "cublasCtrmm",
         form: None,
         library: "cublas",
@@ -14986,8 +15098,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2: CallDesc = CallDesc {
-        wire: 910u32,
-        call: 823u32,
+        wire: 952u32,
+        call: 858u32,
         name: "cublasCtrmm_v2",
         form: None,
         library: "cublas",
@@ -15054,8 +15166,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmm_v2_64: CallDesc = CallDesc {
-        wire: 911u32,
-        call: 824u32,
+        wire: 953u32,
+        call: 859u32,
         name: "cublasCtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -15122,8 +15234,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv: CallDesc = CallDesc {
-        wire: 912u32,
-        call: 825u32,
+        wire: 954u32,
+        call: 860u32,
         name: "cublasCtrmv",
         form: None,
         library: "cublas",
@@ -15168,8 +15280,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2: CallDesc = CallDesc {
-        wire: 913u32,
-        call: 826u32,
+        wire: 955u32,
+        call: 861u32,
         name: "cublasCtrmv_v2",
         form: None,
         library: "cublas",
@@ -15218,8 +15330,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrmv_v2_64: CallDesc = CallDesc {
-        wire: 914u32,
-        call: 827u32,
+        wire: 956u32,
+        call: 862u32,
         name: "cublasCtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -15268,8 +15380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm: CallDesc = CallDesc {
-        wire: 915u32,
-        call: 828u32,
+        wire: 957u32,
+        call: 863u32,
         name: "cublasCtrsm",
         form: None,
         library: "cublas",
@@ -15323,8 +15435,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched: CallDesc = CallDesc {
-        wire: 916u32,
-        call: 829u32,
+        wire: 958u32,
+        call: 864u32,
         name: "cublasCtrsmBatched",
         form: None,
         library: "cublas",
@@ -15390,8 +15502,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsmBatched_64: CallDesc = CallDesc {
-        wire: 917u32,
-        call: 830u32,
+        wire: 959u32,
+        call: 865u32,
         name: "cublasCtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -15457,8 +15569,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2: CallDesc = CallDesc {
-        wire: 918u32,
-        call: 831u32,
+        wire: 960u32,
+        call: 866u32,
         name: "cublasCtrsm_v2",
         form: None,
         library: "cublas",
@@ -15520,8 +15632,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsm_v2_64: CallDesc = CallDesc {
-        wire: 919u32,
-        call: 832u32,
+        wire: 961u32,
+        call: 867u32,
         name: "cublasCtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -15583,8 +15695,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv: CallDesc = CallDesc {
-        wire: 920u32,
-        call: 833u32,
+        wire: 962u32,
+        call: 868u32,
         name: "cublasCtrsv",
         form: None,
         library: "cublas",
@@ -15629,8 +15741,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2: CallDesc = CallDesc {
-        wire: 921u32,
-        call: 834u32,
+        wire: 963u32,
+        call: 869u32,
         name: "cublasCtrsv_v2",
         form: None,
         library: "cublas",
@@ -15679,8 +15791,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasCtrsv_v2_64: CallDesc = CallDesc {
-        wire: 922u32,
-        call: 835u32,
+        wire: 964u32,
+        call: 870u32,
         name: "cublasCtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -15729,8 +15841,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum: CallDesc = CallDesc {
-        wire: 923u32,
-        call: 836u32,
+        wire: 965u32,
+        call: 871u32,
         name: "cublasDasum",
         form: None,
         library: "cublas",
@@ -15761,8 +15873,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2: CallDesc = CallDesc {
-        wire: 924u32,
-        call: 837u32,
+        wire: 966u32,
+        call: 872u32,
         name: "cublasDasum_v2",
         form: None,
         library: "cublas",
@@ -15799,8 +15911,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDasum_v2_64: CallDesc = CallDesc {
-        wire: 925u32,
-        call: 838u32,
+        wire: 967u32,
+        call: 873u32,
         name: "cublasDasum_v2_64",
         form: None,
         library: "cublas",
@@ -15837,8 +15949,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy: CallDesc = CallDesc {
-        wire: 926u32,
-        call: 839u32,
+        wire: 968u32,
+        call: 874u32,
         name: "cublasDaxpy",
         form: None,
         library: "cublas",
@@ -15875,8 +15987,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2: CallDesc = CallDesc {
-        wire: 927u32,
-        call: 840u32,
+        wire: 969u32,
+        call: 875u32,
         name: "cublasDaxpy_v2",
         form: None,
         library: "cublas",
@@ -15918,8 +16030,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDaxpy_v2_64: CallDesc = CallDesc {
-        wire: 928u32,
-        call: 841u32,
+        wire: 970u32,
+        call: 876u32,
         name: "cublasDaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -15961,8 +16073,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy: CallDesc = CallDesc {
-        wire: 929u32,
-        call: 842u32,
+        wire: 971u32,
+        call: 877u32,
         name: "cublasDcopy",
         form: None,
         library: "cublas",
@@ -15995,8 +16107,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2: CallDesc = CallDesc {
-        wire: 930u32,
-        call: 843u32,
+        wire: 972u32,
+        call: 878u32,
         name: "cublasDcopy_v2",
         form: None,
         library: "cublas",
@@ -16033,8 +16145,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDcopy_v2_64: CallDesc = CallDesc {
-        wire: 931u32,
-        call: 844u32,
+        wire: 973u32,
+        call: 879u32,
         name: "cublasDcopy_v2_64",
         form: None,
         library: "cublas",
@@ -16071,8 +16183,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm: CallDesc = CallDesc {
-        wire: 932u32,
-        call: 845u32,
+        wire: 974u32,
+        call: 880u32,
         name: "cublasDdgmm",
         form: None,
         library: "cublas",
@@ -16122,8 +16234,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdgmm_64: CallDesc = CallDesc {
-        wire: 933u32,
-        call: 846u32,
+        wire: 975u32,
+        call: 881u32,
         name: "cublasDdgmm_64",
         form: None,
         library: "cublas",
@@ -16173,8 +16285,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot: CallDesc = CallDesc {
-        wire: 934u32,
-        call: 847u32,
+        wire: 976u32,
+        call: 882u32,
         name: "cublasDdot",
         form: None,
         library: "cublas",
@@ -16210,8 +16322,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2: CallDesc = CallDesc {
-        wire: 935u32,
-        call: 848u32,
+        wire: 977u32,
+        call: 883u32,
         name: "cublasDdot_v2",
         form: None,
         library: "cublas",
@@ -16253,8 +16365,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDdot_v2_64: CallDesc = CallDesc {
-        wire: 936u32,
-        call: 849u32,
+        wire: 978u32,
+        call: 884u32,
         name: "cublasDdot_v2_64",
         form: None,
         library: "cublas",
@@ -16296,8 +16408,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDestroy_v2: CallDesc = CallDesc {
-        wire: 937u32,
-        call: 850u32,
+        wire: 979u32,
+        call: 885u32,
         name: "cublasDestroy_v2",
         form: None,
         library: "cublas",
@@ -16320,8 +16432,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv: CallDesc = CallDesc {
-        wire: 938u32,
-        call: 851u32,
+        wire: 980u32,
+        call: 886u32,
         name: "cublasDgbmv",
         form: None,
         library: "cublas",
@@ -16383,8 +16495,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2: CallDesc = CallDesc {
-        wire: 939u32,
-        call: 852u32,
+        wire: 981u32,
+        call: 887u32,
         name: "cublasDgbmv_v2",
         form: None,
         library: "cublas",
@@ -16452,8 +16564,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgbmv_v2_64: CallDesc = CallDesc {
-        wire: 940u32,
-        call: 853u32,
+        wire: 982u32,
+        call: 888u32,
         name: "cublasDgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -16521,8 +16633,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam: CallDesc = CallDesc {
-        wire: 941u32,
-        call: 854u32,
+        wire: 983u32,
+        call: 889u32,
         name: "cublasDgeam",
         form: None,
         library: "cublas",
@@ -16586,8 +16698,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeam_64: CallDesc = CallDesc {
-        wire: 942u32,
-        call: 855u32,
+        wire: 984u32,
+        call: 890u32,
         name: "cublasDgeam_64",
         form: None,
         library: "cublas",
@@ -16651,8 +16763,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgelsBatched: CallDesc = CallDesc {
-        wire: 943u32,
-        call: 856u32,
+        wire: 985u32,
+        call: 891u32,
         name: "cublasDgelsBatched",
         form: None,
         library: "cublas",
@@ -16712,8 +16824,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm: CallDesc = CallDesc {
-        wire: 944u32,
-        call: 857u32,
+        wire: 986u32,
+        call: 892u32,
         name: "cublasDgemm",
         form: None,
         library: "cublas",
@@ -16775,8 +16887,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched: CallDesc = CallDesc {
-        wire: 945u32,
-        call: 858u32,
+        wire: 987u32,
+        call: 893u32,
         name: "cublasDgemmBatched",
         form: None,
         library: "cublas",
@@ -16848,8 +16960,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmBatched_64: CallDesc = CallDesc {
-        wire: 946u32,
-        call: 859u32,
+        wire: 988u32,
+        call: 894u32,
         name: "cublasDgemmBatched_64",
         form: None,
         library: "cublas",
@@ -16921,8 +17033,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched: CallDesc = CallDesc {
-        wire: 947u32,
-        call: 860u32,
+        wire: 989u32,
+        call: 895u32,
         name: "cublasDgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -17006,8 +17118,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 948u32,
-        call: 861u32,
+        wire: 990u32,
+        call: 896u32,
         name: "cublasDgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -17091,8 +17203,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2: CallDesc = CallDesc {
-        wire: 949u32,
-        call: 862u32,
+        wire: 991u32,
+        call: 897u32,
         name: "cublasDgemm_v2",
         form: None,
         library: "cublas",
@@ -17160,8 +17272,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemm_v2_64: CallDesc = CallDesc {
-        wire: 950u32,
-        call: 863u32,
+        wire: 992u32,
+        call: 898u32,
         name: "cublasDgemm_v2_64",
         form: None,
         library: "cublas",
@@ -17229,8 +17341,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv: CallDesc = CallDesc {
-        wire: 951u32,
-        call: 864u32,
+        wire: 993u32,
+        call: 899u32,
         name: "cublasDgemv",
         form: None,
         library: "cublas",
@@ -17284,8 +17396,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched: CallDesc = CallDesc {
-        wire: 952u32,
-        call: 865u32,
+        wire: 994u32,
+        call: 900u32,
         name: "cublasDgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -17361,8 +17473,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 953u32,
-        call: 866u32,
+        wire: 995u32,
+        call: 901u32,
         name: "cublasDgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -17438,8 +17550,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2: CallDesc = CallDesc {
-        wire: 954u32,
-        call: 867u32,
+        wire: 996u32,
+        call: 902u32,
         name: "cublasDgemv_v2",
         form: None,
         library: "cublas",
@@ -17499,8 +17611,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgemv_v2_64: CallDesc = CallDesc {
-        wire: 955u32,
-        call: 868u32,
+        wire: 997u32,
+        call: 903u32,
         name: "cublasDgemv_v2_64",
         form: None,
         library: "cublas",
@@ -17560,8 +17672,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgeqrfBatched: CallDesc = CallDesc {
-        wire: 956u32,
-        call: 869u32,
+        wire: 998u32,
+        call: 904u32,
         name: "cublasDgeqrfBatched",
         form: None,
         library: "cublas",
@@ -17608,8 +17720,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger: CallDesc = CallDesc {
-        wire: 957u32,
-        call: 870u32,
+        wire: 999u32,
+        call: 905u32,
         name: "cublasDger",
         form: None,
         library: "cublas",
@@ -17655,8 +17767,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2: CallDesc = CallDesc {
-        wire: 958u32,
-        call: 871u32,
+        wire: 1000u32,
+        call: 906u32,
         name: "cublasDger_v2",
         form: None,
         library: "cublas",
@@ -17707,8 +17819,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDger_v2_64: CallDesc = CallDesc {
-        wire: 959u32,
-        call: 872u32,
+        wire: 1001u32,
+        call: 907u32,
         name: "cublasDger_v2_64",
         form: None,
         library: "cublas",
@@ -17759,8 +17871,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrfBatched: CallDesc = CallDesc {
-        wire: 960u32,
-        call: 873u32,
+        wire: 1002u32,
+        call: 908u32,
         name: "cublasDgetrfBatched",
         form: None,
         library: "cublas",
@@ -17798,8 +17910,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetriBatched: CallDesc = CallDesc {
-        wire: 961u32,
-        call: 874u32,
+        wire: 1003u32,
+        call: 909u32,
         name: "cublasDgetriBatched",
         form: None,
         library: "cublas",
@@ -17847,8 +17959,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDgetrsBatched: CallDesc = CallDesc {
-        wire: 962u32,
-        call: 875u32,
+        wire: 1004u32,
+        call: 910u32,
         name: "cublasDgetrsBatched",
         form: None,
         library: "cublas",
@@ -17904,8 +18016,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2: CallDesc = CallDesc {
-        wire: 963u32,
-        call: 876u32,
+        wire: 1005u32,
+        call: 911u32,
         name: "cublasDnrm2",
         form: None,
         library: "cublas",
@@ -17936,8 +18048,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2: CallDesc = CallDesc {
-        wire: 964u32,
-        call: 877u32,
+        wire: 1006u32,
+        call: 912u32,
         name: "cublasDnrm2_v2",
         form: None,
         library: "cublas",
@@ -17974,8 +18086,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDnrm2_v2_64: CallDesc = CallDesc {
-        wire: 965u32,
-        call: 878u32,
+        wire: 1007u32,
+        call: 913u32,
         name: "cublasDnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -18012,8 +18124,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__device: CallDesc = CallDesc {
-        wire: 966u32,
-        call: 879u32,
+        wire: 1008u32,
+        call: 914u32,
         name: "cublasDotEx",
         form: Some("device"),
         library: "cublas",
@@ -18067,8 +18179,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDotEx__host: CallDesc = CallDesc {
-        wire: 967u32,
-        call: 879u32,
+        wire: 1009u32,
+        call: 914u32,
         name: "cublasDotEx",
         form: Some("host"),
         library: "cublas",
@@ -18127,8 +18239,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot: CallDesc = CallDesc {
-        wire: 968u32,
-        call: 880u32,
+        wire: 1010u32,
+        call: 915u32,
         name: "cublasDrot",
         form: None,
         library: "cublas",
@@ -18169,8 +18281,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2: CallDesc = CallDesc {
-        wire: 969u32,
-        call: 881u32,
+        wire: 1011u32,
+        call: 916u32,
         name: "cublasDrot_v2",
         form: None,
         library: "cublas",
@@ -18217,8 +18329,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrot_v2_64: CallDesc = CallDesc {
-        wire: 970u32,
-        call: 882u32,
+        wire: 1012u32,
+        call: 917u32,
         name: "cublasDrot_v2_64",
         form: None,
         library: "cublas",
@@ -18265,8 +18377,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotg_v2: CallDesc = CallDesc {
-        wire: 971u32,
-        call: 883u32,
+        wire: 1013u32,
+        call: 918u32,
         name: "cublasDrotg_v2",
         form: None,
         library: "cublas",
@@ -18309,8 +18421,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotm_v2: CallDesc = CallDesc {
-        wire: 972u32,
-        call: 884u32,
+        wire: 1014u32,
+        call: 919u32,
         name: "cublasDrotm_v2",
         form: None,
         library: "cublas",
@@ -18352,8 +18464,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDrotmg_v2: CallDesc = CallDesc {
-        wire: 973u32,
-        call: 885u32,
+        wire: 1015u32,
+        call: 920u32,
         name: "cublasDrotmg_v2",
         form: None,
         library: "cublas",
@@ -18401,8 +18513,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv: CallDesc = CallDesc {
-        wire: 974u32,
-        call: 886u32,
+        wire: 1016u32,
+        call: 921u32,
         name: "cublasDsbmv",
         form: None,
         library: "cublas",
@@ -18456,8 +18568,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2: CallDesc = CallDesc {
-        wire: 975u32,
-        call: 887u32,
+        wire: 1017u32,
+        call: 922u32,
         name: "cublasDsbmv_v2",
         form: None,
         library: "cublas",
@@ -18517,8 +18629,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsbmv_v2_64: CallDesc = CallDesc {
-        wire: 976u32,
-        call: 888u32,
+        wire: 1018u32,
+        call: 923u32,
         name: "cublasDsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -18578,8 +18690,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal: CallDesc = CallDesc {
-        wire: 977u32,
-        call: 889u32,
+        wire: 1019u32,
+        call: 924u32,
         name: "cublasDscal",
         form: None,
         library: "cublas",
@@ -18611,8 +18723,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2: CallDesc = CallDesc {
-        wire: 978u32,
-        call: 890u32,
+        wire: 1020u32,
+        call: 925u32,
         name: "cublasDscal_v2",
         form: None,
         library: "cublas",
@@ -18649,8 +18761,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDscal_v2_64: CallDesc = CallDesc {
-        wire: 979u32,
-        call: 891u32,
+        wire: 1021u32,
+        call: 926u32,
         name: "cublasDscal_v2_64",
         form: None,
         library: "cublas",
@@ -18687,8 +18799,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap: CallDesc = CallDesc {
-        wire: 980u32,
-        call: 892u32,
+        wire: 1022u32,
+        call: 927u32,
         name: "cublasDswap",
         form: None,
         library: "cublas",
@@ -18721,8 +18833,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2: CallDesc = CallDesc {
-        wire: 981u32,
-        call: 893u32,
+        wire: 1023u32,
+        call: 928u32,
         name: "cublasDswap_v2",
         form: None,
         library: "cublas",
@@ -18759,8 +18871,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDswap_v2_64: CallDesc = CallDesc {
-        wire: 982u32,
-        call: 894u32,
+        wire: 1024u32,
+        call: 929u32,
         name: "cublasDswap_v2_64",
         form: None,
         library: "cublas",
@@ -18797,8 +18909,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm: CallDesc = CallDesc {
-        wire: 983u32,
-        call: 895u32,
+        wire: 1025u32,
+        call: 930u32,
         name: "cublasDsymm",
         form: None,
         library: "cublas",
@@ -18856,8 +18968,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2: CallDesc = CallDesc {
-        wire: 984u32,
-        call: 896u32,
+        wire: 1026u32,
+        call: 931u32,
         name: "cublasDsymm_v2",
         form: None,
         library: "cublas",
@@ -18921,8 +19033,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymm_v2_64: CallDesc = CallDesc {
-        wire: 985u32,
-        call: 897u32,
+        wire: 1027u32,
+        call: 932u32,
         name: "cublasDsymm_v2_64",
         form: None,
         library: "cublas",
@@ -18986,8 +19098,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv: CallDesc = CallDesc {
-        wire: 986u32,
-        call: 898u32,
+        wire: 1028u32,
+        call: 933u32,
         name: "cublasDsymv",
         form: None,
         library: "cublas",
@@ -19037,8 +19149,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2: CallDesc = CallDesc {
-        wire: 987u32,
-        call: 899u32,
+        wire: 1029u32,
+        call: 934u32,
         name: "cublasDsymv_v2",
         form: None,
         library: "cublas",
@@ -19094,8 +19206,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsymv_v2_64: CallDesc = CallDesc {
-        wire: 988u32,
-        call: 900u32,
+        wire: 1030u32,
+        call: 935u32,
         name: "cublasDsymv_v2_64",
         form: None,
         library: "cublas",
@@ -19151,8 +19263,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr: CallDesc = CallDesc {
-        wire: 989u32,
-        call: 901u32,
+        wire: 1031u32,
+        call: 936u32,
         name: "cublasDsyr",
         form: None,
         library: "cublas",
@@ -19193,8 +19305,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2: CallDesc = CallDesc {
-        wire: 990u32,
-        call: 902u32,
+        wire: 1032u32,
+        call: 937u32,
         name: "cublasDsyr2",
         form: None,
         library: "cublas",
@@ -19240,8 +19352,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2: CallDesc = CallDesc {
-        wire: 991u32,
-        call: 903u32,
+        wire: 1033u32,
+        call: 938u32,
         name: "cublasDsyr2_v2",
         form: None,
         library: "cublas",
@@ -19292,8 +19404,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2_v2_64: CallDesc = CallDesc {
-        wire: 992u32,
-        call: 904u32,
+        wire: 1034u32,
+        call: 939u32,
         name: "cublasDsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -19344,8 +19456,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k: CallDesc = CallDesc {
-        wire: 993u32,
-        call: 905u32,
+        wire: 1035u32,
+        call: 940u32,
         name: "cublasDsyr2k",
         form: None,
         library: "cublas",
@@ -19403,8 +19515,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2: CallDesc = CallDesc {
-        wire: 994u32,
-        call: 906u32,
+        wire: 1036u32,
+        call: 941u32,
         name: "cublasDsyr2k_v2",
         form: None,
         library: "cublas",
@@ -19468,8 +19580,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 995u32,
-        call: 907u32,
+        wire: 1037u32,
+        call: 942u32,
         name: "cublasDsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -19533,8 +19645,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2: CallDesc = CallDesc {
-        wire: 996u32,
-        call: 908u32,
+        wire: 1038u32,
+        call: 943u32,
         name: "cublasDsyr_v2",
         form: None,
         library: "cublas",
@@ -19580,8 +19692,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyr_v2_64: CallDesc = CallDesc {
-        wire: 997u32,
-        call: 909u32,
+        wire: 1039u32,
+        call: 944u32,
         name: "cublasDsyr_v2_64",
         form: None,
         library: "cublas",
@@ -19627,8 +19739,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk: CallDesc = CallDesc {
-        wire: 998u32,
-        call: 910u32,
+        wire: 1040u32,
+        call: 945u32,
         name: "cublasDsyrk",
         form: None,
         library: "cublas",
@@ -19681,8 +19793,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2: CallDesc = CallDesc {
-        wire: 999u32,
-        call: 911u32,
+        wire: 1041u32,
+        call: 946u32,
         name: "cublasDsyrk_v2",
         form: None,
         library: "cublas",
@@ -19741,8 +19853,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1000u32,
-        call: 912u32,
+        wire: 1042u32,
+        call: 947u32,
         name: "cublasDsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -19801,8 +19913,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx: CallDesc = CallDesc {
-        wire: 1001u32,
-        call: 913u32,
+        wire: 1043u32,
+        call: 948u32,
         name: "cublasDsyrkx",
         form: None,
         library: "cublas",
@@ -19866,8 +19978,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDsyrkx_64: CallDesc = CallDesc {
-        wire: 1002u32,
-        call: 914u32,
+        wire: 1044u32,
+        call: 949u32,
         name: "cublasDsyrkx_64",
         form: None,
         library: "cublas",
@@ -19931,8 +20043,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv: CallDesc = CallDesc {
-        wire: 1003u32,
-        call: 915u32,
+        wire: 1045u32,
+        call: 950u32,
         name: "cublasDtbmv",
         form: None,
         library: "cublas",
@@ -19981,8 +20093,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2: CallDesc = CallDesc {
-        wire: 1004u32,
-        call: 916u32,
+        wire: 1046u32,
+        call: 951u32,
         name: "cublasDtbmv_v2",
         form: None,
         library: "cublas",
@@ -20035,8 +20147,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1005u32,
-        call: 917u32,
+        wire: 1047u32,
+        call: 952u32,
         name: "cublasDtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -20089,8 +20201,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv: CallDesc = CallDesc {
-        wire: 1006u32,
-        call: 918u32,
+        wire: 1048u32,
+        call: 953u32,
         name: "cublasDtbsv",
         form: None,
         library: "cublas",
@@ -20139,8 +20251,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2: CallDesc = CallDesc {
-        wire: 1007u32,
-        call: 919u32,
+        wire: 1049u32,
+        call: 954u32,
         name: "cublasDtbsv_v2",
         form: None,
         library: "cublas",
@@ -20193,8 +20305,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1008u32,
-        call: 920u32,
+        wire: 1050u32,
+        call: 955u32,
         name: "cublasDtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -20247,8 +20359,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm: CallDesc = CallDesc {
-        wire: 1009u32,
-        call: 921u32,
+        wire: 1051u32,
+        call: 956u32,
         name: "cublasDtrmm",
         form: None,
         library: "cublas",
@@ -20305,8 +20417,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2: CallDesc = CallDesc {
-        wire: 1010u32,
-        call: 922u32,
+        wire: 1052u32,
+        call: 957u32,
         name: "cublasDtrmm_v2",
         form: None,
         library: "cublas",
@@ -20373,8 +20485,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1011u32,
-        call: 923u32,
+        wire: 1053u32,
+        call: 958u32,
         name: "cublasDtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -20441,8 +20553,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv: CallDesc = CallDesc {
-        wire: 1012u32,
-        call: 924u32,
+        wire: 1054u32,
+        call: 959u32,
         name: "cublasDtrmv",
         form: None,
         library: "cublas",
@@ -20487,8 +20599,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2: CallDesc = CallDesc {
-        wire: 1013u32,
-        call: 925u32,
+        wire: 1055u32,
+        call: 960u32,
         name: "cublasDtrmv_v2",
         form: None,
         library: "cublas",
@@ -20537,8 +20649,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1014u32,
-        call: 926u32,
+        wire: 1056u32,
+        call: 961u32,
         name: "cublasDtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -20587,8 +20699,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm: CallDesc = CallDesc {
-        wire: 1015u32,
-        call: 927u32,
+        wire: 1057u32,
+        call: 962u32,
         name: "cublasDtrsm",
         form: None,
         library: "cublas",
@@ -20645,8 +20757,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched: CallDesc = CallDesc {
-        wire: 1016u32,
-        call: 928u32,
+        wire: 1058u32,
+        call: 963u32,
         name: "cublasDtrsmBatched",
         form: None,
         library: "cublas",
@@ -20712,8 +20824,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1017u32,
-        call: 929u32,
+        wire: 1059u32,
+        call: 964u32,
         name: "cublasDtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -20779,8 +20891,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2: CallDesc = CallDesc {
-        wire: 1018u32,
-        call: 930u32,
+        wire: 1060u32,
+        call: 965u32,
         name: "cublasDtrsm_v2",
         form: None,
         library: "cublas",
@@ -20842,8 +20954,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1019u32,
-        call: 931u32,
+        wire: 1061u32,
+        call: 966u32,
         name: "cublasDtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -20905,8 +21017,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv: CallDesc = CallDesc {
-        wire: 1020u32,
-        call: 932u32,
+        wire: 1062u32,
+        call: 967u32,
         name: "cublasDtrsv",
         form: None,
         library: "cublas",
@@ -20951,8 +21063,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2: CallDesc = CallDesc {
-        wire: 1021u32,
-        call: 933u32,
+        wire: 1063u32,
+        call: 968u32,
         name: "cublasDtrsv_v2",
         form: None,
         library: "cublas",
@@ -21001,8 +21113,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1022u32,
-        call: 934u32,
+        wire: 1064u32,
+        call: 969u32,
         name: "cublasDtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -21051,8 +21163,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum: CallDesc = CallDesc {
-        wire: 1023u32,
-        call: 935u32,
+        wire: 1065u32,
+        call: 970u32,
         name: "cublasDzasum",
         form: None,
         library: "cublas",
@@ -21083,8 +21195,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2: CallDesc = CallDesc {
-        wire: 1024u32,
-        call: 936u32,
+        wire: 1066u32,
+        call: 971u32,
         name: "cublasDzasum_v2",
         form: None,
         library: "cublas",
@@ -21121,8 +21233,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDzasum_v2_64: CallDesc = CallDesc {
-        wire: 1025u32,
-        call: 937u32,
+        wire: 1067u32,
+        call: 972u32,
         name: "cublasDzasum_v2_64",
         form: None,
         library: "cublas",
@@ -21159,8 +21271,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2: CallDesc = CallDesc {
-        wire: 1026u32,
-        call: 938u32,
+        wire: 1068u32,
+        call: 973u32,
         name: "cublasDznrm2",
         form: None,
         library: "cublas",
@@ -21191,8 +21303,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2: CallDesc = CallDesc {
-        wire: 1027u32,
-        call: 939u32,
+        wire: 1069u32,
+        call: 974u32,
         name: "cublasDznrm2_v2",
         form: None,
         library: "cublas",
@@ -21229,8 +21341,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasDznrm2_v2_64: CallDesc = CallDesc {
-        wire: 1028u32,
-        call: 940u32,
+        wire: 1070u32,
+        call: 975u32,
         name: "cublasDznrm2_v2_64",
         form: None,
         library: "cublas",
@@ -21267,8 +21379,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx: CallDesc = CallDesc {
-        wire: 1029u32,
-        call: 941u32,
+        wire: 1071u32,
+        call: 976u32,
         name: "cublasGemmBatchedEx",
         form: None,
         library: "cublas",
@@ -21360,8 +21472,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmBatchedEx_64: CallDesc = CallDesc {
-        wire: 1030u32,
-        call: 942u32,
+        wire: 1072u32,
+        call: 977u32,
         name: "cublasGemmBatchedEx_64",
         form: None,
         library: "cublas",
@@ -21453,8 +21565,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx: CallDesc = CallDesc {
-        wire: 1031u32,
-        call: 943u32,
+        wire: 1073u32,
+        call: 978u32,
         name: "cublasGemmEx",
         form: None,
         library: "cublas",
@@ -21542,8 +21654,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmEx_64: CallDesc = CallDesc {
-        wire: 1032u32,
-        call: 944u32,
+        wire: 1074u32,
+        call: 979u32,
         name: "cublasGemmEx_64",
         form: None,
         library: "cublas",
@@ -21631,8 +21743,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx: CallDesc = CallDesc {
-        wire: 1033u32,
-        call: 945u32,
+        wire: 1075u32,
+        call: 980u32,
         name: "cublasGemmStridedBatchedEx",
         form: None,
         library: "cublas",
@@ -21736,8 +21848,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGemmStridedBatchedEx_64: CallDesc = CallDesc {
-        wire: 1034u32,
-        call: 946u32,
+        wire: 1076u32,
+        call: 981u32,
         name: "cublasGemmStridedBatchedEx_64",
         form: None,
         library: "cublas",
@@ -21841,8 +21953,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetAtomicsMode: CallDesc = CallDesc {
-        wire: 1035u32,
-        call: 947u32,
+        wire: 1077u32,
+        call: 982u32,
         name: "cublasGetAtomicsMode",
         form: None,
         library: "cublas",
@@ -21871,8 +21983,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetCudartVersion: CallDesc = CallDesc {
-        wire: 1036u32,
-        call: 948u32,
+        wire: 1078u32,
+        call: 983u32,
         name: "cublasGetCudartVersion",
         form: None,
         library: "cublas",
@@ -21893,8 +22005,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetError: CallDesc = CallDesc {
-        wire: 1037u32,
-        call: 949u32,
+        wire: 1079u32,
+        call: 984u32,
         name: "cublasGetError",
         form: None,
         library: "cublas",
@@ -21912,8 +22024,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetMathMode__call: CallDesc = CallDesc {
-        wire: 1038u32,
-        call: 950u32,
+        wire: 1080u32,
+        call: 985u32,
         name: "cublasGetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -21942,8 +22054,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetPointerMode_v2: CallDesc = CallDesc {
-        wire: 1039u32,
-        call: 951u32,
+        wire: 1081u32,
+        call: 986u32,
         name: "cublasGetPointerMode_v2",
         form: None,
         library: "cublas",
@@ -21972,8 +22084,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasGetStream_v2: CallDesc = CallDesc {
-        wire: 1040u32,
-        call: 952u32,
+        wire: 1082u32,
+        call: 987u32,
         name: "cublasGetStream_v2",
         form: None,
         library: "cublas",
@@ -22000,8 +22112,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx: CallDesc = CallDesc {
-        wire: 1041u32,
-        call: 953u32,
+        wire: 1083u32,
+        call: 988u32,
         name: "cublasIamaxEx",
         form: None,
         library: "cublas",
@@ -22042,8 +22154,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIamaxEx_64: CallDesc = CallDesc {
-        wire: 1042u32,
-        call: 954u32,
+        wire: 1084u32,
+        call: 989u32,
         name: "cublasIamaxEx_64",
         form: None,
         library: "cublas",
@@ -22084,8 +22196,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx: CallDesc = CallDesc {
-        wire: 1043u32,
-        call: 955u32,
+        wire: 1085u32,
+        call: 990u32,
         name: "cublasIaminEx",
         form: None,
         library: "cublas",
@@ -22126,8 +22238,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIaminEx_64: CallDesc = CallDesc {
-        wire: 1044u32,
-        call: 956u32,
+        wire: 1086u32,
+        call: 991u32,
         name: "cublasIaminEx_64",
         form: None,
         library: "cublas",
@@ -22168,8 +22280,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax: CallDesc = CallDesc {
-        wire: 1045u32,
-        call: 957u32,
+        wire: 1087u32,
+        call: 992u32,
         name: "cublasIcamax",
         form: None,
         library: "cublas",
@@ -22200,8 +22312,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2: CallDesc = CallDesc {
-        wire: 1046u32,
-        call: 958u32,
+        wire: 1088u32,
+        call: 993u32,
         name: "cublasIcamax_v2",
         form: None,
         library: "cublas",
@@ -22238,8 +22350,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamax_v2_64: CallDesc = CallDesc {
-        wire: 1047u32,
-        call: 959u32,
+        wire: 1089u32,
+        call: 994u32,
         name: "cublasIcamax_v2_64",
         form: None,
         library: "cublas",
@@ -22276,8 +22388,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin: CallDesc = CallDesc {
-        wire: 1048u32,
-        call: 960u32,
+        wire: 1090u32,
+        call: 995u32,
         name: "cublasIcamin",
         form: None,
         library: "cublas",
@@ -22308,8 +22420,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2: CallDesc = CallDesc {
-        wire: 1049u32,
-        call: 961u32,
+        wire: 1091u32,
+        call: 996u32,
         name: "cublasIcamin_v2",
         form: None,
         library: "cublas",
@@ -22346,8 +22458,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIcamin_v2_64: CallDesc = CallDesc {
-        wire: 1050u32,
-        call: 962u32,
+        wire: 1092u32,
+        call: 997u32,
         name: "cublasIcamin_v2_64",
         form: None,
         library: "cublas",
@@ -22384,8 +22496,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax: CallDesc = CallDesc {
-        wire: 1051u32,
-        call: 963u32,
+        wire: 1093u32,
+        call: 998u32,
         name: "cublasIdamax",
         form: None,
         library: "cublas",
@@ -22416,8 +22528,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2: CallDesc = CallDesc {
-        wire: 1052u32,
-        call: 964u32,
+        wire: 1094u32,
+        call: 999u32,
         name: "cublasIdamax_v2",
         form: None,
         library: "cublas",
@@ -22454,8 +22566,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamax_v2_64: CallDesc = CallDesc {
-        wire: 1053u32,
-        call: 965u32,
+        wire: 1095u32,
+        call: 1000u32,
         name: "cublasIdamax_v2_64",
         form: None,
         library: "cublas",
@@ -22492,8 +22604,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin: CallDesc = CallDesc {
-        wire: 1054u32,
-        call: 966u32,
+        wire: 1096u32,
+        call: 1001u32,
         name: "cublasIdamin",
         form: None,
         library: "cublas",
@@ -22524,8 +22636,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2: CallDesc = CallDesc {
-        wire: 1055u32,
-        call: 967u32,
+        wire: 1097u32,
+        call: 1002u32,
         name: "cublasIdamin_v2",
         form: None,
         library: "cublas",
@@ -22562,8 +22674,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIdamin_v2_64: CallDesc = CallDesc {
-        wire: 1056u32,
-        call: 968u32,
+        wire: 1098u32,
+        call: 1003u32,
         name: "cublasIdamin_v2_64",
         form: None,
         library: "cublas",
@@ -22600,8 +22712,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasInit: CallDesc = CallDesc {
-        wire: 1057u32,
-        call: 969u32,
+        wire: 1099u32,
+        call: 1004u32,
         name: "cublasInit",
         form: None,
         library: "cublas",
@@ -22619,8 +22731,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax: CallDesc = CallDesc {
-        wire: 1058u32,
-        call: 970u32,
+        wire: 1100u32,
+        call: 1005u32,
         name: "cublasIsamax",
         form: None,
         library: "cublas",
@@ -22651,8 +22763,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2: CallDesc = CallDesc {
-        wire: 1059u32,
-        call: 971u32,
+        wire: 1101u32,
+        call: 1006u32,
         name: "cublasIsamax_v2",
         form: None,
         library: "cublas",
@@ -22689,8 +22801,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamax_v2_64: CallDesc = CallDesc {
-        wire: 1060u32,
-        call: 972u32,
+        wire: 1102u32,
+        call: 1007u32,
         name: "cublasIsamax_v2_64",
         form: None,
         library: "cublas",
@@ -22727,8 +22839,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin: CallDesc = CallDesc {
-        wire: 1061u32,
-        call: 973u32,
+        wire: 1103u32,
+        call: 1008u32,
         name: "cublasIsamin",
         form: None,
         library: "cublas",
@@ -22759,8 +22871,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2: CallDesc = CallDesc {
-        wire: 1062u32,
-        call: 974u32,
+        wire: 1104u32,
+        call: 1009u32,
         name: "cublasIsamin_v2",
         form: None,
         library: "cublas",
@@ -22797,8 +22909,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIsamin_v2_64: CallDesc = CallDesc {
-        wire: 1063u32,
-        call: 975u32,
+        wire: 1105u32,
+        call: 1010u32,
         name: "cublasIsamin_v2_64",
         form: None,
         library: "cublas",
@@ -22835,8 +22947,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax: CallDesc = CallDesc {
-        wire: 1064u32,
-        call: 976u32,
+        wire: 1106u32,
+        call: 1011u32,
         name: "cublasIzamax",
         form: None,
         library: "cublas",
@@ -22867,8 +22979,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2: CallDesc = CallDesc {
-        wire: 1065u32,
-        call: 977u32,
+        wire: 1107u32,
+        call: 1012u32,
         name: "cublasIzamax_v2",
         form: None,
         library: "cublas",
@@ -22905,8 +23017,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamax_v2_64: CallDesc = CallDesc {
-        wire: 1066u32,
-        call: 978u32,
+        wire: 1108u32,
+        call: 1013u32,
         name: "cublasIzamax_v2_64",
         form: None,
         library: "cublas",
@@ -22943,8 +23055,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin: CallDesc = CallDesc {
-        wire: 1067u32,
-        call: 979u32,
+        wire: 1109u32,
+        call: 1014u32,
         name: "cublasIzamin",
         form: None,
         library: "cublas",
@@ -22975,8 +23087,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2: CallDesc = CallDesc {
-        wire: 1068u32,
-        call: 980u32,
+        wire: 1110u32,
+        call: 1015u32,
         name: "cublasIzamin_v2",
         form: None,
         library: "cublas",
@@ -23013,8 +23125,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasIzamin_v2_64: CallDesc = CallDesc {
-        wire: 1069u32,
-        call: 981u32,
+        wire: 1111u32,
+        call: 1016u32,
         name: "cublasIzamin_v2_64",
         form: None,
         library: "cublas",
@@ -23051,8 +23163,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx: CallDesc = CallDesc {
-        wire: 1070u32,
-        call: 982u32,
+        wire: 1112u32,
+        call: 1017u32,
         name: "cublasRotEx",
         form: None,
         library: "cublas",
@@ -23115,8 +23227,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasRotEx_64: CallDesc = CallDesc {
-        wire: 1071u32,
-        call: 983u32,
+        wire: 1113u32,
+        call: 1018u32,
         name: "cublasRotEx_64",
         form: None,
         library: "cublas",
@@ -23179,8 +23291,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum: CallDesc = CallDesc {
-        wire: 1072u32,
-        call: 984u32,
+        wire: 1114u32,
+        call: 1019u32,
         name: "cublasSasum",
         form: None,
         library: "cublas",
@@ -23211,8 +23323,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2: CallDesc = CallDesc {
-        wire: 1073u32,
-        call: 985u32,
+        wire: 1115u32,
+        call: 1020u32,
         name: "cublasSasum_v2",
         form: None,
         library: "cublas",
@@ -23249,8 +23361,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSasum_v2_64: CallDesc = CallDesc {
-        wire: 1074u32,
-        call: 986u32,
+        wire: 1116u32,
+        call: 1021u32,
         name: "cublasSasum_v2_64",
         form: None,
         library: "cublas",
@@ -23287,8 +23399,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy: CallDesc = CallDesc {
-        wire: 1075u32,
-        call: 987u32,
+        wire: 1117u32,
+        call: 1022u32,
         name: "cublasSaxpy",
         form: None,
         library: "cublas",
@@ -23325,8 +23437,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2: CallDesc = CallDesc {
-        wire: 1076u32,
-        call: 988u32,
+        wire: 1118u32,
+        call: 1023u32,
         name: "cublasSaxpy_v2",
         form: None,
         library: "cublas",
@@ -23368,8 +23480,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1077u32,
-        call: 989u32,
+        wire: 1119u32,
+        call: 1024u32,
         name: "cublasSaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -23411,8 +23523,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx: CallDesc = CallDesc {
-        wire: 1078u32,
-        call: 990u32,
+        wire: 1120u32,
+        call: 1025u32,
         name: "cublasScalEx",
         form: None,
         library: "cublas",
@@ -23461,8 +23573,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScalEx_64: CallDesc = CallDesc {
-        wire: 1079u32,
-        call: 991u32,
+        wire: 1121u32,
+        call: 1026u32,
         name: "cublasScalEx_64",
         form: None,
         library: "cublas",
@@ -23511,8 +23623,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum: CallDesc = CallDesc {
-        wire: 1080u32,
-        call: 992u32,
+        wire: 1122u32,
+        call: 1027u32,
         name: "cublasScasum",
         form: None,
         library: "cublas",
@@ -23543,8 +23655,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2: CallDesc = CallDesc {
-        wire: 1081u32,
-        call: 993u32,
+        wire: 1123u32,
+        call: 1028u32,
         name: "cublasScasum_v2",
         form: None,
         library: "cublas",
@@ -23581,8 +23693,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScasum_v2_64: CallDesc = CallDesc {
-        wire: 1082u32,
-        call: 994u32,
+        wire: 1124u32,
+        call: 1029u32,
         name: "cublasScasum_v2_64",
         form: None,
         library: "cublas",
@@ -23619,8 +23731,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2: CallDesc = CallDesc {
-        wire: 1083u32,
-        call: 995u32,
+        wire: 1125u32,
+        call: 1030u32,
         name: "cublasScnrm2",
         form: None,
         library: "cublas",
@@ -23651,8 +23763,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2: CallDesc = CallDesc {
-        wire: 1084u32,
-        call: 996u32,
+        wire: 1126u32,
+        call: 1031u32,
         name: "cublasScnrm2_v2",
         form: None,
         library: "cublas",
@@ -23689,8 +23801,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1085u32,
-        call: 997u32,
+        wire: 1127u32,
+        call: 1032u32,
         name: "cublasScnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -23727,8 +23839,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy: CallDesc = CallDesc {
-        wire: 1086u32,
-        call: 998u32,
+        wire: 1128u32,
+        call: 1033u32,
         name: "cublasScopy",
         form: None,
         library: "cublas",
@@ -23761,8 +23873,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2: CallDesc = CallDesc {
-        wire: 1087u32,
-        call: 999u32,
+        wire: 1129u32,
+        call: 1034u32,
         name: "cublasScopy_v2",
         form: None,
         library: "cublas",
@@ -23799,8 +23911,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasScopy_v2_64: CallDesc = CallDesc {
-        wire: 1088u32,
-        call: 1000u32,
+        wire: 1130u32,
+        call: 1035u32,
         name: "cublasScopy_v2_64",
         form: None,
         library: "cublas",
@@ -23837,8 +23949,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm: CallDesc = CallDesc {
-        wire: 1089u32,
-        call: 1001u32,
+        wire: 1131u32,
+        call: 1036u32,
         name: "cublasSdgmm",
         form: None,
         library: "cublas",
@@ -23888,8 +24000,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdgmm_64: CallDesc = CallDesc {
-        wire: 1090u32,
-        call: 1002u32,
+        wire: 1132u32,
+        call: 1037u32,
         name: "cublasSdgmm_64",
         form: None,
         library: "cublas",
@@ -23939,8 +24051,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot: CallDesc = CallDesc {
-        wire: 1091u32,
-        call: 1003u32,
+        wire: 1133u32,
+        call: 1038u32,
         name: "cublasSdot",
         form: None,
         library: "cublas",
@@ -23976,8 +24088,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2: CallDesc = CallDesc {
-        wire: 1092u32,
-        call: 1004u32,
+        wire: 1134u32,
+        call: 1039u32,
         name: "cublasSdot_v2",
         form: None,
         library: "cublas",
@@ -24019,8 +24131,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSdot_v2_64: CallDesc = CallDesc {
-        wire: 1093u32,
-        call: 1005u32,
+        wire: 1135u32,
+        call: 1040u32,
         name: "cublasSdot_v2_64",
         form: None,
         library: "cublas",
@@ -24062,8 +24174,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetAtomicsMode: CallDesc = CallDesc {
-        wire: 1094u32,
-        call: 1006u32,
+        wire: 1136u32,
+        call: 1041u32,
         name: "cublasSetAtomicsMode",
         form: None,
         library: "cublas",
@@ -24090,8 +24202,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationSpecialValuesSupport: CallDesc = CallDesc {
-        wire: 1095u32,
-        call: 1007u32,
+        wire: 1137u32,
+        call: 1042u32,
         name: "cublasSetEmulationSpecialValuesSupport",
         form: None,
         library: "cublas",
@@ -24118,8 +24230,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 1096u32,
-        call: 1008u32,
+        wire: 1138u32,
+        call: 1043u32,
         name: "cublasSetEmulationStrategy",
         form: None,
         library: "cublas",
@@ -24146,8 +24258,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaBitOffset: CallDesc = CallDesc {
-        wire: 1097u32,
-        call: 1009u32,
+        wire: 1139u32,
+        call: 1044u32,
         name: "cublasSetFixedPointEmulationMantissaBitOffset",
         form: None,
         library: "cublas",
@@ -24174,8 +24286,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMantissaControl: CallDesc = CallDesc {
-        wire: 1098u32,
-        call: 1010u32,
+        wire: 1140u32,
+        call: 1045u32,
         name: "cublasSetFixedPointEmulationMantissaControl",
         form: None,
         library: "cublas",
@@ -24202,8 +24314,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetFixedPointEmulationMaxMantissaBitCount: CallDesc = CallDesc {
-        wire: 1099u32,
-        call: 1011u32,
+        wire: 1141u32,
+        call: 1046u32,
         name: "cublasSetFixedPointEmulationMaxMantissaBitCount",
         form: None,
         library: "cublas",
@@ -24230,8 +24342,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetKernelStream: CallDesc = CallDesc {
-        wire: 1100u32,
-        call: 1012u32,
+        wire: 1142u32,
+        call: 1047u32,
         name: "cublasSetKernelStream",
         form: None,
         library: "cublas",
@@ -24254,8 +24366,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetMathMode__call: CallDesc = CallDesc {
-        wire: 1101u32,
-        call: 1013u32,
+        wire: 1143u32,
+        call: 1048u32,
         name: "cublasSetMathMode",
         form: Some("call"),
         library: "cublas",
@@ -24282,8 +24394,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetPointerMode_v2__call: CallDesc = CallDesc {
-        wire: 1102u32,
-        call: 1014u32,
+        wire: 1144u32,
+        call: 1049u32,
         name: "cublasSetPointerMode_v2",
         form: Some("call"),
         library: "cublas",
@@ -24310,8 +24422,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetSmCountTarget: CallDesc = CallDesc {
-        wire: 1103u32,
-        call: 1015u32,
+        wire: 1145u32,
+        call: 1050u32,
         name: "cublasSetSmCountTarget",
         form: None,
         library: "cublas",
@@ -24338,8 +24450,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetStream_v2: CallDesc = CallDesc {
-        wire: 1104u32,
-        call: 1016u32,
+        wire: 1146u32,
+        call: 1051u32,
         name: "cublasSetStream_v2",
         form: None,
         library: "cublas",
@@ -24366,8 +24478,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSetWorkspace_v2: CallDesc = CallDesc {
-        wire: 1105u32,
-        call: 1017u32,
+        wire: 1147u32,
+        call: 1052u32,
         name: "cublasSetWorkspace_v2",
         form: None,
         library: "cublas",
@@ -24395,8 +24507,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv: CallDesc = CallDesc {
-        wire: 1106u32,
-        call: 1018u32,
+        wire: 1148u32,
+        call: 1053u32,
         name: "cublasSgbmv",
         form: None,
         library: "cublas",
@@ -24458,8 +24570,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2: CallDesc = CallDesc {
-        wire: 1107u32,
-        call: 1019u32,
+        wire: 1149u32,
+        call: 1054u32,
         name: "cublasSgbmv_v2",
         form: None,
         library: "cublas",
@@ -24527,8 +24639,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1108u32,
-        call: 1020u32,
+        wire: 1150u32,
+        call: 1055u32,
         name: "cublasSgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -24596,8 +24708,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam: CallDesc = CallDesc {
-        wire: 1109u32,
-        call: 1021u32,
+        wire: 1151u32,
+        call: 1056u32,
         name: "cublasSgeam",
         form: None,
         library: "cublas",
@@ -24661,8 +24773,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeam_64: CallDesc = CallDesc {
-        wire: 1110u32,
-        call: 1022u32,
+        wire: 1152u32,
+        call: 1057u32,
         name: "cublasSgeam_64",
         form: None,
         library: "cublas",
@@ -24726,8 +24838,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgelsBatched: CallDesc = CallDesc {
-        wire: 1111u32,
-        call: 1023u32,
+        wire: 1153u32,
+        call: 1058u32,
         name: "cublasSgelsBatched",
         form: None,
         library: "cublas",
@@ -24787,8 +24899,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm: CallDesc = CallDesc {
-        wire: 1112u32,
-        call: 1024u32,
+        wire: 1154u32,
+        call: 1059u32,
         name: "cublasSgemm",
         form: None,
         library: "cublas",
@@ -24850,8 +24962,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched: CallDesc = CallDesc {
-        wire: 1113u32,
-        call: 1025u32,
+        wire: 1155u32,
+        call: 1060u32,
         name: "cublasSgemmBatched",
         form: None,
         library: "cublas",
@@ -24923,8 +25035,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmBatched_64: CallDesc = CallDesc {
-        wire: 1114u32,
-        call: 1026u32,
+        wire: 1156u32,
+        call: 1061u32,
         name: "cublasSgemmBatched_64",
         form: None,
         library: "cublas",
@@ -24996,8 +25108,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx: CallDesc = CallDesc {
-        wire: 1115u32,
-        call: 1027u32,
+        wire: 1157u32,
+        call: 1062u32,
         name: "cublasSgemmEx",
         form: None,
         library: "cublas",
@@ -25077,8 +25189,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmEx_64: CallDesc = CallDesc {
-        wire: 1116u32,
-        call: 1028u32,
+        wire: 1158u32,
+        call: 1063u32,
         name: "cublasSgemmEx_64",
         form: None,
         library: "cublas",
@@ -25158,8 +25270,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1117u32,
-        call: 1029u32,
+        wire: 1159u32,
+        call: 1064u32,
         name: "cublasSgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -25243,8 +25355,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1118u32,
-        call: 1030u32,
+        wire: 1160u32,
+        call: 1065u32,
         name: "cublasSgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -25328,8 +25440,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2: CallDesc = CallDesc {
-        wire: 1119u32,
-        call: 1031u32,
+        wire: 1161u32,
+        call: 1066u32,
         name: "cublasSgemm_v2",
         form: None,
         library: "cublas",
@@ -25397,8 +25509,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemm_v2_64: CallDesc = CallDesc {
-        wire: 1120u32,
-        call: 1032u32,
+        wire: 1162u32,
+        call: 1067u32,
         name: "cublasSgemm_v2_64",
         form: None,
         library: "cublas",
@@ -25466,8 +25578,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv: CallDesc = CallDesc {
-        wire: 1121u32,
-        call: 1033u32,
+        wire: 1163u32,
+        call: 1068u32,
         name: "cublasSgemv",
         form: None,
         library: "cublas",
@@ -25521,8 +25633,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1122u32,
-        call: 1034u32,
+        wire: 1164u32,
+        call: 1069u32,
         name: "cublasSgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -25598,8 +25710,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1123u32,
-        call: 1035u32,
+        wire: 1165u32,
+        call: 1070u32,
         name: "cublasSgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -25675,8 +25787,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2: CallDesc = CallDesc {
-        wire: 1124u32,
-        call: 1036u32,
+        wire: 1166u32,
+        call: 1071u32,
         name: "cublasSgemv_v2",
         form: None,
         library: "cublas",
@@ -25736,8 +25848,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgemv_v2_64: CallDesc = CallDesc {
-        wire: 1125u32,
-        call: 1037u32,
+        wire: 1167u32,
+        call: 1072u32,
         name: "cublasSgemv_v2_64",
         form: None,
         library: "cublas",
@@ -25797,8 +25909,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgeqrfBatched: CallDesc = CallDesc {
-        wire: 1126u32,
-        call: 1038u32,
+        wire: 1168u32,
+        call: 1073u32,
         name: "cublasSgeqrfBatched",
         form: None,
         library: "cublas",
@@ -25845,8 +25957,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger: CallDesc = CallDesc {
-        wire: 1127u32,
-        call: 1039u32,
+        wire: 1169u32,
+        call: 1074u32,
         name: "cublasSger",
         form: None,
         library: "cublas",
@@ -25892,8 +26004,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2: CallDesc = CallDesc {
-        wire: 1128u32,
-        call: 1040u32,
+        wire: 1170u32,
+        call: 1075u32,
         name: "cublasSger_v2",
         form: None,
         library: "cublas",
@@ -25944,8 +26056,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSger_v2_64: CallDesc = CallDesc {
-        wire: 1129u32,
-        call: 1041u32,
+        wire: 1171u32,
+        call: 1076u32,
         name: "cublasSger_v2_64",
         form: None,
         library: "cublas",
@@ -25996,8 +26108,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrfBatched: CallDesc = CallDesc {
-        wire: 1130u32,
-        call: 1042u32,
+        wire: 1172u32,
+        call: 1077u32,
         name: "cublasSgetrfBatched",
         form: None,
         library: "cublas",
@@ -26035,8 +26147,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetriBatched: CallDesc = CallDesc {
-        wire: 1131u32,
-        call: 1043u32,
+        wire: 1173u32,
+        call: 1078u32,
         name: "cublasSgetriBatched",
         form: None,
         library: "cublas",
@@ -26084,8 +26196,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSgetrsBatched: CallDesc = CallDesc {
-        wire: 1132u32,
-        call: 1044u32,
+        wire: 1174u32,
+        call: 1079u32,
         name: "cublasSgetrsBatched",
         form: None,
         library: "cublas",
@@ -26141,8 +26253,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasShutdown: CallDesc = CallDesc {
-        wire: 1133u32,
-        call: 1045u32,
+        wire: 1175u32,
+        call: 1080u32,
         name: "cublasShutdown",
         form: None,
         library: "cublas",
@@ -26160,8 +26272,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2: CallDesc = CallDesc {
-        wire: 1134u32,
-        call: 1046u32,
+        wire: 1176u32,
+        call: 1081u32,
         name: "cublasSnrm2",
         form: None,
         library: "cublas",
@@ -26192,8 +26304,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2: CallDesc = CallDesc {
-        wire: 1135u32,
-        call: 1047u32,
+        wire: 1177u32,
+        call: 1082u32,
         name: "cublasSnrm2_v2",
         form: None,
         library: "cublas",
@@ -26230,8 +26342,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSnrm2_v2_64: CallDesc = CallDesc {
-        wire: 1136u32,
-        call: 1048u32,
+        wire: 1178u32,
+        call: 1083u32,
         name: "cublasSnrm2_v2_64",
         form: None,
         library: "cublas",
@@ -26268,8 +26380,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot: CallDesc = CallDesc {
-        wire: 1137u32,
-        call: 1049u32,
+        wire: 1179u32,
+        call: 1084u32,
         name: "cublasSrot",
         form: None,
         library: "cublas",
@@ -26310,8 +26422,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2: CallDesc = CallDesc {
-        wire: 1138u32,
-        call: 1050u32,
+        wire: 1180u32,
+        call: 1085u32,
         name: "cublasSrot_v2",
         form: None,
         library: "cublas",
@@ -26358,8 +26470,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrot_v2_64: CallDesc = CallDesc {
-        wire: 1139u32,
-        call: 1051u32,
+        wire: 1181u32,
+        call: 1086u32,
         name: "cublasSrot_v2_64",
         form: None,
         library: "cublas",
@@ -26406,8 +26518,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotg_v2: CallDesc = CallDesc {
-        wire: 1140u32,
-        call: 1052u32,
+        wire: 1182u32,
+        call: 1087u32,
         name: "cublasSrotg_v2",
         form: None,
         library: "cublas",
@@ -26450,8 +26562,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotm_v2: CallDesc = CallDesc {
-        wire: 1141u32,
-        call: 1053u32,
+        wire: 1183u32,
+        call: 1088u32,
         name: "cublasSrotm_v2",
         form: None,
         library: "cublas",
@@ -26493,8 +26605,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSrotmg_v2: CallDesc = CallDesc {
-        wire: 1142u32,
-        call: 1054u32,
+        wire: 1184u32,
+        call: 1089u32,
         name: "cublasSrotmg_v2",
         form: None,
         library: "cublas",
@@ -26542,8 +26654,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv: CallDesc = CallDesc {
-        wire: 1143u32,
-        call: 1055u32,
+        wire: 1185u32,
+        call: 1090u32,
         name: "cublasSsbmv",
         form: None,
         library: "cublas",
@@ -26597,8 +26709,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2: CallDesc = CallDesc {
-        wire: 1144u32,
-        call: 1056u32,
+        wire: 1186u32,
+        call: 1091u32,
         name: "cublasSsbmv_v2",
         form: None,
         library: "cublas",
@@ -26658,8 +26770,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsbmv_v2_64: CallDesc = CallDesc {
-        wire: 1145u32,
-        call: 1057u32,
+        wire: 1187u32,
+        call: 1092u32,
         name: "cublasSsbmv_v2_64",
         form: None,
         library: "cublas",
@@ -26719,8 +26831,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal: CallDesc = CallDesc {
-        wire: 1146u32,
-        call: 1058u32,
+        wire: 1188u32,
+        call: 1093u32,
         name: "cublasSscal",
         form: None,
         library: "cublas",
@@ -26752,8 +26864,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2: CallDesc = CallDesc {
-        wire: 1147u32,
-        call: 1059u32,
+        wire: 1189u32,
+        call: 1094u32,
         name: "cublasSscal_v2",
         form: None,
         library: "cublas",
@@ -26790,8 +26902,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSscal_v2_64: CallDesc = CallDesc {
-        wire: 1148u32,
-        call: 1060u32,
+        wire: 1190u32,
+        call: 1095u32,
         name: "cublasSscal_v2_64",
         form: None,
         library: "cublas",
@@ -26828,8 +26940,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap: CallDesc = CallDesc {
-        wire: 1149u32,
-        call: 1061u32,
+        wire: 1191u32,
+        call: 1096u32,
         name: "cublasSswap",
         form: None,
         library: "cublas",
@@ -26862,8 +26974,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2: CallDesc = CallDesc {
-        wire: 1150u32,
-        call: 1062u32,
+        wire: 1192u32,
+        call: 1097u32,
         name: "cublasSswap_v2",
         form: None,
         library: "cublas",
@@ -26900,8 +27012,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSswap_v2_64: CallDesc = CallDesc {
-        wire: 1151u32,
-        call: 1063u32,
+        wire: 1193u32,
+        call: 1098u32,
         name: "cublasSswap_v2_64",
         form: None,
         library: "cublas",
@@ -26938,8 +27050,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm: CallDesc = CallDesc {
-        wire: 1152u32,
-        call: 1064u32,
+        wire: 1194u32,
+        call: 1099u32,
         name: "cublasSsymm",
         form: None,
         library: "cublas",
@@ -26997,8 +27109,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2: CallDesc = CallDesc {
-        wire: 1153u32,
-        call: 1065u32,
+        wire: 1195u32,
+        call: 1100u32,
         name: "cublasSsymm_v2",
         form: None,
         library: "cublas",
@@ -27062,8 +27174,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymm_v2_64: CallDesc = CallDesc {
-        wire: 1154u32,
-        call: 1066u32,
+        wire: 1196u32,
+        call: 1101u32,
         name: "cublasSsymm_v2_64",
         form: None,
         library: "cublas",
@@ -27127,8 +27239,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv: CallDesc = CallDesc {
-        wire: 1155u32,
-        call: 1067u32,
+        wire: 1197u32,
+        call: 1102u32,
         name: "cublasSsymv",
         form: None,
         library: "cublas",
@@ -27178,8 +27290,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2: CallDesc = CallDesc {
-        wire: 1156u32,
-        call: 1068u32,
+        wire: 1198u32,
+        call: 1103u32,
         name: "cublasSsymv_v2",
         form: None,
         library: "cublas",
@@ -27235,8 +27347,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsymv_v2_64: CallDesc = CallDesc {
-        wire: 1157u32,
-        call: 1069u32,
+        wire: 1199u32,
+        call: 1104u32,
         name: "cublasSsymv_v2_64",
         form: None,
         library: "cublas",
@@ -27292,8 +27404,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr: CallDesc = CallDesc {
-        wire: 1158u32,
-        call: 1070u32,
+        wire: 1200u32,
+        call: 1105u32,
         name: "cublasSsyr",
         form: None,
         library: "cublas",
@@ -27334,8 +27446,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2: CallDesc = CallDesc {
-        wire: 1159u32,
-        call: 1071u32,
+        wire: 1201u32,
+        call: 1106u32,
         name: "cublasSsyr2",
         form: None,
         library: "cublas",
@@ -27381,8 +27493,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2: CallDesc = CallDesc {
-        wire: 1160u32,
-        call: 1072u32,
+        wire: 1202u32,
+        call: 1107u32,
         name: "cublasSsyr2_v2",
         form: None,
         library: "cublas",
@@ -27433,8 +27545,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1161u32,
-        call: 1073u32,
+        wire: 1203u32,
+        call: 1108u32,
         name: "cublasSsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -27485,8 +27597,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k: CallDesc = CallDesc {
-        wire: 1162u32,
-        call: 1074u32,
+        wire: 1204u32,
+        call: 1109u32,
         name: "cublasSsyr2k",
         form: None,
         library: "cublas",
@@ -27544,8 +27656,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2: CallDesc = CallDesc {
-        wire: 1163u32,
-        call: 1075u32,
+        wire: 1205u32,
+        call: 1110u32,
         name: "cublasSsyr2k_v2",
         form: None,
         library: "cublas",
@@ -27609,8 +27721,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1164u32,
-        call: 1076u32,
+        wire: 1206u32,
+        call: 1111u32,
         name: "cublasSsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -27674,8 +27786,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2: CallDesc = CallDesc {
-        wire: 1165u32,
-        call: 1077u32,
+        wire: 1207u32,
+        call: 1112u32,
         name: "cublasSsyr_v2",
         form: None,
         library: "cublas",
@@ -27721,8 +27833,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyr_v2_64: CallDesc = CallDesc {
-        wire: 1166u32,
-        call: 1078u32,
+        wire: 1208u32,
+        call: 1113u32,
         name: "cublasSsyr_v2_64",
         form: None,
         library: "cublas",
@@ -27768,8 +27880,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk: CallDesc = CallDesc {
-        wire: 1167u32,
-        call: 1079u32,
+        wire: 1209u32,
+        call: 1114u32,
         name: "cublasSsyrk",
         form: None,
         library: "cublas",
@@ -27822,8 +27934,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2: CallDesc = CallDesc {
-        wire: 1168u32,
-        call: 1080u32,
+        wire: 1210u32,
+        call: 1115u32,
         name: "cublasSsyrk_v2",
         form: None,
         library: "cublas",
@@ -27882,8 +27994,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1169u32,
-        call: 1081u32,
+        wire: 1211u32,
+        call: 1116u32,
         name: "cublasSsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -27942,8 +28054,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx: CallDesc = CallDesc {
-        wire: 1170u32,
-        call: 1082u32,
+        wire: 1212u32,
+        call: 1117u32,
         name: "cublasSsyrkx",
         form: None,
         library: "cublas",
@@ -28007,8 +28119,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSsyrkx_64: CallDesc = CallDesc {
-        wire: 1171u32,
-        call: 1083u32,
+        wire: 1213u32,
+        call: 1118u32,
         name: "cublasSsyrkx_64",
         form: None,
         library: "cublas",
@@ -28072,8 +28184,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv: CallDesc = CallDesc {
-        wire: 1172u32,
-        call: 1084u32,
+        wire: 1214u32,
+        call: 1119u32,
         name: "cublasStbmv",
         form: None,
         library: "cublas",
@@ -28122,8 +28234,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2: CallDesc = CallDesc {
-        wire: 1173u32,
-        call: 1085u32,
+        wire: 1215u32,
+        call: 1120u32,
         name: "cublasStbmv_v2",
         form: None,
         library: "cublas",
@@ -28176,8 +28288,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbmv_v2_64: CallDesc = CallDesc {
-        wire: 1174u32,
-        call: 1086u32,
+        wire: 1216u32,
+        call: 1121u32,
         name: "cublasStbmv_v2_64",
         form: None,
         library: "cublas",
@@ -28230,8 +28342,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv: CallDesc = CallDesc {
-        wire: 1175u32,
-        call: 1087u32,
+        wire: 1217u32,
+        call: 1122u32,
         name: "cublasStbsv",
         form: None,
         library: "cublas",
@@ -28280,8 +28392,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2: CallDesc = CallDesc {
-        wire: 1176u32,
-        call: 1088u32,
+        wire: 1218u32,
+        call: 1123u32,
         name: "cublasStbsv_v2",
         form: None,
         library: "cublas",
@@ -28334,8 +28446,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStbsv_v2_64: CallDesc = CallDesc {
-        wire: 1177u32,
-        call: 1089u32,
+        wire: 1219u32,
+        call: 1124u32,
         name: "cublasStbsv_v2_64",
         form: None,
         library: "cublas",
@@ -28388,8 +28500,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm: CallDesc = CallDesc {
-        wire: 1178u32,
-        call: 1090u32,
+        wire: 1220u32,
+        call: 1125u32,
         name: "cublasStrmm",
         form: None,
         library: "cublas",
@@ -28446,8 +28558,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2: CallDesc = CallDesc {
-        wire: 1179u32,
-        call: 1091u32,
+        wire: 1221u32,
+        call: 1126u32,
         name: "cublasStrmm_v2",
         form: None,
         library: "cublas",
@@ -28514,8 +28626,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmm_v2_64: CallDesc = CallDesc {
-        wire: 1180u32,
-        call: 1092u32,
+        wire: 1222u32,
+        call: 1127u32,
         name: "cublasStrmm_v2_64",
         form: None,
         library: "cublas",
@@ -28582,8 +28694,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv: CallDesc = CallDesc {
-        wire: 1181u32,
-        call: 1093u32,
+        wire: 1223u32,
+        call: 1128u32,
         name: "cublasStrmv",
         form: None,
         library: "cublas",
@@ -28628,8 +28740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2: CallDesc = CallDesc {
-        wire: 1182u32,
-        call: 1094u32,
+        wire: 1224u32,
+        call: 1129u32,
         name: "cublasStrmv_v2",
         form: None,
         library: "cublas",
@@ -28678,8 +28790,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrmv_v2_64: CallDesc = CallDesc {
-        wire: 1183u32,
-        call: 1095u32,
+        wire: 1225u32,
+        call: 1130u32,
         name: "cublasStrmv_v2_64",
         form: None,
         library: "cublas",
@@ -28728,8 +28840,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm: CallDesc = CallDesc {
-        wire: 1184u32,
-        call: 1096u32,
+        wire: 1226u32,
+        call: 1131u32,
         name: "cublasStrsm",
         form: None,
         library: "cublas",
@@ -28786,8 +28898,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched: CallDesc = CallDesc {
-        wire: 1185u32,
-        call: 1097u32,
+        wire: 1227u32,
+        call: 1132u32,
         name: "cublasStrsmBatched",
         form: None,
         library: "cublas",
@@ -28853,8 +28965,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsmBatched_64: CallDesc = CallDesc {
-        wire: 1186u32,
-        call: 1098u32,
+        wire: 1228u32,
+        call: 1133u32,
         name: "cublasStrsmBatched_64",
         form: None,
         library: "cublas",
@@ -28920,8 +29032,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2: CallDesc = CallDesc {
-        wire: 1187u32,
-        call: 1099u32,
+        wire: 1229u32,
+        call: 1134u32,
         name: "cublasStrsm_v2",
         form: None,
         library: "cublas",
@@ -28983,8 +29095,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsm_v2_64: CallDesc = CallDesc {
-        wire: 1188u32,
-        call: 1100u32,
+        wire: 1230u32,
+        call: 1135u32,
         name: "cublasStrsm_v2_64",
         form: None,
         library: "cublas",
@@ -29046,8 +29158,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv: CallDesc = CallDesc {
-        wire: 1189u32,
-        call: 1101u32,
+        wire: 1231u32,
+        call: 1136u32,
         name: "cublasStrsv",
         form: None,
         library: "cublas",
@@ -29092,8 +29204,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2: CallDesc = CallDesc {
-        wire: 1190u32,
-        call: 1102u32,
+        wire: 1232u32,
+        call: 1137u32,
         name: "cublasStrsv_v2",
         form: None,
         library: "cublas",
@@ -29142,8 +29254,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasStrsv_v2_64: CallDesc = CallDesc {
-        wire: 1191u32,
-        call: 1103u32,
+        wire: 1233u32,
+        call: 1138u32,
         name: "cublasStrsv_v2_64",
         form: None,
         library: "cublas",
@@ -29192,8 +29304,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx: CallDesc = CallDesc {
-        wire: 1192u32,
-        call: 1104u32,
+        wire: 1234u32,
+        call: 1139u32,
         name: "cublasSwapEx",
         form: None,
         library: "cublas",
@@ -29238,8 +29350,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasSwapEx_64: CallDesc = CallDesc {
-        wire: 1193u32,
-        call: 1105u32,
+        wire: 1235u32,
+        call: 1140u32,
         name: "cublasSwapEx_64",
         form: None,
         library: "cublas",
@@ -29284,8 +29396,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasUint8gemmBias: CallDesc = CallDesc {
-        wire: 1194u32,
-        call: 1106u32,
+        wire: 1236u32,
+        call: 1141u32,
         name: "cublasUint8gemmBias",
         form: None,
         library: "cublas",
@@ -29367,8 +29479,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXerbla: CallDesc = CallDesc {
-        wire: 1195u32,
-        call: 1107u32,
+        wire: 1237u32,
+        call: 1142u32,
         name: "cublasXerbla",
         form: None,
         library: "cublas",
@@ -29392,8 +29504,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCgemm: CallDesc = CallDesc {
-        wire: 1196u32,
-        call: 1108u32,
+        wire: 1238u32,
+        call: 1143u32,
         name: "cublasXtCgemm",
         form: None,
         library: "cublas",
@@ -29461,8 +29573,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtChemm: CallDesc = CallDesc {
-        wire: 1197u32,
-        call: 1109u32,
+        wire: 1239u32,
+        call: 1144u32,
         name: "cublasXtChemm",
         form: None,
         library: "cublas",
@@ -29526,8 +29638,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCher2k: CallDesc = CallDesc {
-        wire: 1198u32,
-        call: 1110u32,
+        wire: 1240u32,
+        call: 1145u32,
         name: "cublasXtCher2k",
         form: None,
         library: "cublas",
@@ -29591,8 +29703,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherk: CallDesc = CallDesc {
-        wire: 1199u32,
-        call: 1111u32,
+        wire: 1241u32,
+        call: 1146u32,
         name: "cublasXtCherk",
         form: None,
         library: "cublas",
@@ -29651,8 +29763,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCherkx: CallDesc = CallDesc {
-        wire: 1200u32,
-        call: 1112u32,
+        wire: 1242u32,
+        call: 1147u32,
         name: "cublasXtCherkx",
         form: None,
         library: "cublas",
@@ -29716,8 +29828,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCreate: CallDesc = CallDesc {
-        wire: 1201u32,
-        call: 1113u32,
+        wire: 1243u32,
+        call: 1148u32,
         name: "cublasXtCreate",
         form: None,
         library: "cublas",
@@ -29740,8 +29852,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCspmm: CallDesc = CallDesc {
-        wire: 1202u32,
-        call: 1114u32,
+        wire: 1244u32,
+        call: 1149u32,
         name: "cublasXtCspmm",
         form: None,
         library: "cublas",
@@ -29806,8 +29918,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsymm: CallDesc = CallDesc {
-        wire: 1203u32,
-        call: 1115u32,
+        wire: 1245u32,
+        call: 1150u32,
         name: "cublasXtCsymm",
         form: None,
         library: "cublas",
@@ -29871,8 +29983,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyr2k: CallDesc = CallDesc {
-        wire: 1204u32,
-        call: 1116u32,
+        wire: 1246u32,
+        call: 1151u32,
         name: "cublasXtCsyr2k",
         form: None,
         library: "cublas",
@@ -29936,8 +30048,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrk: CallDesc = CallDesc {
-        wire: 1205u32,
-        call: 1117u32,
+        wire: 1247u32,
+        call: 1152u32,
         name: "cublasXtCsyrk",
         form: None,
         library: "cublas",
@@ -29996,8 +30108,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCsyrkx: CallDesc = CallDesc {
-        wire: 1206u32,
-        call: 1118u32,
+        wire: 1248u32,
+        call: 1153u32,
         name: "cublasXtCsyrkx",
         form: None,
         library: "cublas",
@@ -30061,8 +30173,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrmm: CallDesc = CallDesc {
-        wire: 1207u32,
-        call: 1119u32,
+        wire: 1249u32,
+        call: 1154u32,
         name: "cublasXtCtrmm",
         form: None,
         library: "cublas",
@@ -30129,8 +30241,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtCtrsm: CallDesc = CallDesc {
-        wire: 1208u32,
-        call: 1120u32,
+        wire: 1250u32,
+        call: 1155u32,
         name: "cublasXtCtrsm",
         form: None,
         library: "cublas",
@@ -30192,8 +30304,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDestroy: CallDesc = CallDesc {
-        wire: 1209u32,
-        call: 1121u32,
+        wire: 1251u32,
+        call: 1156u32,
         name: "cublasXtDestroy",
         form: None,
         library: "cublas",
@@ -30216,8 +30328,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDgemm: CallDesc = CallDesc {
-        wire: 1210u32,
-        call: 1122u32,
+        wire: 1252u32,
+        call: 1157u32,
         name: "cublasXtDgemm",
         form: None,
         library: "cublas",
@@ -30285,8 +30397,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsymm: CallDesc = CallDesc {
-        wire: 1211u32,
-        call: 1123u32,
+        wire: 1253u32,
+        call: 1158u32,
         name: "cublasXtDsymm",
         form: None,
         library: "cublas",
@@ -30350,8 +30462,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyr2k: CallDesc = CallDesc {
-        wire: 1212u32,
-        call: 1124u32,
+        wire: 1254u32,
+        call: 1159u32,
         name: "cublasXtDsyr2k",
         form: None,
         library: "cublas",
@@ -30415,8 +30527,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrk: CallDesc = CallDesc {
-        wire: 1213u32,
-        call: 1125u32,
+        wire: 1255u32,
+        call: 1160u32,
         name: "cublasXtDsyrk",
         form: None,
         library: "cublas",
@@ -30475,8 +30587,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDsyrkx: CallDesc = CallDesc {
-        wire: 1214u32,
-        call: 1126u32,
+        wire: 1256u32,
+        call: 1161u32,
         name: "cublasXtDsyrkx",
         form: None,
         library: "cublas",
@@ -30540,8 +30652,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrmm: CallDesc = CallDesc {
-        wire: 1215u32,
-        call: 1127u32,
+        wire: 1257u32,
+        call: 1162u32,
         name: "cublasXtDtrmm",
         form: None,
         library: "cublas",
@@ -30608,8 +30720,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtDtrsm: CallDesc = CallDesc {
-        wire: 1216u32,
-        call: 1128u32,
+        wire: 1258u32,
+        call: 1163u32,
         name: "cublasXtDtrsm",
         form: None,
         library: "cublas",
@@ -30671,8 +30783,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtGetPinningMemMode: CallDesc = CallDesc {
-        wire: 1217u32,
-        call: 1129u32,
+        wire: 1259u32,
+        call: 1164u32,
         name: "cublasXtGetPinningMemMode",
         form: None,
         library: "cublas",
@@ -30701,8 +30813,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetBlockDim: CallDesc = CallDesc {
-        wire: 1218u32,
-        call: 1130u32,
+        wire: 1260u32,
+        call: 1165u32,
         name: "cublasXtSetBlockDim",
         form: None,
         library: "cublas",
@@ -30729,8 +30841,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetCpuRatio: CallDesc = CallDesc {
-        wire: 1219u32,
-        call: 1131u32,
+        wire: 1261u32,
+        call: 1166u32,
         name: "cublasXtSetCpuRatio",
         form: None,
         library: "cublas",
@@ -30765,8 +30877,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSetPinningMemMode: CallDesc = CallDesc {
-        wire: 1220u32,
-        call: 1132u32,
+        wire: 1262u32,
+        call: 1167u32,
         name: "cublasXtSetPinningMemMode",
         form: None,
         library: "cublas",
@@ -30793,8 +30905,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSgemm: CallDesc = CallDesc {
-        wire: 1221u32,
-        call: 1133u32,
+        wire: 1263u32,
+        call: 1168u32,
         name: "cublasXtSgemm",
         form: None,
         library: "cublas",
@@ -30862,8 +30974,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsymm: CallDesc = CallDesc {
-        wire: 1222u32,
-        call: 1134u32,
+        wire: 1264u32,
+        call: 1169u32,
         name: "cublasXtSsymm",
         form: None,
         library: "cublas",
@@ -30927,8 +31039,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyr2k: CallDesc = CallDesc {
-        wire: 1223u32,
-        call: 1135u32,
+        wire: 1265u32,
+        call: 1170u32,
         name: "cublasXtSsyr2k",
         form: None,
         library: "cublas",
@@ -30992,8 +31104,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrk: CallDesc = CallDesc {
-        wire: 1224u32,
-        call: 1136u32,
+        wire: 1266u32,
+        call: 1171u32,
         name: "cublasXtSsyrk",
         form: None,
         library: "cublas",
@@ -31052,8 +31164,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtSsyrkx: CallDesc = CallDesc {
-        wire: 1225u32,
-        call: 1137u32,
+        wire: 1267u32,
+        call: 1172u32,
         name: "cublasXtSsyrkx",
         form: None,
         library: "cublas",
@@ -31117,8 +31229,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrmm: CallDesc = CallDesc {
-        wire: 1226u32,
-        call: 1138u32,
+        wire: 1268u32,
+        call: 1173u32,
         name: "cublasXtStrmm",
         form: None,
         library: "cublas",
@@ -31185,8 +31297,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtStrsm: CallDesc = CallDesc {
-        wire: 1227u32,
-        call: 1139u32,
+        wire: 1269u32,
+        call: 1174u32,
         name: "cublasXtStrsm",
         form: None,
         library: "cublas",
@@ -31248,8 +31360,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZgemm: CallDesc = CallDesc {
-        wire: 1228u32,
-        call: 1140u32,
+        wire: 1270u32,
+        call: 1175u32,
         name: "cublasXtZgemm",
         form: None,
         library: "cublas",
@@ -31317,8 +31429,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZhemm: CallDesc = CallDesc {
-        wire: 1229u32,
-        call: 1141u32,
+        wire: 1271u32,
+        call: 1176u32,
         name: "cublasXtZhemm",
         form: None,
         library: "cublas",
@@ -31382,8 +31494,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZher2k: CallDesc = CallDesc {
-        wire: 1230u32,
-        call: 1142u32,
+        wire: 1272u32,
+        call: 1177u32,
         name: "cublasXtZher2k",
         form: None,
         library: "cublas",
@@ -31447,8 +31559,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherk: CallDesc = CallDesc {
-        wire: 1231u32,
-        call: 1143u32,
+        wire: 1273u32,
+        call: 1178u32,
         name: "cublasXtZherk",
         form: None,
         library: "cublas",
@@ -31507,8 +31619,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZherkx: CallDesc = CallDesc {
-        wire: 1232u32,
-        call: 1144u32,
+        wire: 1274u32,
+        call: 1179u32,
         name: "cublasXtZherkx",
         form: None,
         library: "cublas",
@@ -31572,8 +31684,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZspmm: CallDesc = CallDesc {
-        wire: 1233u32,
-        call: 1145u32,
+        wire: 1275u32,
+        call: 1180u32,
         name: "cublasXtZspmm",
         form: None,
         library: "cublas",
@@ -31638,8 +31750,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsymm: CallDesc = CallDesc {
-        wire: 1234u32,
-        call: 1146u32,
+        wire: 1276u32,
+        call: 1181u32,
         name: "cublasXtZsymm",
         form: None,
         library: "cublas",
@@ -31703,8 +31815,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyr2k: CallDesc = CallDesc {
-        wire: 1235u32,
-        call: 1147u32,
+        wire: 1277u32,
+        call: 1182u32,
         name: "cublasXtZsyr2k",
         form: None,
         library: "cublas",
@@ -31768,8 +31880,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrk: CallDesc = CallDesc {
-        wire: 1236u32,
-        call: 1148u32,
+        wire: 1278u32,
+        call: 1183u32,
         name: "cublasXtZsyrk",
         form: None,
         library: "cublas",
@@ -31828,8 +31940,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZsyrkx: CallDesc = CallDesc {
-        wire: 1237u32,
-        call: 1149u32,
+        wire: 1279u32,
+        call: 1184u32,
         name: "cublasXtZsyrkx",
         form: None,
         library: "cublas",
@@ -31893,8 +32005,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrmm: CallDesc = CallDesc {
-        wire: 1238u32,
-        call: 1150u32,
+        wire: 1280u32,
+        call: 1185u32,
         name: "cublasXtZtrmm",
         form: None,
         library: "cublas",
@@ -31961,8 +32073,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasXtZtrsm: CallDesc = CallDesc {
-        wire: 1239u32,
-        call: 1151u32,
+        wire: 1281u32,
+        call: 1186u32,
         name: "cublasXtZtrsm",
         form: None,
         library: "cublas",
@@ -32024,8 +32136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy: CallDesc = CallDesc {
-        wire: 1240u32,
-        call: 1152u32,
+        wire: 1282u32,
+        call: 1187u32,
         name: "cublasZaxpy",
         form: None,
         library: "cublas",
@@ -32059,8 +32171,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2: CallDesc = CallDesc {
-        wire: 1241u32,
-        call: 1153u32,
+        wire: 1283u32,
+        call: 1188u32,
         name: "cublasZaxpy_v2",
         form: None,
         library: "cublas",
@@ -32102,8 +32214,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZaxpy_v2_64: CallDesc = CallDesc {
-        wire: 1242u32,
-        call: 1154u32,
+        wire: 1284u32,
+        call: 1189u32,
         name: "cublasZaxpy_v2_64",
         form: None,
         library: "cublas",
@@ -32145,8 +32257,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy: CallDesc = CallDesc {
-        wire: 1243u32,
-        call: 1155u32,
+        wire: 1285u32,
+        call: 1190u32,
         name: "cublasZcopy",
         form: None,
         library: "cublas",
@@ -32179,8 +32291,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2: CallDesc = CallDesc {
-        wire: 1244u32,
-        call: 1156u32,
+        wire: 1286u32,
+        call: 1191u32,
         name: "cublasZcopy_v2",
         form: None,
         library: "cublas",
@@ -32217,8 +32329,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZcopy_v2_64: CallDesc = CallDesc {
-        wire: 1245u32,
-        call: 1157u32,
+        wire: 1287u32,
+        call: 1192u32,
         name: "cublasZcopy_v2_64",
         form: None,
         library: "cublas",
@@ -32255,8 +32367,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm: CallDesc = CallDesc {
-        wire: 1246u32,
-        call: 1158u32,
+        wire: 1288u32,
+        call: 1193u32,
         name: "cublasZdgmm",
         form: None,
         library: "cublas",
@@ -32306,8 +32418,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdgmm_64: CallDesc = CallDesc {
-        wire: 1247u32,
-        call: 1159u32,
+        wire: 1289u32,
+        call: 1194u32,
         name: "cublasZdgmm_64",
         form: None,
         library: "cublas",
@@ -32357,8 +32469,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2: CallDesc = CallDesc {
-        wire: 1248u32,
-        call: 1160u32,
+        wire: 1290u32,
+        call: 1195u32,
         name: "cublasZdotc_v2",
         form: None,
         library: "cublas",
@@ -32400,8 +32512,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotc_v2_64: CallDesc = CallDesc {
-        wire: 1249u32,
-        call: 1161u32,
+        wire: 1291u32,
+        call: 1196u32,
         name: "cublasZdotc_v2_64",
         form: None,
         library: "cublas",
@@ -32443,8 +32555,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2: CallDesc = CallDesc {
-        wire: 1250u32,
-        call: 1162u32,
+        wire: 1292u32,
+        call: 1197u32,
         name: "cublasZdotu_v2",
         form: None,
         library: "cublas",
@@ -32486,8 +32598,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdotu_v2_64: CallDesc = CallDesc {
-        wire: 1251u32,
-        call: 1163u32,
+        wire: 1293u32,
+        call: 1198u32,
         name: "cublasZdotu_v2_64",
         form: None,
         library: "cublas",
@@ -32529,8 +32641,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot: CallDesc = CallDesc {
-        wire: 1252u32,
-        call: 1164u32,
+        wire: 1294u32,
+        call: 1199u32,
         name: "cublasZdrot",
         form: None,
         library: "cublas",
@@ -32571,8 +32683,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2: CallDesc = CallDesc {
-        wire: 1253u32,
-        call: 1165u32,
+        wire: 1295u32,
+        call: 1200u32,
         name: "cublasZdrot_v2",
         form: None,
         library: "cublas",
@@ -32619,8 +32731,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdrot_v2_64: CallDesc = CallDesc {
-        wire: 1254u32,
-        call: 1166u32,
+        wire: 1296u32,
+        call: 1201u32,
         name: "cublasZdrot_v2_64",
         form: None,
         library: "cublas",
@@ -32667,8 +32779,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal: CallDesc = CallDesc {
-        wire: 1255u32,
-        call: 1167u32,
+        wire: 1297u32,
+        call: 1202u32,
         name: "cublasZdscal",
         form: None,
         library: "cublas",
@@ -32700,8 +32812,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2: CallDesc = CallDesc {
-        wire: 1256u32,
-        call: 1168u32,
+        wire: 1298u32,
+        call: 1203u32,
         name: "cublasZdscal_v2",
         form: None,
         library: "cublas",
@@ -32738,8 +32850,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZdscal_v2_64: CallDesc = CallDesc {
-        wire: 1257u32,
-        call: 1169u32,
+        wire: 1299u32,
+        call: 1204u32,
         name: "cublasZdscal_v2_64",
         form: None,
         library: "cublas",
@@ -32776,8 +32888,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv: CallDesc = CallDesc {
-        wire: 1258u32,
-        call: 1170u32,
+        wire: 1300u32,
+        call: 1205u32,
         name: "cublasZgbmv",
         form: None,
         library: "cublas",
@@ -32833,8 +32945,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2: CallDesc = CallDesc {
-        wire: 1259u32,
-        call: 1171u32,
+        wire: 1301u32,
+        call: 1206u32,
         name: "cublasZgbmv_v2",
         form: None,
         library: "cublas",
@@ -32902,8 +33014,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgbmv_v2_64: CallDesc = CallDesc {
-        wire: 1260u32,
-        call: 1172u32,
+        wire: 1302u32,
+        call: 1207u32,
         name: "cublasZgbmv_v2_64",
         form: None,
         library: "cublas",
@@ -32971,8 +33083,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam: CallDesc = CallDesc {
-        wire: 1261u32,
-        call: 1173u32,
+        wire: 1303u32,
+        call: 1208u32,
         name: "cublasZgeam",
         form: None,
         library: "cublas",
@@ -33036,8 +33148,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeam_64: CallDesc = CallDesc {
-        wire: 1262u32,
-        call: 1174u32,
+        wire: 1304u32,
+        call: 1209u32,
         name: "cublasZgeam_64",
         form: None,
         library: "cublas",
@@ -33101,8 +33213,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgelsBatched: CallDesc = CallDesc {
-        wire: 1263u32,
-        call: 1175u32,
+        wire: 1305u32,
+        call: 1210u32,
         name: "cublasZgelsBatched",
         form: None,
         library: "cublas",
@@ -33162,8 +33274,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm: CallDesc = CallDesc {
-        wire: 1264u32,
-        call: 1176u32,
+        wire: 1306u32,
+        call: 1211u32,
         name: "cublasZgemm",
         form: None,
         library: "cublas",
@@ -33219,8 +33331,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m: CallDesc = CallDesc {
-        wire: 1265u32,
-        call: 1177u32,
+        wire: 1307u32,
+        call: 1212u32,
         name: "cublasZgemm3m",
         form: None,
         library: "cublas",
@@ -33288,8 +33400,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm3m_64: CallDesc = CallDesc {
-        wire: 1266u32,
-        call: 1178u32,
+        wire: 1308u32,
+        call: 1213u32,
         name: "cublasZgemm3m_64",
         form: None,
         library: "cublas",
@@ -33357,8 +33469,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched: CallDesc = CallDesc {
-        wire: 1267u32,
-        call: 1179u32,
+        wire: 1309u32,
+        call: 1214u32,
         name: "cublasZgemmBatched",
         form: None,
         library: "cublas",
@@ -33430,8 +33542,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmBatched_64: CallDesc = CallDesc {
-        wire: 1268u32,
-        call: 1180u32,
+        wire: 1310u32,
+        call: 1215u32,
         name: "cublasZgemmBatched_64",
         form: None,
         library: "cublas",
@@ -33503,8 +33615,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched: CallDesc = CallDesc {
-        wire: 1269u32,
-        call: 1181u32,
+        wire: 1311u32,
+        call: 1216u32,
         name: "cublasZgemmStridedBatched",
         form: None,
         library: "cublas",
@@ -33588,8 +33700,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemmStridedBatched_64: CallDesc = CallDesc {
-        wire: 1270u32,
-        call: 1182u32,
+        wire: 1312u32,
+        call: 1217u32,
         name: "cublasZgemmStridedBatched_64",
         form: None,
         library: "cublas",
@@ -33673,8 +33785,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2: CallDesc = CallDesc {
-        wire: 1271u32,
-        call: 1183u32,
+        wire: 1313u32,
+        call: 1218u32,
         name: "cublasZgemm_v2",
         form: None,
         library: "cublas",
@@ -33742,8 +33854,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemm_v2_64: CallDesc = CallDesc {
-        wire: 1272u32,
-        call: 1184u32,
+        wire: 1314u32,
+        call: 1219u32,
         name: "cublasZgemm_v2_64",
         form: None,
         library: "cublas",
@@ -33811,8 +33923,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv: CallDesc = CallDesc {
-        wire: 1273u32,
-        call: 1185u32,
+        wire: 1315u32,
+        call: 1220u32,
         name: "cublasZgemv",
         form: None,
         library: "cublas",
@@ -33860,8 +33972,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched: CallDesc = CallDesc {
-        wire: 1274u32,
-        call: 1186u32,
+        wire: 1316u32,
+        call: 1221u32,
         name: "cublasZgemvStridedBatched",
         form: None,
         library: "cublas",
@@ -33937,8 +34049,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemvStridedBatched_64: CallDesc = CallDesc {
-        wire: 1275u32,
-        call: 1187u32,
+        wire: 1317u32,
+        call: 1222u32,
         name: "cublasZgemvStridedBatched_64",
         form: None,
         library: "cublas",
@@ -34014,8 +34126,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2: CallDesc = CallDesc {
-        wire: 1276u32,
-        call: 1188u32,
+        wire: 1318u32,
+        call: 1223u32,
         name: "cublasZgemv_v2",
         form: None,
         library: "cublas",
@@ -34075,8 +34187,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgemv_v2_64: CallDesc = CallDesc {
-        wire: 1277u32,
-        call: 1189u32,
+        wire: 1319u32,
+        call: 1224u32,
         name: "cublasZgemv_v2_64",
         form: None,
         library: "cublas",
@@ -34136,8 +34248,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeqrfBatched: CallDesc = CallDesc {
-        wire: 1278u32,
-        call: 1190u32,
+        wire: 1320u32,
+        call: 1225u32,
         name: "cublasZgeqrfBatched",
         form: None,
         library: "cublas",
@@ -34184,8 +34296,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc: CallDesc = CallDesc {
-        wire: 1279u32,
-        call: 1191u32,
+        wire: 1321u32,
+        call: 1226u32,
         name: "cublasZgerc",
         form: None,
         library: "cublas",
@@ -34228,8 +34340,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2: CallDesc = CallDesc {
-        wire: 1280u32,
-        call: 1192u32,
+        wire: 1322u32,
+        call: 1227u32,
         name: "cublasZgerc_v2",
         form: None,
         library: "cublas",
@@ -34280,8 +34392,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgerc_v2_64: CallDesc = CallDesc {
-        wire: 1281u32,
-        call: 1193u32,
+        wire: 1323u32,
+        call: 1228u32,
         name: "cublasZgerc_v2_64",
         form: None,
         library: "cublas",
@@ -34332,8 +34444,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru: CallDesc = CallDesc {
-        wire: 1282u32,
-        call: 1194u32,
+        wire: 1324u32,
+        call: 1229u32,
         name: "cublasZgeru",
         form: None,
         library: "cublas",
@@ -34376,8 +34488,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2: CallDesc = CallDesc {
-        wire: 1283u32,
-        call: 1195u32,
+        wire: 1325u32,
+        call: 1230u32,
         name: "cublasZgeru_v2",
         form: None,
         library: "cublas",
@@ -34428,8 +34540,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgeru_v2_64: CallDesc = CallDesc {
-        wire: 1284u32,
-        call: 1196u32,
+        wire: 1326u32,
+        call: 1231u32,
         name: "cublasZgeru_v2_64",
         form: None,
         library: "cublas",
@@ -34480,8 +34592,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrfBatched: CallDesc = CallDesc {
-        wire: 1285u32,
-        call: 1197u32,
+        wire: 1327u32,
+        call: 1232u32,
         name: "cublasZgetrfBatched",
         form: None,
         library: "cublas",
@@ -34519,8 +34631,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetriBatched: CallDesc = CallDesc {
-        wire: 1286u32,
-        call: 1198u32,
+        wire: 1328u32,
+        call: 1233u32,
         name: "cublasZgetriBatched",
         form: None,
         library: "cublas",
@@ -34568,8 +34680,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZgetrsBatched: CallDesc = CallDesc {
-        wire: 1287u32,
-        call: 1199u32,
+        wire: 1329u32,
+        call: 1234u32,
         name: "cublasZgetrsBatched",
         form: None,
         library: "cublas",
@@ -34625,8 +34737,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv: CallDesc = CallDesc {
-        wire: 1288u32,
-        call: 1200u32,
+        wire: 1330u32,
+        call: 1235u32,
         name: "cublasZhbmv",
         form: None,
         library: "cublas",
@@ -34674,8 +34786,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2: CallDesc = CallDesc {
-        wire: 1289u32,
-        call: 1201u32,
+        wire: 1331u32,
+        call: 1236u32,
         name: "cublasZhbmv_v2",
         form: None,
         library: "cublas",
@@ -34735,8 +34847,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhbmv_v2_64: CallDesc = CallDesc {
-        wire: 1290u32,
-        call: 1202u32,
+        wire: 1332u32,
+        call: 1237u32,
         name: "cublasZhbmv_v2_64",
         form: None,
         library: "cublas",
@@ -34796,8 +34908,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm: CallDesc = CallDesc {
-        wire: 1291u32,
-        call: 1203u32,
+        wire: 1333u32,
+        call: 1238u32,
         name: "cublasZhemm",
         form: None,
         library: "cublas",
@@ -34849,8 +34961,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2: CallDesc = CallDesc {
-        wire: 1292u32,
-        call: 1204u32,
+        wire: 1334u32,
+        call: 1239u32,
         name: "cublasZhemm_v2",
         form: None,
         library: "cublas",
@@ -34914,8 +35026,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemm_v2_64: CallDesc = CallDesc {
-        wire: 1293u32,
-        call: 1205u32,
+        wire: 1335u32,
+        call: 1240u32,
         name: "cublasZhemm_v2_64",
         form: None,
         library: "cublas",
@@ -34979,8 +35091,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv: CallDesc = CallDesc {
-        wire: 1294u32,
-        call: 1206u32,
+        wire: 1336u32,
+        call: 1241u32,
         name: "cublasZhemv",
         form: None,
         library: "cublas",
@@ -35024,8 +35136,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2: CallDesc = CallDesc {
-        wire: 1295u32,
-        call: 1207u32,
+        wire: 1337u32,
+        call: 1242u32,
         name: "cublasZhemv_v2",
         form: None,
         library: "cublas",
@@ -35081,8 +35193,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhemv_v2_64: CallDesc = CallDesc {
-        wire: 1296u32,
-        call: 1208u32,
+        wire: 1338u32,
+        call: 1243u32,
         name: "cublasZhemv_v2_64",
         form: None,
         library: "cublas",
@@ -35138,8 +35250,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher: CallDesc = CallDesc {
-        wire: 1297u32,
-        call: 1209u32,
+        wire: 1339u32,
+        call: 1244u32,
         name: "cublasZher",
         form: None,
         library: "cublas",
@@ -35180,8 +35292,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2: CallDesc = CallDesc {
-        wire: 1298u32,
-        call: 1210u32,
+        wire: 1340u32,
+        call: 1245u32,
         name: "cublasZher2",
         form: None,
         library: "cublas",
@@ -35224,8 +35336,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2: CallDesc = CallDesc {
-        wire: 1299u32,
-        call: 1211u32,
+        wire: 1341u32,
+        call: 1246u32,
         name: "cublasZher2_v2",
         form: None,
         library: "cublas",
@@ -35276,8 +35388,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2_v2_64: CallDesc = CallDesc {
-        wire: 1300u32,
-        call: 1212u32,
+        wire: 1342u32,
+        call: 1247u32,
         name: "cublasZher2_v2_64",
         form: None,
         library: "cublas",
@@ -35328,8 +35440,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k: CallDesc = CallDesc {
-        wire: 1301u32,
-        call: 1213u32,
+        wire: 1343u32,
+        call: 1248u32,
         name: "cublasZher2k",
         form: None,
         library: "cublas",
@@ -35384,8 +35496,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2: CallDesc = CallDesc {
-        wire: 1302u32,
-        call: 1214u32,
+        wire: 1344u32,
+        call: 1249u32,
         name: "cublasZher2k_v2",
         form: None,
         library: "cublas",
@@ -35449,8 +35561,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher2k_v2_64: CallDesc = CallDesc {
-        wire: 1303u32,
-        call: 1215u32,
+        wire: 1345u32,
+        call: 1250u32,
         name: "cublasZher2k_v2_64",
         form: None,
         library: "cublas",
@@ -35514,8 +35626,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2: CallDesc = CallDesc {
-        wire: 1304u32,
-        call: 1216u32,
+        wire: 1346u32,
+        call: 1251u32,
         name: "cublasZher_v2",
         form: None,
         library: "cublas",
@@ -35561,8 +35673,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZher_v2_64: CallDesc = CallDesc {
-        wire: 1305u32,
-        call: 1217u32,
+        wire: 1347u32,
+        call: 1252u32,
         name: "cublasZher_v2_64",
         form: None,
         library: "cublas",
@@ -35608,8 +35720,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk: CallDesc = CallDesc {
-        wire: 1306u32,
-        call: 1218u32,
+        wire: 1348u32,
+        call: 1253u32,
         name: "cublasZherk",
         form: None,
         library: "cublas",
@@ -35662,8 +35774,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2: CallDesc = CallDesc {
-        wire: 1307u32,
-        call: 1219u32,
+        wire: 1349u32,
+        call: 1254u32,
         name: "cublasZherk_v2",
         form: None,
         library: "cublas",
@@ -35722,8 +35834,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherk_v2_64: CallDesc = CallDesc {
-        wire: 1308u32,
-        call: 1220u32,
+        wire: 1350u32,
+        call: 1255u32,
         name: "cublasZherk_v2_64",
         form: None,
         library: "cublas",
@@ -35782,8 +35894,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx: CallDesc = CallDesc {
-        wire: 1309u32,
-        call: 1221u32,
+        wire: 1351u32,
+        call: 1256u32,
         name: "cublasZherkx",
         form: None,
         library: "cublas",
@@ -35847,8 +35959,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZherkx_64: CallDesc = CallDesc {
-        wire: 1310u32,
-        call: 1222u32,
+        wire: 1352u32,
+        call: 1257u32,
         name: "cublasZherkx_64",
         form: None,
         library: "cublas",
@@ -35912,8 +36024,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv: CallDesc = CallDesc {
-        wire: 1311u32,
-        call: 1223u32,
+        wire: 1353u32,
+        call: 1258u32,
         name: "cublasZhpmv",
         form: None,
         library: "cublas",
@@ -35958,8 +36070,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2: CallDesc = CallDesc {
-        wire: 1312u32,
-        call: 1224u32,
+        wire: 1354u32,
+        call: 1259u32,
         name: "cublasZhpmv_v2",
         form: None,
         library: "cublas",
@@ -36016,8 +36128,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZhpmv_v2_64: CallDesc = CallDesc {
-        wire: 1313u32,
-        call: 1225u32,
+        wire: 1355u32,
+        call: 1260u32,
         name: "cublasZhpmv_v2_64",
         form: None,
         library: "cublas",
@@ -36074,8 +36186,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot: CallDesc = CallDesc {
-        wire: 1314u32,
-        call: 1226u32,
+        wire: 1356u32,
+        call: 1261u32,
         name: "cublasZrot",
         form: None,
         library: "cublas",
@@ -36113,8 +36225,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2: CallDesc = CallDesc {
-        wire: 1315u32,
-        call: 1227u32,
+        wire: 1357u32,
+        call: 1262u32,
         name: "cublasZrot_v2",
         form: None,
         library: "cublas",
@@ -36161,8 +36273,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrot_v2_64: CallDesc = CallDesc {
-        wire: 1316u32,
-        call: 1228u32,
+        wire: 1358u32,
+        call: 1263u32,
         name: "cublasZrot_v2_64",
         form: None,
         library: "cublas",
@@ -36209,8 +36321,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZrotg_v2: CallDesc = CallDesc {
-        wire: 1317u32,
-        call: 1229u32,
+        wire: 1359u32,
+        call: 1264u32,
         name: "cublasZrotg_v2",
         form: None,
         library: "cublas",
@@ -36253,8 +36365,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal: CallDesc = CallDesc {
-        wire: 1318u32,
-        call: 1230u32,
+        wire: 1360u32,
+        call: 1265u32,
         name: "cublasZscal",
         form: None,
         library: "cublas",
@@ -36283,8 +36395,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2: CallDesc = CallDesc {
-        wire: 1319u32,
-        call: 1231u32,
+        wire: 1361u32,
+        call: 1266u32,
         name: "cublasZscal_v2",
         form: None,
         library: "cublas",
@@ -36321,8 +36433,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZscal_v2_64: CallDesc = CallDesc {
-        wire: 1320u32,
-        call: 1232u32,
+        wire: 1362u32,
+        call: 1267u32,
         name: "cublasZscal_v2_64",
         form: None,
         library: "cublas",
@@ -36359,8 +36471,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap: CallDesc = CallDesc {
-        wire: 1321u32,
-        call: 1233u32,
+        wire: 1363u32,
+        call: 1268u32,
         name: "cublasZswap",
         form: None,
         library: "cublas",
@@ -36393,8 +36505,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2: CallDesc = CallDesc {
-        wire: 1322u32,
-        call: 1234u32,
+        wire: 1364u32,
+        call: 1269u32,
         name: "cublasZswap_v2",
         form: None,
         library: "cublas",
@@ -36431,8 +36543,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZswap_v2_64: CallDesc = CallDesc {
-        wire: 1323u32,
-        call: 1235u32,
+        wire: 1365u32,
+        call: 1270u32,
         name: "cublasZswap_v2_64",
         form: None,
         library: "cublas",
@@ -36469,8 +36581,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm: CallDesc = CallDesc {
-        wire: 1324u32,
-        call: 1236u32,
+        wire: 1366u32,
+        call: 1271u32,
         name: "cublasZsymm",
         form: None,
         library: "cublas",
@@ -36522,8 +36634,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2: CallDesc = CallDesc {
-        wire: 1325u32,
-        call: 1237u32,
+        wire: 1367u32,
+        call: 1272u32,
         name: "cublasZsymm_v2",
         form: None,
         library: "cublas",
@@ -36587,8 +36699,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymm_v2_64: CallDesc = CallDesc {
-        wire: 1326u32,
-        call: 1238u32,
+        wire: 1368u32,
+        call: 1273u32,
         name: "cublasZsymm_v2_64",
         form: None,
         library: "cublas",
@@ -36652,8 +36764,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2: CallDesc = CallDesc {
-        wire: 1327u32,
-        call: 1239u32,
+        wire: 1369u32,
+        call: 1274u32,
         name: "cublasZsymv_v2",
         form: None,
         library: "cublas",
@@ -36709,8 +36821,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsymv_v2_64: CallDesc = CallDesc {
-        wire: 1328u32,
-        call: 1240u32,
+        wire: 1370u32,
+        call: 1275u32,
         name: "cublasZsymv_v2_64",
         form: None,
         library: "cublas",
@@ -36766,8 +36878,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2: CallDesc = CallDesc {
-        wire: 1329u32,
-        call: 1241u32,
+        wire: 1371u32,
+        call: 1276u32,
         name: "cublasZsyr2_v2",
         form: None,
         library: "cublas",
@@ -36818,8 +36930,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2_v2_64: CallDesc = CallDesc {
-        wire: 1330u32,
-        call: 1242u32,
+        wire: 1372u32,
+        call: 1277u32,
         name: "cublasZsyr2_v2_64",
         form: None,
         library: "cublas",
@@ -36870,8 +36982,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k: CallDesc = CallDesc {
-        wire: 1331u32,
-        call: 1243u32,
+        wire: 1373u32,
+        call: 1278u32,
         name: "cublasZsyr2k",
         form: None,
         library: "cublas",
@@ -36923,8 +37035,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2: CallDesc = CallDesc {
-        wire: 1332u32,
-        call: 1244u32,
+        wire: 1374u32,
+        call: 1279u32,
         name: "cublasZsyr2k_v2",
         form: None,
         library: "cublas",
@@ -36988,8 +37100,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr2k_v2_64: CallDesc = CallDesc {
-        wire: 1333u32,
-        call: 1245u32,
+        wire: 1375u32,
+        call: 1280u32,
         name: "cublasZsyr2k_v2_64",
         form: None,
         library: "cublas",
@@ -37053,8 +37165,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2: CallDesc = CallDesc {
-        wire: 1334u32,
-        call: 1246u32,
+        wire: 1376u32,
+        call: 1281u32,
         name: "cublasZsyr_v2",
         form: None,
         library: "cublas",
@@ -37100,8 +37212,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyr_v2_64: CallDesc = CallDesc {
-        wire: 1335u32,
-        call: 1247u32,
+        wire: 1377u32,
+        call: 1282u32,
         name: "cublasZsyr_v2_64",
         form: None,
         library: "cublas",
@@ -37147,8 +37259,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk: CallDesc = CallDesc {
-        wire: 1336u32,
-        call: 1248u32,
+        wire: 1378u32,
+        call: 1283u32,
         name: "cublasZsyrk",
         form: None,
         library: "cublas",
@@ -37195,8 +37307,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2: CallDesc = CallDesc {
-        wire: 1337u32,
-        call: 1249u32,
+        wire: 1379u32,
+        call: 1284u32,
         name: "cublasZsyrk_v2",
         form: None,
         library: "cublas",
@@ -37255,8 +37367,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrk_v2_64: CallDesc = CallDesc {
-        wire: 1338u32,
-        call: 1250u32,
+        wire: 1380u32,
+        call: 1285u32,
         name: "cublasZsyrk_v2_64",
         form: None,
         library: "cublas",
@@ -37315,8 +37427,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx: CallDesc = CallDesc {
-        wire: 1339u32,
-        call: 1251u32,
+        wire: 1381u32,
+        call: 1286u32,
         name: "cublasZsyrkx",
         form: None,
         library: "cublas",
@@ -37380,8 +37492,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZsyrkx_64: CallDesc = CallDesc {
-        wire: 1340u32,
-        call: 1252u32,
+        wire: 1382u32,
+        call: 1287u32,
         name: "cublasZsyrkx_64",
         form: None,
         library: "cublas",
@@ -37445,8 +37557,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv: CallDesc = CallDesc {
-        wire: 1341u32,
-        call: 1253u32,
+        wire: 1383u32,
+        call: 1288u32,
         name: "cublasZtbmv",
         form: None,
         library: "cublas",
@@ -37495,8 +37607,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2: CallDesc = CallDesc {
-        wire: 1342u32,
-        call: 1254u32,
+        wire: 1384u32,
+        call: 1289u32,
         name: "cublasZtbmv_v2",
         form: None,
         library: "cublas",
@@ -37549,8 +37661,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbmv_v2_64: CallDesc = CallDesc {
-        wire: 1343u32,
-        call: 1255u32,
+        wire: 1385u32,
+        call: 1290u32,
         name: "cublasZtbmv_v2_64",
         form: None,
         library: "cublas",
@@ -37603,8 +37715,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv: CallDesc = CallDesc {
-        wire: 1344u32,
-        call: 1256u32,
+        wire: 1386u32,
+        call: 1291u32,
         name: "cublasZtbsv",
         form: None,
         library: "cublas",
@@ -37653,8 +37765,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2: CallDesc = CallDesc {
-        wire: 1345u32,
-        call: 1257u32,
+        wire: 1387u32,
+        call: 1292u32,
         name: "cublasZtbsv_v2",
         form: None,
         library: "cublas",
@@ -37707,8 +37819,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtbsv_v2_64: CallDesc = CallDesc {
-        wire: 1346u32,
-        call: 1258u32,
+        wire: 1388u32,
+        call: 1293u32,
         name: "cublasZtbsv_v2_64",
         form: None,
         library: "cublas",
@@ -37761,8 +37873,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv: CallDesc = CallDesc {
-        wire: 1347u32,
-        call: 1259u32,
+        wire: 1389u32,
+        call: 1294u32,
         name: "cublasZtpmv",
         form: None,
         library: "cublas",
@@ -37808,8 +37920,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2: CallDesc = CallDesc {
-        wire: 1348u32,
-        call: 1260u32,
+        wire: 1390u32,
+        call: 1295u32,
         name: "cublasZtpmv_v2",
         form: None,
         library: "cublas",
@@ -37859,8 +37971,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpmv_v2_64: CallDesc = CallDesc {
-        wire: 1349u32,
-        call: 1261u32,
+        wire: 1391u32,
+        call: 1296u32,
         name: "cublasZtpmv_v2_64",
         form: None,
         library: "cublas",
@@ -37910,8 +38022,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv: CallDesc = CallDesc {
-        wire: 1350u32,
-        call: 1262u32,
+        wire: 1392u32,
+        call: 1297u32,
         name: "cublasZtpsv",
         form: None,
         library: "cublas",
@@ -37957,8 +38069,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2: CallDesc = CallDesc {
-        wire: 1351u32,
-        call: 1263u32,
+        wire: 1393u32,
+        call: 1298u32,
         name: "cublasZtpsv_v2",
         form: None,
         library: "cublas",
@@ -38008,8 +38120,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpsv_v2_64: CallDesc = CallDesc {
-        wire: 1352u32,
-        call: 1264u32,
+        wire: 1394u32,
+        call: 1299u32,
         name: "cublasZtpsv_v2_64",
         form: None,
         library: "cublas",
@@ -38059,8 +38171,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtpttr: CallDesc = CallDesc {
-        wire: 1353u32,
-        call: 1265u32,
+        wire: 1395u32,
+        call: 1300u32,
         name: "cublasZtpttr",
         form: None,
         library: "cublas",
@@ -38102,8 +38214,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm: CallDesc = CallDesc {
-        wire: 1354u32,
-        call: 1266u32,
+        wire: 1396u32,
+        call: 1301u32,
         name: "cublasZtrmm",
         form: None,
         library: "cublas",
@@ -38157,8 +38269,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2: CallDesc = CallDesc {
-        wire: 1355u32,
-        call: 1267u32,
+        wire: 1397u32,
+        call: 1302u32,
         name: "cublasZtrmm_v2",
         form: None,
         library: "cublas",
@@ -38225,8 +38337,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmm_v2_64: CallDesc = CallDesc {
-        wire: 1356u32,
-        call: 1268u32,
+        wire: 1398u32,
+        call: 1303u32,
         name: "cublasZtrmm_v2_64",
         form: None,
         library: "cublas",
@@ -38293,8 +38405,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv: CallDesc = CallDesc {
-        wire: 1357u32,
-        call: 1269u32,
+        wire: 1399u32,
+        call: 1304u32,
         name: "cublasZtrmv",
         form: None,
         library: "cublas",
@@ -38339,8 +38451,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2: CallDesc = CallDesc {
-        wire: 1358u32,
-        call: 1270u32,
+        wire: 1400u32,
+        call: 1305u32,
         name: "cublasZtrmv_v2",
         form: None,
         library: "cublas",
@@ -38389,8 +38501,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrmv_v2_64: CallDesc = CallDesc {
-        wire: 1359u32,
-        call: 1271u32,
+        wire: 1401u32,
+        call: 1306u32,
         name: "cublasZtrmv_v2_64",
         form: None,
         library: "cublas",
@@ -38439,8 +38551,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm: CallDesc = CallDesc {
-        wire: 1360u32,
-        call: 1272u32,
+        wire: 1402u32,
+        call: 1307u32,
         name: "cublasZtrsm",
         form: None,
         library: "cublas",
@@ -38494,8 +38606,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched: CallDesc = CallDesc {
-        wire: 1361u32,
-        call: 1273u32,
+        wire: 1403u32,
+        call: 1308u32,
         name: "cublasZtrsmBatched",
         form: None,
         library: "cublas",
@@ -38561,8 +38673,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsmBatched_64: CallDesc = CallDesc {
-        wire: 1362u32,
-        call: 1274u32,
+        wire: 1404u32,
+        call: 1309u32,
         name: "cublasZtrsmBatched_64",
         form: None,
         library: "cublas",
@@ -38628,8 +38740,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2: CallDesc = CallDesc {
-        wire: 1363u32,
-        call: 1275u32,
+        wire: 1405u32,
+        call: 1310u32,
         name: "cublasZtrsm_v2",
         form: None,
         library: "cublas",
@@ -38691,8 +38803,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsm_v2_64: CallDesc = CallDesc {
-        wire: 1364u32,
-        call: 1276u32,
+        wire: 1406u32,
+        call: 1311u32,
         name: "cublasZtrsm_v2_64",
         form: None,
         library: "cublas",
@@ -38754,8 +38866,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv: CallDesc = CallDesc {
-        wire: 1365u32,
-        call: 1277u32,
+        wire: 1407u32,
+        call: 1312u32,
         name: "cublasZtrsv",
         form: None,
         library: "cublas",
@@ -38800,8 +38912,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2: CallDesc = CallDesc {
-        wire: 1366u32,
-        call: 1278u32,
+        wire: 1408u32,
+        call: 1313u32,
         name: "cublasZtrsv_v2",
         form: None,
         library: "cublas",
@@ -38850,8 +38962,8 @@ pub mod cublas {
         only_waits: false,
     };
     pub static cublasZtrsv_v2_64: CallDesc = CallDesc {
-        wire: 1367u32,
-        call: 1279u32,
+        wire: 1409u32,
+        call: 1314u32,
         name: "cublasZtrsv_v2_64",
         form: None,
         library: "cublas",
@@ -38915,8 +39027,8 @@ pub mod cublaslt {
     );
     static LEN_cublasLtMatrixLayoutSetAttribute__call_7: Len = Len::Param(3u8);
     pub static cublasLtCreate: CallDesc = CallDesc {
-        wire: 1368u32,
-        call: 1280u32,
+        wire: 1410u32,
+        call: 1315u32,
         name: "cublasLtCreate",
         form: None,
         library: "cublaslt",
@@ -38939,8 +39051,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDestroy: CallDesc = CallDesc {
-        wire: 1369u32,
-        call: 1281u32,
+        wire: 1411u32,
+        call: 1316u32,
         name: "cublasLtDestroy",
         form: None,
         library: "cublaslt",
@@ -38963,8 +39075,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtDisableCpuInstructionsSetMask: CallDesc = CallDesc {
-        wire: 1370u32,
-        call: 1282u32,
+        wire: 1412u32,
+        call: 1317u32,
         name: "cublasLtDisableCpuInstructionsSetMask",
         form: None,
         library: "cublaslt",
@@ -38990,8 +39102,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescCreate: CallDesc = CallDesc {
-        wire: 1371u32,
-        call: 1283u32,
+        wire: 1413u32,
+        call: 1318u32,
         name: "cublasLtEmulationDescCreate",
         form: None,
         library: "cublaslt",
@@ -39014,8 +39126,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescDestroy: CallDesc = CallDesc {
-        wire: 1372u32,
-        call: 1284u32,
+        wire: 1414u32,
+        call: 1319u32,
         name: "cublasLtEmulationDescDestroy",
         form: None,
         library: "cublaslt",
@@ -39038,8 +39150,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtEmulationDescInit_internal: CallDesc = CallDesc {
-        wire: 1373u32,
-        call: 1285u32,
+        wire: 1415u32,
+        call: 1320u32,
         name: "cublasLtEmulationDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -39066,8 +39178,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetCudartVersion: CallDesc = CallDesc {
-        wire: 1374u32,
-        call: 1286u32,
+        wire: 1416u32,
+        call: 1321u32,
         name: "cublasLtGetCudartVersion",
         form: None,
         library: "cublaslt",
@@ -39088,8 +39200,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtGetVersion: CallDesc = CallDesc {
-        wire: 1375u32,
-        call: 1287u32,
+        wire: 1417u32,
+        call: 1322u32,
         name: "cublasLtGetVersion",
         form: None,
         library: "cublaslt",
@@ -39110,8 +39222,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtHeuristicsCacheSetCapacity: CallDesc = CallDesc {
-        wire: 1376u32,
-        call: 1288u32,
+        wire: 1418u32,
+        call: 1323u32,
         name: "cublasLtHeuristicsCacheSetCapacity",
         form: None,
         library: "cublaslt",
@@ -39134,8 +39246,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerForceDisable: CallDesc = CallDesc {
-        wire: 1377u32,
-        call: 1289u32,
+        wire: 1419u32,
+        call: 1324u32,
         name: "cublasLtLoggerForceDisable",
         form: None,
         library: "cublaslt",
@@ -39153,8 +39265,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetLevel: CallDesc = CallDesc {
-        wire: 1378u32,
-        call: 1290u32,
+        wire: 1420u32,
+        call: 1325u32,
         name: "cublasLtLoggerSetLevel",
         form: None,
         library: "cublaslt",
@@ -39177,8 +39289,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtLoggerSetMask: CallDesc = CallDesc {
-        wire: 1379u32,
-        call: 1291u32,
+        wire: 1421u32,
+        call: 1326u32,
         name: "cublasLtLoggerSetMask",
         form: None,
         library: "cublaslt",
@@ -39201,8 +39313,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu118: CallDesc = CallDesc {
-        wire: 1380u32,
-        call: 1292u32,
+        wire: 1422u32,
+        call: 1327u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -39274,8 +39386,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmul__cu126: CallDesc = CallDesc {
-        wire: 1381u32,
-        call: 1292u32,
+        wire: 1423u32,
+        call: 1327u32,
         name: "cublasLtMatmul",
         form: None,
         library: "cublaslt",
@@ -39347,8 +39459,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu118__call: CallDesc = CallDesc {
-        wire: 1382u32,
-        call: 1293u32,
+        wire: 1424u32,
+        call: 1328u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39411,8 +39523,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu121__call: CallDesc = CallDesc {
-        wire: 1383u32,
-        call: 1293u32,
+        wire: 1425u32,
+        call: 1328u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39475,8 +39587,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulAlgoGetHeuristic__cu126__call: CallDesc = CallDesc {
-        wire: 1384u32,
-        call: 1293u32,
+        wire: 1426u32,
+        call: 1328u32,
         name: "cublasLtMatmulAlgoGetHeuristic",
         form: Some("call"),
         library: "cublaslt",
@@ -39539,8 +39651,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1385u32,
-        call: 1294u32,
+        wire: 1427u32,
+        call: 1329u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39571,8 +39683,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescCreate__cu126__call: CallDesc = CallDesc {
-        wire: 1386u32,
-        call: 1294u32,
+        wire: 1428u32,
+        call: 1329u32,
         name: "cublasLtMatmulDescCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39603,8 +39715,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1387u32,
-        call: 1295u32,
+        wire: 1429u32,
+        call: 1330u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39627,8 +39739,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1388u32,
-        call: 1295u32,
+        wire: 1430u32,
+        call: 1330u32,
         name: "cublasLtMatmulDescDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39651,8 +39763,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1389u32,
-        call: 1296u32,
+        wire: 1431u32,
+        call: 1331u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -39687,8 +39799,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescInit_internal__cu126: CallDesc = CallDesc {
-        wire: 1390u32,
-        call: 1296u32,
+        wire: 1432u32,
+        call: 1331u32,
         name: "cublasLtMatmulDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -39723,8 +39835,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1391u32,
-        call: 1297u32,
+        wire: 1433u32,
+        call: 1332u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -39761,8 +39873,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulDescSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1392u32,
-        call: 1297u32,
+        wire: 1434u32,
+        call: 1332u32,
         name: "cublasLtMatmulDescSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -39799,8 +39911,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu118__call: CallDesc = CallDesc {
-        wire: 1393u32,
-        call: 1298u32,
+        wire: 1435u32,
+        call: 1333u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39823,8 +39935,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceCreate__cu121__call: CallDesc = CallDesc {
-        wire: 1394u32,
-        call: 1298u32,
+        wire: 1436u32,
+        call: 1333u32,
         name: "cublasLtMatmulPreferenceCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -39847,8 +39959,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1395u32,
-        call: 1299u32,
+        wire: 1437u32,
+        call: 1334u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39871,8 +39983,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceDestroy__cu121__call: CallDesc = CallDesc {
-        wire: 1396u32,
-        call: 1299u32,
+        wire: 1438u32,
+        call: 1334u32,
         name: "cublasLtMatmulPreferenceDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -39895,8 +40007,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu118: CallDesc = CallDesc {
-        wire: 1397u32,
-        call: 1300u32,
+        wire: 1439u32,
+        call: 1335u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -39923,8 +40035,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceInit_internal__cu121: CallDesc = CallDesc {
-        wire: 1398u32,
-        call: 1300u32,
+        wire: 1440u32,
+        call: 1335u32,
         name: "cublasLtMatmulPreferenceInit_internal",
         form: None,
         library: "cublaslt",
@@ -39951,8 +40063,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1399u32,
-        call: 1301u32,
+        wire: 1441u32,
+        call: 1336u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -39989,8 +40101,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatmulPreferenceSetAttribute__cu121__call: CallDesc = CallDesc {
-        wire: 1400u32,
-        call: 1301u32,
+        wire: 1442u32,
+        call: 1336u32,
         name: "cublasLtMatmulPreferenceSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -40027,8 +40139,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutCreate__call: CallDesc = CallDesc {
-        wire: 1401u32,
-        call: 1302u32,
+        wire: 1443u32,
+        call: 1337u32,
         name: "cublasLtMatrixLayoutCreate",
         form: Some("call"),
         library: "cublaslt",
@@ -40067,8 +40179,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutDestroy__call: CallDesc = CallDesc {
-        wire: 1402u32,
-        call: 1303u32,
+        wire: 1444u32,
+        call: 1338u32,
         name: "cublasLtMatrixLayoutDestroy",
         form: Some("call"),
         library: "cublaslt",
@@ -40091,8 +40203,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutInit_internal: CallDesc = CallDesc {
-        wire: 1403u32,
-        call: 1304u32,
+        wire: 1445u32,
+        call: 1339u32,
         name: "cublasLtMatrixLayoutInit_internal",
         form: None,
         library: "cublaslt",
@@ -40135,8 +40247,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixLayoutSetAttribute__call: CallDesc = CallDesc {
-        wire: 1404u32,
-        call: 1305u32,
+        wire: 1446u32,
+        call: 1340u32,
         name: "cublasLtMatrixLayoutSetAttribute",
         form: Some("call"),
         library: "cublaslt",
@@ -40173,8 +40285,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescCreate: CallDesc = CallDesc {
-        wire: 1405u32,
-        call: 1306u32,
+        wire: 1447u32,
+        call: 1341u32,
         name: "cublasLtMatrixTransformDescCreate",
         form: None,
         library: "cublaslt",
@@ -40201,8 +40313,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescDestroy: CallDesc = CallDesc {
-        wire: 1406u32,
-        call: 1307u32,
+        wire: 1448u32,
+        call: 1342u32,
         name: "cublasLtMatrixTransformDescDestroy",
         form: None,
         library: "cublaslt",
@@ -40225,8 +40337,8 @@ pub mod cublaslt {
         only_waits: false,
     };
     pub static cublasLtMatrixTransformDescInit_internal: CallDesc = CallDesc {
-        wire: 1407u32,
-        call: 1308u32,
+        wire: 1449u32,
+        call: 1343u32,
         name: "cublasLtMatrixTransformDescInit_internal",
         form: None,
         library: "cublaslt",
@@ -40370,6 +40482,12 @@ pub mod cudart {
     static LEN_cudaMemcpy_ptds__d2h_78: Len = Len::Param(2u8);
     static LEN_cudaMemcpy_ptds__h2d_79: Len = Len::Param(2u8);
     static LEN_cudaSetValidDevices_80: Len = Len::Param(1u8);
+    static LEN_cudaStreamUpdateCaptureDependencies__cu118_81: Len = Len::Param(2u8);
+    static LEN_cudaStreamUpdateCaptureDependencies__cu130_82: Len = Len::Param(3u8);
+    static LEN_cudaStreamUpdateCaptureDependencies__cu130_83: Len = Len::Param(3u8);
+    static LEN_cudaStreamUpdateCaptureDependencies_ptsz__cu126_84: Len = Len::Param(2u8);
+    static LEN_cudaStreamUpdateCaptureDependencies_ptsz__cu130_85: Len = Len::Param(3u8);
+    static LEN_cudaStreamUpdateCaptureDependencies_ptsz__cu130_86: Len = Len::Param(3u8);
     pub static cudaArrayGetInfo: CallDesc = CallDesc {
         wire: 0u32,
         call: 0u32,
@@ -40712,9 +40830,205 @@ pub mod cudart {
         },
         only_waits: false,
     };
-    pub static cudaCtxResetPersistingL2Cache: CallDesc = CallDesc {
+    pub static cudaCreateSurfaceObject__cu118: CallDesc = CallDesc {
         wire: 10u32,
         call: 8u32,
+        name: "cudaCreateSurfaceObject",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaResourceDesc"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaCreateSurfaceObject__cu130: CallDesc = CallDesc {
+        wire: 11u32,
+        call: 8u32,
+        name: "cudaCreateSurfaceObject",
+        form: None,
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 144u32,
+                len: None,
+                record: Some("cudaResourceDesc"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaCreateTextureObject__cu118: CallDesc = CallDesc {
+        wire: 12u32,
+        call: 9u32,
+        name: "cudaCreateTextureObject",
+        form: None,
+        library: "cudart",
+        versions: &["11.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaResourceDesc"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 68u32,
+                len: None,
+                record: Some("cudaTextureDesc"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 48u32,
+                len: None,
+                record: Some("cudaResourceViewDesc"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaCreateTextureObject__cu121: CallDesc = CallDesc {
+        wire: 13u32,
+        call: 9u32,
+        name: "cudaCreateTextureObject",
+        form: None,
+        library: "cudart",
+        versions: &["12.1", "12.6", "12.8"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 64u32,
+                len: None,
+                record: Some("cudaResourceDesc"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 72u32,
+                len: None,
+                record: Some("cudaTextureDesc"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 48u32,
+                len: None,
+                record: Some("cudaResourceViewDesc"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaCreateTextureObject__cu130: CallDesc = CallDesc {
+        wire: 14u32,
+        call: 9u32,
+        name: "cudaCreateTextureObject",
+        form: None,
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 144u32,
+                len: None,
+                record: Some("cudaResourceDesc"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 72u32,
+                len: None,
+                record: Some("cudaTextureDesc"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 112u32,
+                len: None,
+                record: Some("cudaResourceViewDesc"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaCtxResetPersistingL2Cache: CallDesc = CallDesc {
+        wire: 15u32,
+        call: 10u32,
         name: "cudaCtxResetPersistingL2Cache",
         form: None,
         library: "cudart",
@@ -40732,8 +41046,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDestroyExternalMemory: CallDesc = CallDesc {
-        wire: 11u32,
-        call: 9u32,
+        wire: 16u32,
+        call: 11u32,
         name: "cudaDestroyExternalMemory",
         form: None,
         library: "cudart",
@@ -40756,8 +41070,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDestroyExternalSemaphore: CallDesc = CallDesc {
-        wire: 12u32,
-        call: 10u32,
+        wire: 17u32,
+        call: 12u32,
         name: "cudaDestroyExternalSemaphore",
         form: None,
         library: "cudart",
@@ -40780,8 +41094,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDestroySurfaceObject: CallDesc = CallDesc {
-        wire: 13u32,
-        call: 11u32,
+        wire: 18u32,
+        call: 13u32,
         name: "cudaDestroySurfaceObject",
         form: None,
         library: "cudart",
@@ -40804,8 +41118,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDestroyTextureObject: CallDesc = CallDesc {
-        wire: 14u32,
-        call: 12u32,
+        wire: 19u32,
+        call: 14u32,
         name: "cudaDestroyTextureObject",
         form: None,
         library: "cudart",
@@ -40828,8 +41142,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceCanAccessPeer: CallDesc = CallDesc {
-        wire: 15u32,
-        call: 13u32,
+        wire: 20u32,
+        call: 15u32,
         name: "cudaDeviceCanAccessPeer",
         form: None,
         library: "cudart",
@@ -40862,8 +41176,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceDisablePeerAccess: CallDesc = CallDesc {
-        wire: 16u32,
-        call: 14u32,
+        wire: 21u32,
+        call: 16u32,
         name: "cudaDeviceDisablePeerAccess",
         form: None,
         library: "cudart",
@@ -40886,8 +41200,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceEnablePeerAccess: CallDesc = CallDesc {
-        wire: 17u32,
-        call: 15u32,
+        wire: 22u32,
+        call: 17u32,
         name: "cudaDeviceEnablePeerAccess",
         form: None,
         library: "cudart",
@@ -40914,8 +41228,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
-        wire: 18u32,
-        call: 16u32,
+        wire: 23u32,
+        call: 18u32,
         name: "cudaDeviceFlushGPUDirectRDMAWrites",
         form: None,
         library: "cudart",
@@ -40942,8 +41256,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 19u32,
-        call: 17u32,
+        wire: 24u32,
+        call: 19u32,
         name: "cudaDeviceGetByPCIBusId",
         form: None,
         library: "cudart",
@@ -40969,8 +41283,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetCacheConfig: CallDesc = CallDesc {
-        wire: 20u32,
-        call: 18u32,
+        wire: 25u32,
+        call: 20u32,
         name: "cudaDeviceGetCacheConfig",
         form: None,
         library: "cudart",
@@ -40995,8 +41309,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 21u32,
-        call: 19u32,
+        wire: 26u32,
+        call: 21u32,
         name: "cudaDeviceGetDefaultMemPool",
         form: None,
         library: "cudart",
@@ -41023,8 +41337,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetExecutionCtx: CallDesc = CallDesc {
-        wire: 22u32,
-        call: 20u32,
+        wire: 27u32,
+        call: 22u32,
         name: "cudaDeviceGetExecutionCtx",
         form: None,
         library: "cudart",
@@ -41051,8 +41365,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetGraphMemAttribute: CallDesc = CallDesc {
-        wire: 23u32,
-        call: 21u32,
+        wire: 28u32,
+        call: 23u32,
         name: "cudaDeviceGetGraphMemAttribute",
         form: None,
         library: "cudart",
@@ -41085,8 +41399,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetHostAtomicCapabilities: CallDesc = CallDesc {
-        wire: 24u32,
-        call: 22u32,
+        wire: 29u32,
+        call: 24u32,
         name: "cudaDeviceGetHostAtomicCapabilities",
         form: None,
         library: "cudart",
@@ -41125,8 +41439,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetLimit: CallDesc = CallDesc {
-        wire: 25u32,
-        call: 23u32,
+        wire: 30u32,
+        call: 25u32,
         name: "cudaDeviceGetLimit",
         form: None,
         library: "cudart",
@@ -41155,8 +41469,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 26u32,
-        call: 24u32,
+        wire: 31u32,
+        call: 26u32,
         name: "cudaDeviceGetMemPool",
         form: None,
         library: "cudart",
@@ -41183,8 +41497,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetP2PAtomicCapabilities: CallDesc = CallDesc {
-        wire: 27u32,
-        call: 25u32,
+        wire: 32u32,
+        call: 27u32,
         name: "cudaDeviceGetP2PAtomicCapabilities",
         form: None,
         library: "cudart",
@@ -41227,8 +41541,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 28u32,
-        call: 26u32,
+        wire: 33u32,
+        call: 28u32,
         name: "cudaDeviceGetP2PAttribute",
         form: None,
         library: "cudart",
@@ -41265,8 +41579,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetPCIBusId: CallDesc = CallDesc {
-        wire: 29u32,
-        call: 27u32,
+        wire: 34u32,
+        call: 29u32,
         name: "cudaDeviceGetPCIBusId",
         form: None,
         library: "cudart",
@@ -41299,8 +41613,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 30u32,
-        call: 28u32,
+        wire: 35u32,
+        call: 30u32,
         name: "cudaDeviceGetSharedMemConfig",
         form: None,
         library: "cudart",
@@ -41325,8 +41639,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 31u32,
-        call: 29u32,
+        wire: 36u32,
+        call: 31u32,
         name: "cudaDeviceGetStreamPriorityRange",
         form: None,
         library: "cudart",
@@ -41357,8 +41671,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGetTexture1DLinearMaxWidth: CallDesc = CallDesc {
-        wire: 32u32,
-        call: 30u32,
+        wire: 37u32,
+        call: 32u32,
         name: "cudaDeviceGetTexture1DLinearMaxWidth",
         form: None,
         library: "cudart",
@@ -41393,8 +41707,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 33u32,
-        call: 31u32,
+        wire: 38u32,
+        call: 33u32,
         name: "cudaDeviceGraphMemTrim",
         form: None,
         library: "cudart",
@@ -41417,8 +41731,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceReset__call: CallDesc = CallDesc {
-        wire: 34u32,
-        call: 32u32,
+        wire: 39u32,
+        call: 34u32,
         name: "cudaDeviceReset",
         form: Some("call"),
         library: "cudart",
@@ -41436,8 +41750,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceSetCacheConfig: CallDesc = CallDesc {
-        wire: 35u32,
-        call: 33u32,
+        wire: 40u32,
+        call: 35u32,
         name: "cudaDeviceSetCacheConfig",
         form: None,
         library: "cudart",
@@ -41460,8 +41774,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceSetGraphMemAttribute: CallDesc = CallDesc {
-        wire: 36u32,
-        call: 34u32,
+        wire: 41u32,
+        call: 36u32,
         name: "cudaDeviceSetGraphMemAttribute",
         form: None,
         library: "cudart",
@@ -41494,8 +41808,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceSetLimit: CallDesc = CallDesc {
-        wire: 37u32,
-        call: 35u32,
+        wire: 42u32,
+        call: 37u32,
         name: "cudaDeviceSetLimit",
         form: None,
         library: "cudart",
@@ -41522,8 +41836,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 38u32,
-        call: 36u32,
+        wire: 43u32,
+        call: 38u32,
         name: "cudaDeviceSetMemPool",
         form: None,
         library: "cudart",
@@ -41550,8 +41864,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 39u32,
-        call: 37u32,
+        wire: 44u32,
+        call: 39u32,
         name: "cudaDeviceSetSharedMemConfig",
         form: None,
         library: "cudart",
@@ -41574,8 +41888,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaDeviceSynchronize: CallDesc = CallDesc {
-        wire: 40u32,
-        call: 38u32,
+        wire: 45u32,
+        call: 40u32,
         name: "cudaDeviceSynchronize",
         form: None,
         library: "cudart",
@@ -41593,8 +41907,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 41u32,
-        call: 39u32,
+        wire: 46u32,
+        call: 41u32,
         name: "cudaDeviceUnregisterAsyncNotification",
         form: None,
         library: "cudart",
@@ -41621,8 +41935,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventCreate: CallDesc = CallDesc {
-        wire: 42u32,
-        call: 40u32,
+        wire: 47u32,
+        call: 42u32,
         name: "cudaEventCreate",
         form: None,
         library: "cudart",
@@ -41645,8 +41959,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventCreateWithFlags: CallDesc = CallDesc {
-        wire: 43u32,
-        call: 41u32,
+        wire: 48u32,
+        call: 43u32,
         name: "cudaEventCreateWithFlags",
         form: None,
         library: "cudart",
@@ -41673,8 +41987,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventDestroy: CallDesc = CallDesc {
-        wire: 44u32,
-        call: 42u32,
+        wire: 49u32,
+        call: 44u32,
         name: "cudaEventDestroy",
         form: None,
         library: "cudart",
@@ -41697,8 +42011,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventElapsedTime: CallDesc = CallDesc {
-        wire: 45u32,
-        call: 43u32,
+        wire: 50u32,
+        call: 45u32,
         name: "cudaEventElapsedTime",
         form: None,
         library: "cudart",
@@ -41731,8 +42045,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 46u32,
-        call: 44u32,
+        wire: 51u32,
+        call: 46u32,
         name: "cudaEventElapsedTime_v2",
         form: None,
         library: "cudart",
@@ -41765,8 +42079,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventQuery: CallDesc = CallDesc {
-        wire: 47u32,
-        call: 45u32,
+        wire: 52u32,
+        call: 47u32,
         name: "cudaEventQuery",
         form: None,
         library: "cudart",
@@ -41789,8 +42103,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventRecord: CallDesc = CallDesc {
-        wire: 48u32,
-        call: 46u32,
+        wire: 53u32,
+        call: 48u32,
         name: "cudaEventRecord",
         form: None,
         library: "cudart",
@@ -41817,8 +42131,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 49u32,
-        call: 47u32,
+        wire: 54u32,
+        call: 49u32,
         name: "cudaEventRecordWithFlags",
         form: None,
         library: "cudart",
@@ -41849,8 +42163,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 50u32,
-        call: 48u32,
+        wire: 55u32,
+        call: 50u32,
         name: "cudaEventRecordWithFlags_ptsz",
         form: None,
         library: "cudart",
@@ -41881,8 +42195,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 51u32,
-        call: 49u32,
+        wire: 56u32,
+        call: 51u32,
         name: "cudaEventRecord_ptsz",
         form: None,
         library: "cudart",
@@ -41909,8 +42223,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaEventSynchronize: CallDesc = CallDesc {
-        wire: 52u32,
-        call: 50u32,
+        wire: 57u32,
+        call: 52u32,
         name: "cudaEventSynchronize",
         form: None,
         library: "cudart",
@@ -41933,8 +42247,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaExecutionCtxDestroy: CallDesc = CallDesc {
-        wire: 53u32,
-        call: 51u32,
+        wire: 58u32,
+        call: 53u32,
         name: "cudaExecutionCtxDestroy",
         form: None,
         library: "cudart",
@@ -41957,8 +42271,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaExecutionCtxGetDevice: CallDesc = CallDesc {
-        wire: 54u32,
-        call: 52u32,
+        wire: 59u32,
+        call: 54u32,
         name: "cudaExecutionCtxGetDevice",
         form: None,
         library: "cudart",
@@ -41987,8 +42301,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaExecutionCtxGetId: CallDesc = CallDesc {
-        wire: 55u32,
-        call: 53u32,
+        wire: 60u32,
+        call: 55u32,
         name: "cudaExecutionCtxGetId",
         form: None,
         library: "cudart",
@@ -42017,8 +42331,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaExecutionCtxRecordEvent: CallDesc = CallDesc {
-        wire: 56u32,
-        call: 54u32,
+        wire: 61u32,
+        call: 56u32,
         name: "cudaExecutionCtxRecordEvent",
         form: None,
         library: "cudart",
@@ -42045,8 +42359,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaExecutionCtxStreamCreate: CallDesc = CallDesc {
-        wire: 57u32,
-        call: 55u32,
+        wire: 62u32,
+        call: 57u32,
         name: "cudaExecutionCtxStreamCreate",
         form: None,
         library: "cudart",
@@ -42081,8 +42395,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaExecutionCtxSynchronize: CallDesc = CallDesc {
-        wire: 58u32,
-        call: 56u32,
+        wire: 63u32,
+        call: 58u32,
         name: "cudaExecutionCtxSynchronize",
         form: None,
         library: "cudart",
@@ -42105,8 +42419,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaExecutionCtxWaitEvent: CallDesc = CallDesc {
-        wire: 59u32,
-        call: 57u32,
+        wire: 64u32,
+        call: 59u32,
         name: "cudaExecutionCtxWaitEvent",
         form: None,
         library: "cudart",
@@ -42133,8 +42447,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaExternalMemoryGetMappedMipmappedArray__cu118: CallDesc = CallDesc {
-        wire: 60u32,
-        call: 58u32,
+        wire: 65u32,
+        call: 60u32,
         name: "cudaExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "cudart",
@@ -42167,8 +42481,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaExternalMemoryGetMappedMipmappedArray__cu130: CallDesc = CallDesc {
-        wire: 61u32,
-        call: 58u32,
+        wire: 66u32,
+        call: 60u32,
         name: "cudaExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "cudart",
@@ -42201,8 +42515,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaFree__call: CallDesc = CallDesc {
-        wire: 62u32,
-        call: 59u32,
+        wire: 67u32,
+        call: 61u32,
         name: "cudaFree",
         form: Some("call"),
         library: "cudart",
@@ -42220,8 +42534,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaFreeArray: CallDesc = CallDesc {
-        wire: 63u32,
-        call: 60u32,
+        wire: 68u32,
+        call: 62u32,
         name: "cudaFreeArray",
         form: None,
         library: "cudart",
@@ -42244,8 +42558,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaFreeAsync__call: CallDesc = CallDesc {
-        wire: 64u32,
-        call: 61u32,
+        wire: 69u32,
+        call: 63u32,
         name: "cudaFreeAsync",
         form: Some("call"),
         library: "cudart",
@@ -42269,8 +42583,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaFreeAsync_ptsz__call: CallDesc = CallDesc {
-        wire: 65u32,
-        call: 62u32,
+        wire: 70u32,
+        call: 64u32,
         name: "cudaFreeAsync_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -42294,8 +42608,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaFreeMipmappedArray: CallDesc = CallDesc {
-        wire: 66u32,
-        call: 63u32,
+        wire: 71u32,
+        call: 65u32,
         name: "cudaFreeMipmappedArray",
         form: None,
         library: "cudart",
@@ -42318,8 +42632,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetChannelDesc: CallDesc = CallDesc {
-        wire: 67u32,
-        call: 64u32,
+        wire: 72u32,
+        call: 66u32,
         name: "cudaGetChannelDesc",
         form: None,
         library: "cudart",
@@ -42348,8 +42662,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetDeviceFlags: CallDesc = CallDesc {
-        wire: 68u32,
-        call: 65u32,
+        wire: 73u32,
+        call: 67u32,
         name: "cudaGetDeviceFlags",
         form: None,
         library: "cudart",
@@ -42374,8 +42688,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetMipmappedArrayLevel: CallDesc = CallDesc {
-        wire: 69u32,
-        call: 66u32,
+        wire: 74u32,
+        call: 68u32,
         name: "cudaGetMipmappedArrayLevel",
         form: None,
         library: "cudart",
@@ -42406,8 +42720,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetSurfaceObjectResourceDesc__cu118: CallDesc = CallDesc {
-        wire: 70u32,
-        call: 67u32,
+        wire: 75u32,
+        call: 69u32,
         name: "cudaGetSurfaceObjectResourceDesc",
         form: None,
         library: "cudart",
@@ -42436,8 +42750,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetSurfaceObjectResourceDesc__cu130: CallDesc = CallDesc {
-        wire: 71u32,
-        call: 67u32,
+        wire: 76u32,
+        call: 69u32,
         name: "cudaGetSurfaceObjectResourceDesc",
         form: None,
         library: "cudart",
@@ -42466,8 +42780,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetTextureAlignmentOffset: CallDesc = CallDesc {
-        wire: 72u32,
-        call: 68u32,
+        wire: 77u32,
+        call: 70u32,
         name: "cudaGetTextureAlignmentOffset",
         form: None,
         library: "cudart",
@@ -42498,8 +42812,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetTextureObjectResourceDesc__cu118: CallDesc = CallDesc {
-        wire: 73u32,
-        call: 69u32,
+        wire: 78u32,
+        call: 71u32,
         name: "cudaGetTextureObjectResourceDesc",
         form: None,
         library: "cudart",
@@ -42528,8 +42842,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetTextureObjectResourceDesc__cu130: CallDesc = CallDesc {
-        wire: 74u32,
-        call: 69u32,
+        wire: 79u32,
+        call: 71u32,
         name: "cudaGetTextureObjectResourceDesc",
         form: None,
         library: "cudart",
@@ -42558,8 +42872,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetTextureObjectResourceViewDesc__cu118: CallDesc = CallDesc {
-        wire: 75u32,
-        call: 70u32,
+        wire: 80u32,
+        call: 72u32,
         name: "cudaGetTextureObjectResourceViewDesc",
         form: None,
         library: "cudart",
@@ -42588,8 +42902,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetTextureObjectResourceViewDesc__cu130: CallDesc = CallDesc {
-        wire: 76u32,
-        call: 70u32,
+        wire: 81u32,
+        call: 72u32,
         name: "cudaGetTextureObjectResourceViewDesc",
         form: None,
         library: "cudart",
@@ -42618,8 +42932,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetTextureObjectTextureDesc__cu118: CallDesc = CallDesc {
-        wire: 77u32,
-        call: 71u32,
+        wire: 82u32,
+        call: 73u32,
         name: "cudaGetTextureObjectTextureDesc",
         form: None,
         library: "cudart",
@@ -42648,8 +42962,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGetTextureObjectTextureDesc__cu121: CallDesc = CallDesc {
-        wire: 78u32,
-        call: 71u32,
+        wire: 83u32,
+        call: 73u32,
         name: "cudaGetTextureObjectTextureDesc",
         form: None,
         library: "cudart",
@@ -42678,8 +42992,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphAddChildGraphNode: CallDesc = CallDesc {
-        wire: 79u32,
-        call: 72u32,
+        wire: 84u32,
+        call: 74u32,
         name: "cudaGraphAddChildGraphNode",
         form: None,
         library: "cudart",
@@ -42718,8 +43032,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphAddDependencies__cu118: CallDesc = CallDesc {
-        wire: 80u32,
-        call: 73u32,
+        wire: 85u32,
+        call: 75u32,
         name: "cudaGraphAddDependencies",
         form: None,
         library: "cudart",
@@ -42754,8 +43068,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphAddDependencies__cu130: CallDesc = CallDesc {
-        wire: 81u32,
-        call: 73u32,
+        wire: 86u32,
+        call: 75u32,
         name: "cudaGraphAddDependencies",
         form: None,
         library: "cudart",
@@ -42796,8 +43110,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphAddEmptyNode: CallDesc = CallDesc {
-        wire: 82u32,
-        call: 74u32,
+        wire: 87u32,
+        call: 76u32,
         name: "cudaGraphAddEmptyNode",
         form: None,
         library: "cudart",
@@ -42832,8 +43146,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphAddEventRecordNode: CallDesc = CallDesc {
-        wire: 83u32,
-        call: 75u32,
+        wire: 88u32,
+        call: 77u32,
         name: "cudaGraphAddEventRecordNode",
         form: None,
         library: "cudart",
@@ -42872,8 +43186,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphAddEventWaitNode: CallDesc = CallDesc {
-        wire: 84u32,
-        call: 76u32,
+        wire: 89u32,
+        call: 78u32,
         name: "cudaGraphAddEventWaitNode",
         form: None,
         library: "cudart",
@@ -42912,8 +43226,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphAddMemFreeNode: CallDesc = CallDesc {
-        wire: 85u32,
-        call: 77u32,
+        wire: 90u32,
+        call: 79u32,
         name: "cudaGraphAddMemFreeNode",
         form: None,
         library: "cudart",
@@ -42949,8 +43263,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphAddMemsetNode: CallDesc = CallDesc {
-        wire: 86u32,
-        call: 78u32,
+        wire: 91u32,
+        call: 80u32,
         name: "cudaGraphAddMemsetNode",
         form: None,
         library: "cudart",
@@ -42991,8 +43305,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 87u32,
-        call: 79u32,
+        wire: 92u32,
+        call: 81u32,
         name: "cudaGraphChildGraphNodeGetGraph",
         form: None,
         library: "cudart",
@@ -43019,8 +43333,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphClone: CallDesc = CallDesc {
-        wire: 88u32,
-        call: 80u32,
+        wire: 93u32,
+        call: 82u32,
         name: "cudaGraphClone",
         form: None,
         library: "cudart",
@@ -43047,8 +43361,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 89u32,
-        call: 81u32,
+        wire: 94u32,
+        call: 83u32,
         name: "cudaGraphConditionalHandleCreate",
         form: None,
         library: "cudart",
@@ -43085,8 +43399,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphConditionalHandleCreate_v2: CallDesc = CallDesc {
-        wire: 90u32,
-        call: 82u32,
+        wire: 95u32,
+        call: 84u32,
         name: "cudaGraphConditionalHandleCreate_v2",
         form: None,
         library: "cudart",
@@ -43127,8 +43441,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphCreate: CallDesc = CallDesc {
-        wire: 91u32,
-        call: 83u32,
+        wire: 96u32,
+        call: 85u32,
         name: "cudaGraphCreate",
         form: None,
         library: "cudart",
@@ -43155,8 +43469,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphDestroy: CallDesc = CallDesc {
-        wire: 92u32,
-        call: 84u32,
+        wire: 97u32,
+        call: 86u32,
         name: "cudaGraphDestroy",
         form: None,
         library: "cudart",
@@ -43179,8 +43493,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphDestroyNode: CallDesc = CallDesc {
-        wire: 93u32,
-        call: 85u32,
+        wire: 98u32,
+        call: 87u32,
         name: "cudaGraphDestroyNode",
         form: None,
         library: "cudart",
@@ -43203,8 +43517,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 94u32,
-        call: 86u32,
+        wire: 99u32,
+        call: 88u32,
         name: "cudaGraphEventRecordNodeGetEvent",
         form: None,
         library: "cudart",
@@ -43231,8 +43545,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 95u32,
-        call: 87u32,
+        wire: 100u32,
+        call: 89u32,
         name: "cudaGraphEventRecordNodeSetEvent",
         form: None,
         library: "cudart",
@@ -43259,8 +43573,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 96u32,
-        call: 88u32,
+        wire: 101u32,
+        call: 90u32,
         name: "cudaGraphEventWaitNodeGetEvent",
         form: None,
         library: "cudart",
@@ -43287,8 +43601,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 97u32,
-        call: 89u32,
+        wire: 102u32,
+        call: 91u32,
         name: "cudaGraphEventWaitNodeSetEvent",
         form: None,
         library: "cudart",
@@ -43315,8 +43629,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 98u32,
-        call: 90u32,
+        wire: 103u32,
+        call: 92u32,
         name: "cudaGraphExecChildGraphNodeSetParams",
         form: None,
         library: "cudart",
@@ -43347,8 +43661,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecDestroy: CallDesc = CallDesc {
-        wire: 99u32,
-        call: 91u32,
+        wire: 104u32,
+        call: 93u32,
         name: "cudaGraphExecDestroy",
         form: None,
         library: "cudart",
@@ -43371,8 +43685,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 100u32,
-        call: 92u32,
+        wire: 105u32,
+        call: 94u32,
         name: "cudaGraphExecEventRecordNodeSetEvent",
         form: None,
         library: "cudart",
@@ -43403,8 +43717,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 101u32,
-        call: 93u32,
+        wire: 106u32,
+        call: 95u32,
         name: "cudaGraphExecEventWaitNodeSetEvent",
         form: None,
         library: "cudart",
@@ -43435,8 +43749,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 102u32,
-        call: 94u32,
+        wire: 107u32,
+        call: 96u32,
         name: "cudaGraphExecGetFlags",
         form: None,
         library: "cudart",
@@ -43465,8 +43779,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecGetId: CallDesc = CallDesc {
-        wire: 103u32,
-        call: 95u32,
+        wire: 108u32,
+        call: 97u32,
         name: "cudaGraphExecGetId",
         form: None,
         library: "cudart",
@@ -43495,8 +43809,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 104u32,
-        call: 96u32,
+        wire: 109u32,
+        call: 98u32,
         name: "cudaGraphExecMemsetNodeSetParams",
         form: None,
         library: "cudart",
@@ -43529,8 +43843,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecUpdate__cu118: CallDesc = CallDesc {
-        wire: 105u32,
-        call: 97u32,
+        wire: 110u32,
+        call: 99u32,
         name: "cudaGraphExecUpdate",
         form: None,
         library: "cudart",
@@ -43567,8 +43881,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphExecUpdate__cu121: CallDesc = CallDesc {
-        wire: 106u32,
-        call: 97u32,
+        wire: 111u32,
+        call: 99u32,
         name: "cudaGraphExecUpdate",
         form: None,
         library: "cudart",
@@ -43601,8 +43915,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphGetEdges__cu118: CallDesc = CallDesc {
-        wire: 107u32,
-        call: 98u32,
+        wire: 112u32,
+        call: 100u32,
         name: "cudaGraphGetEdges",
         form: None,
         library: "cudart",
@@ -43639,8 +43953,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphGetId: CallDesc = CallDesc {
-        wire: 108u32,
-        call: 99u32,
+        wire: 113u32,
+        call: 101u32,
         name: "cudaGraphGetId",
         form: None,
         library: "cudart",
@@ -43669,8 +43983,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphGetNodes__count: CallDesc = CallDesc {
-        wire: 109u32,
-        call: 100u32,
+        wire: 114u32,
+        call: 102u32,
         name: "cudaGraphGetNodes",
         form: Some("count"),
         library: "cudart",
@@ -43700,8 +44014,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 110u32,
-        call: 101u32,
+        wire: 115u32,
+        call: 103u32,
         name: "cudaGraphGetRootNodes",
         form: None,
         library: "cudart",
@@ -43734,8 +44048,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphInstantiate__cu121: CallDesc = CallDesc {
-        wire: 111u32,
-        call: 102u32,
+        wire: 116u32,
+        call: 104u32,
         name: "cudaGraphInstantiate",
         form: None,
         library: "cudart",
@@ -43766,8 +44080,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 112u32,
-        call: 103u32,
+        wire: 117u32,
+        call: 105u32,
         name: "cudaGraphInstantiateWithFlags",
         form: None,
         library: "cudart",
@@ -43797,9 +44111,77 @@ pub mod cudart {
         },
         only_waits: false,
     };
+    pub static cudaGraphInstantiateWithParams: CallDesc = CallDesc {
+        wire: 118u32,
+        call: 106u32,
+        name: "cudaGraphInstantiateWithParams",
+        form: None,
+        library: "cudart",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 10u16,
+                named: false,
+            },
+            Wire::Handle {
+                kind: 12u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 32u32,
+                len: None,
+                record: Some("cudaGraphInstantiateParams_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaGraphInstantiateWithParams_ptsz: CallDesc = CallDesc {
+        wire: 119u32,
+        call: 107u32,
+        name: "cudaGraphInstantiateWithParams_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 10u16,
+                named: false,
+            },
+            Wire::Handle {
+                kind: 12u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 32u32,
+                len: None,
+                record: Some("cudaGraphInstantiateParams_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cudaGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 113u32,
-        call: 104u32,
+        wire: 120u32,
+        call: 108u32,
         name: "cudaGraphKernelNodeCopyAttributes",
         form: None,
         library: "cudart",
@@ -43826,8 +44208,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 114u32,
-        call: 105u32,
+        wire: 121u32,
+        call: 109u32,
         name: "cudaGraphKernelNodeGetAttribute",
         form: None,
         library: "cudart",
@@ -43860,8 +44242,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 115u32,
-        call: 105u32,
+        wire: 122u32,
+        call: 109u32,
         name: "cudaGraphKernelNodeGetAttribute",
         form: None,
         library: "cudart",
@@ -43894,8 +44276,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 116u32,
-        call: 105u32,
+        wire: 123u32,
+        call: 109u32,
         name: "cudaGraphKernelNodeGetAttribute",
         form: None,
         library: "cudart",
@@ -43928,8 +44310,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 117u32,
-        call: 105u32,
+        wire: 124u32,
+        call: 109u32,
         name: "cudaGraphKernelNodeGetAttribute",
         form: None,
         library: "cudart",
@@ -43962,8 +44344,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 118u32,
-        call: 105u32,
+        wire: 125u32,
+        call: 109u32,
         name: "cudaGraphKernelNodeGetAttribute",
         form: None,
         library: "cudart",
@@ -43996,8 +44378,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 119u32,
-        call: 106u32,
+        wire: 126u32,
+        call: 110u32,
         name: "cudaGraphKernelNodeSetAttribute",
         form: None,
         library: "cudart",
@@ -44030,8 +44412,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 120u32,
-        call: 106u32,
+        wire: 127u32,
+        call: 110u32,
         name: "cudaGraphKernelNodeSetAttribute",
         form: None,
         library: "cudart",
@@ -44064,8 +44446,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 121u32,
-        call: 106u32,
+        wire: 128u32,
+        call: 110u32,
         name: "cudaGraphKernelNodeSetAttribute",
         form: None,
         library: "cudart",
@@ -44098,8 +44480,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 122u32,
-        call: 106u32,
+        wire: 129u32,
+        call: 110u32,
         name: "cudaGraphKernelNodeSetAttribute",
         form: None,
         library: "cudart",
@@ -44132,8 +44514,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphKernelNodeSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 123u32,
-        call: 106u32,
+        wire: 130u32,
+        call: 110u32,
         name: "cudaGraphKernelNodeSetAttribute",
         form: None,
         library: "cudart",
@@ -44166,8 +44548,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphLaunch: CallDesc = CallDesc {
-        wire: 124u32,
-        call: 107u32,
+        wire: 131u32,
+        call: 111u32,
         name: "cudaGraphLaunch",
         form: None,
         library: "cudart",
@@ -44194,8 +44576,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 125u32,
-        call: 108u32,
+        wire: 132u32,
+        call: 112u32,
         name: "cudaGraphLaunch_ptsz",
         form: None,
         library: "cudart",
@@ -44222,8 +44604,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 126u32,
-        call: 109u32,
+        wire: 133u32,
+        call: 113u32,
         name: "cudaGraphMemFreeNodeGetParams",
         form: None,
         library: "cudart",
@@ -44252,8 +44634,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphMemsetNodeGetParams: CallDesc = CallDesc {
-        wire: 127u32,
-        call: 110u32,
+        wire: 134u32,
+        call: 114u32,
         name: "cudaGraphMemsetNodeGetParams",
         form: None,
         library: "cudart",
@@ -44282,8 +44664,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 128u32,
-        call: 111u32,
+        wire: 135u32,
+        call: 115u32,
         name: "cudaGraphMemsetNodeSetParams",
         form: None,
         library: "cudart",
@@ -44312,8 +44694,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 129u32,
-        call: 112u32,
+        wire: 136u32,
+        call: 116u32,
         name: "cudaGraphNodeFindInClone",
         form: None,
         library: "cudart",
@@ -44344,8 +44726,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 130u32,
-        call: 113u32,
+        wire: 137u32,
+        call: 117u32,
         name: "cudaGraphNodeGetContainingGraph",
         form: None,
         library: "cudart",
@@ -44372,8 +44754,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetDependencies__cu118: CallDesc = CallDesc {
-        wire: 131u32,
-        call: 114u32,
+        wire: 138u32,
+        call: 118u32,
         name: "cudaGraphNodeGetDependencies",
         form: None,
         library: "cudart",
@@ -44406,8 +44788,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetDependentNodes__cu118: CallDesc = CallDesc {
-        wire: 132u32,
-        call: 115u32,
+        wire: 139u32,
+        call: 119u32,
         name: "cudaGraphNodeGetDependentNodes",
         form: None,
         library: "cudart",
@@ -44440,8 +44822,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 133u32,
-        call: 116u32,
+        wire: 140u32,
+        call: 120u32,
         name: "cudaGraphNodeGetEnabled",
         form: None,
         library: "cudart",
@@ -44474,8 +44856,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 134u32,
-        call: 117u32,
+        wire: 141u32,
+        call: 121u32,
         name: "cudaGraphNodeGetLocalId",
         form: None,
         library: "cudart",
@@ -44504,8 +44886,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 135u32,
-        call: 118u32,
+        wire: 142u32,
+        call: 122u32,
         name: "cudaGraphNodeGetToolsId",
         form: None,
         library: "cudart",
@@ -44534,8 +44916,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeGetType: CallDesc = CallDesc {
-        wire: 136u32,
-        call: 119u32,
+        wire: 143u32,
+        call: 123u32,
         name: "cudaGraphNodeGetType",
         form: None,
         library: "cudart",
@@ -44564,8 +44946,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 137u32,
-        call: 120u32,
+        wire: 144u32,
+        call: 124u32,
         name: "cudaGraphNodeSetEnabled",
         form: None,
         library: "cudart",
@@ -44596,8 +44978,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 138u32,
-        call: 121u32,
+        wire: 145u32,
+        call: 125u32,
         name: "cudaGraphReleaseUserObject",
         form: None,
         library: "cudart",
@@ -44628,8 +45010,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphRemoveDependencies__cu118: CallDesc = CallDesc {
-        wire: 139u32,
-        call: 122u32,
+        wire: 146u32,
+        call: 126u32,
         name: "cudaGraphRemoveDependencies",
         form: None,
         library: "cudart",
@@ -44664,8 +45046,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphRemoveDependencies__cu130: CallDesc = CallDesc {
-        wire: 140u32,
-        call: 122u32,
+        wire: 147u32,
+        call: 126u32,
         name: "cudaGraphRemoveDependencies",
         form: None,
         library: "cudart",
@@ -44706,8 +45088,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 141u32,
-        call: 123u32,
+        wire: 148u32,
+        call: 127u32,
         name: "cudaGraphRetainUserObject",
         form: None,
         library: "cudart",
@@ -44742,8 +45124,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphUpload: CallDesc = CallDesc {
-        wire: 142u32,
-        call: 124u32,
+        wire: 149u32,
+        call: 128u32,
         name: "cudaGraphUpload",
         form: None,
         library: "cudart",
@@ -44770,8 +45152,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 143u32,
-        call: 125u32,
+        wire: 150u32,
+        call: 129u32,
         name: "cudaGraphUpload_ptsz",
         form: None,
         library: "cudart",
@@ -44798,8 +45180,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsMapResources: CallDesc = CallDesc {
-        wire: 144u32,
-        call: 126u32,
+        wire: 151u32,
+        call: 130u32,
         name: "cudaGraphicsMapResources",
         form: None,
         library: "cudart",
@@ -44830,8 +45212,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 145u32,
-        call: 127u32,
+        wire: 152u32,
+        call: 131u32,
         name: "cudaGraphicsResourceGetMappedMipmappedArray",
         form: None,
         library: "cudart",
@@ -44858,8 +45240,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 146u32,
-        call: 128u32,
+        wire: 153u32,
+        call: 132u32,
         name: "cudaGraphicsResourceSetMapFlags",
         form: None,
         library: "cudart",
@@ -44886,8 +45268,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 147u32,
-        call: 129u32,
+        wire: 154u32,
+        call: 133u32,
         name: "cudaGraphicsSubResourceGetMappedArray",
         form: None,
         library: "cudart",
@@ -44922,8 +45304,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 148u32,
-        call: 130u32,
+        wire: 155u32,
+        call: 134u32,
         name: "cudaGraphicsUnmapResources",
         form: None,
         library: "cudart",
@@ -44954,8 +45336,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 149u32,
-        call: 131u32,
+        wire: 156u32,
+        call: 135u32,
         name: "cudaGraphicsUnregisterResource",
         form: None,
         library: "cudart",
@@ -44978,8 +45360,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaGreenCtxCreate: CallDesc = CallDesc {
-        wire: 150u32,
-        call: 132u32,
+        wire: 157u32,
+        call: 136u32,
         name: "cudaGreenCtxCreate",
         form: None,
         library: "cudart",
@@ -45014,8 +45396,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaInitDevice: CallDesc = CallDesc {
-        wire: 151u32,
-        call: 133u32,
+        wire: 158u32,
+        call: 137u32,
         name: "cudaInitDevice",
         form: None,
         library: "cudart",
@@ -45046,8 +45428,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 152u32,
-        call: 134u32,
+        wire: 159u32,
+        call: 138u32,
         name: "cudaIpcOpenEventHandle",
         form: None,
         library: "cudart",
@@ -45071,8 +45453,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaKernelSetAttributeForDevice: CallDesc = CallDesc {
-        wire: 153u32,
-        call: 135u32,
+        wire: 160u32,
+        call: 139u32,
         name: "cudaKernelSetAttributeForDevice",
         form: None,
         library: "cudart",
@@ -45107,8 +45489,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLaunchHostFunc__host: CallDesc = CallDesc {
-        wire: 154u32,
-        call: 136u32,
+        wire: 161u32,
+        call: 140u32,
         name: "cudaLaunchHostFunc",
         form: Some("host"),
         library: "cudart",
@@ -45139,8 +45521,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
-        wire: 155u32,
-        call: 137u32,
+        wire: 162u32,
+        call: 141u32,
         name: "cudaLaunchHostFunc_ptsz",
         form: Some("host"),
         library: "cudart",
@@ -45171,8 +45553,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 156u32,
-        call: 138u32,
+        wire: 163u32,
+        call: 142u32,
         name: "cudaLibraryEnumerateKernels",
         form: None,
         library: "cudart",
@@ -45203,8 +45585,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLibraryGetKernel: CallDesc = CallDesc {
-        wire: 157u32,
-        call: 139u32,
+        wire: 164u32,
+        call: 143u32,
         name: "cudaLibraryGetKernel",
         form: None,
         library: "cudart",
@@ -45232,8 +45614,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 158u32,
-        call: 140u32,
+        wire: 165u32,
+        call: 144u32,
         name: "cudaLibraryGetKernelCount",
         form: None,
         library: "cudart",
@@ -45262,8 +45644,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLibraryUnload: CallDesc = CallDesc {
-        wire: 159u32,
-        call: 141u32,
+        wire: 166u32,
+        call: 145u32,
         name: "cudaLibraryUnload",
         form: None,
         library: "cudart",
@@ -45286,8 +45668,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLogsCurrent: CallDesc = CallDesc {
-        wire: 160u32,
-        call: 142u32,
+        wire: 167u32,
+        call: 146u32,
         name: "cudaLogsCurrent",
         form: None,
         library: "cudart",
@@ -45316,8 +45698,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 161u32,
-        call: 143u32,
+        wire: 168u32,
+        call: 147u32,
         name: "cudaLogsUnregisterCallback",
         form: None,
         library: "cudart",
@@ -45340,8 +45722,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMalloc__call: CallDesc = CallDesc {
-        wire: 162u32,
-        call: 144u32,
+        wire: 169u32,
+        call: 148u32,
         name: "cudaMalloc",
         form: Some("call"),
         library: "cudart",
@@ -45370,8 +45752,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMalloc3DArray: CallDesc = CallDesc {
-        wire: 163u32,
-        call: 145u32,
+        wire: 170u32,
+        call: 149u32,
         name: "cudaMalloc3DArray",
         form: None,
         library: "cudart",
@@ -45405,8 +45787,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocArray: CallDesc = CallDesc {
-        wire: 164u32,
-        call: 146u32,
+        wire: 171u32,
+        call: 150u32,
         name: "cudaMallocArray",
         form: None,
         library: "cudart",
@@ -45447,8 +45829,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocAsync__call: CallDesc = CallDesc {
-        wire: 165u32,
-        call: 147u32,
+        wire: 172u32,
+        call: 151u32,
         name: "cudaMallocAsync",
         form: Some("call"),
         library: "cudart",
@@ -45481,8 +45863,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocAsync_ptsz__call: CallDesc = CallDesc {
-        wire: 166u32,
-        call: 148u32,
+        wire: 173u32,
+        call: 152u32,
         name: "cudaMallocAsync_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -45515,8 +45897,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocMipmappedArray: CallDesc = CallDesc {
-        wire: 167u32,
-        call: 149u32,
+        wire: 174u32,
+        call: 153u32,
         name: "cudaMallocMipmappedArray",
         form: None,
         library: "cudart",
@@ -45554,8 +45936,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMallocPitch__call: CallDesc = CallDesc {
-        wire: 168u32,
-        call: 150u32,
+        wire: 175u32,
+        call: 154u32,
         name: "cudaMallocPitch",
         form: Some("call"),
         library: "cudart",
@@ -45594,8 +45976,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemAdvise__cu118: CallDesc = CallDesc {
-        wire: 169u32,
-        call: 151u32,
+        wire: 176u32,
+        call: 155u32,
         name: "cudaMemAdvise",
         form: None,
         library: "cudart",
@@ -45627,8 +46009,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemAdvise__cu130: CallDesc = CallDesc {
-        wire: 170u32,
-        call: 151u32,
+        wire: 177u32,
+        call: 155u32,
         name: "cudaMemAdvise",
         form: None,
         library: "cudart",
@@ -45657,8 +46039,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardAndPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 171u32,
-        call: 152u32,
+        wire: 178u32,
+        call: 156u32,
         name: "cudaMemDiscardAndPrefetchBatchAsync",
         form: None,
         library: "cudart",
@@ -45717,8 +46099,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardAndPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 172u32,
-        call: 153u32,
+        wire: 179u32,
+        call: 157u32,
         name: "cudaMemDiscardAndPrefetchBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -45777,8 +46159,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardBatchAsync: CallDesc = CallDesc {
-        wire: 173u32,
-        call: 154u32,
+        wire: 180u32,
+        call: 158u32,
         name: "cudaMemDiscardBatchAsync",
         form: None,
         library: "cudart",
@@ -45821,8 +46203,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemDiscardBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 174u32,
-        call: 155u32,
+        wire: 181u32,
+        call: 159u32,
         name: "cudaMemDiscardBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -45865,8 +46247,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 175u32,
-        call: 156u32,
+        wire: 182u32,
+        call: 160u32,
         name: "cudaMemGetDefaultMemPool",
         form: None,
         library: "cudart",
@@ -45899,8 +46281,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetInfo: CallDesc = CallDesc {
-        wire: 176u32,
-        call: 157u32,
+        wire: 183u32,
+        call: 161u32,
         name: "cudaMemGetInfo",
         form: None,
         library: "cudart",
@@ -45931,8 +46313,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemGetMemPool: CallDesc = CallDesc {
-        wire: 177u32,
-        call: 158u32,
+        wire: 184u32,
+        call: 162u32,
         name: "cudaMemGetMemPool",
         form: None,
         library: "cudart",
@@ -45964,9 +46346,69 @@ pub mod cudart {
         },
         only_waits: false,
     };
+    pub static cudaMemPoolCreate__cu118: CallDesc = CallDesc {
+        wire: 185u32,
+        call: 163u32,
+        name: "cudaMemPoolCreate",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 19u16,
+                named: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 88u32,
+                len: None,
+                record: Some("cudaMemPoolProps"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaMemPoolCreate__cu126: CallDesc = CallDesc {
+        wire: 186u32,
+        call: 163u32,
+        name: "cudaMemPoolCreate",
+        form: None,
+        library: "cudart",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 19u16,
+                named: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 88u32,
+                len: None,
+                record: Some("cudaMemPoolProps"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cudaMemPoolDestroy: CallDesc = CallDesc {
-        wire: 178u32,
-        call: 159u32,
+        wire: 187u32,
+        call: 164u32,
         name: "cudaMemPoolDestroy",
         form: None,
         library: "cudart",
@@ -45989,8 +46431,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolGetAccess: CallDesc = CallDesc {
-        wire: 179u32,
-        call: 160u32,
+        wire: 188u32,
+        call: 165u32,
         name: "cudaMemPoolGetAccess",
         form: None,
         library: "cudart",
@@ -46025,8 +46467,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolGetAttribute: CallDesc = CallDesc {
-        wire: 180u32,
-        call: 161u32,
+        wire: 189u32,
+        call: 166u32,
         name: "cudaMemPoolGetAttribute",
         form: None,
         library: "cudart",
@@ -46059,8 +46501,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolSetAccess: CallDesc = CallDesc {
-        wire: 181u32,
-        call: 162u32,
+        wire: 190u32,
+        call: 167u32,
         name: "cudaMemPoolSetAccess",
         form: None,
         library: "cudart",
@@ -46093,8 +46535,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolSetAttribute: CallDesc = CallDesc {
-        wire: 182u32,
-        call: 163u32,
+        wire: 191u32,
+        call: 168u32,
         name: "cudaMemPoolSetAttribute",
         form: None,
         library: "cudart",
@@ -46127,8 +46569,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 183u32,
-        call: 164u32,
+        wire: 192u32,
+        call: 169u32,
         name: "cudaMemPoolTrimTo",
         form: None,
         library: "cudart",
@@ -46155,8 +46597,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync__cu118: CallDesc = CallDesc {
-        wire: 184u32,
-        call: 165u32,
+        wire: 193u32,
+        call: 170u32,
         name: "cudaMemPrefetchAsync",
         form: None,
         library: "cudart",
@@ -46188,8 +46630,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync__cu130: CallDesc = CallDesc {
-        wire: 185u32,
-        call: 165u32,
+        wire: 194u32,
+        call: 170u32,
         name: "cudaMemPrefetchAsync",
         form: None,
         library: "cudart",
@@ -46222,8 +46664,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync_ptsz__cu118: CallDesc = CallDesc {
-        wire: 186u32,
-        call: 166u32,
+        wire: 195u32,
+        call: 171u32,
         name: "cudaMemPrefetchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -46255,8 +46697,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchAsync_ptsz__cu130: CallDesc = CallDesc {
-        wire: 187u32,
-        call: 166u32,
+        wire: 196u32,
+        call: 171u32,
         name: "cudaMemPrefetchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -46289,8 +46731,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 188u32,
-        call: 167u32,
+        wire: 197u32,
+        call: 172u32,
         name: "cudaMemPrefetchBatchAsync",
         form: None,
         library: "cudart",
@@ -46349,8 +46791,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 189u32,
-        call: 168u32,
+        wire: 198u32,
+        call: 173u32,
         name: "cudaMemPrefetchBatchAsync_ptsz",
         form: None,
         library: "cudart",
@@ -46409,8 +46851,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemRangeGetAttribute: CallDesc = CallDesc {
-        wire: 190u32,
-        call: 169u32,
+        wire: 199u32,
+        call: 174u32,
         name: "cudaMemRangeGetAttribute",
         form: None,
         library: "cudart",
@@ -46448,8 +46890,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemSetMemPool: CallDesc = CallDesc {
-        wire: 191u32,
-        call: 170u32,
+        wire: 200u32,
+        call: 175u32,
         name: "cudaMemSetMemPool",
         form: None,
         library: "cudart",
@@ -46482,8 +46924,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__d2d: CallDesc = CallDesc {
-        wire: 192u32,
-        call: 171u32,
+        wire: 201u32,
+        call: 176u32,
         name: "cudaMemcpy",
         form: Some("d2d"),
         library: "cudart",
@@ -46512,8 +46954,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__d2h: CallDesc = CallDesc {
-        wire: 193u32,
-        call: 171u32,
+        wire: 202u32,
+        call: 176u32,
         name: "cudaMemcpy",
         form: Some("d2h"),
         library: "cudart",
@@ -46547,8 +46989,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy__h2d: CallDesc = CallDesc {
-        wire: 194u32,
-        call: 171u32,
+        wire: 203u32,
+        call: 176u32,
         name: "cudaMemcpy",
         form: Some("h2d"),
         library: "cudart",
@@ -46582,8 +47024,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__d2d: CallDesc = CallDesc {
-        wire: 195u32,
-        call: 172u32,
+        wire: 204u32,
+        call: 177u32,
         name: "cudaMemcpy2D",
         form: Some("d2d"),
         library: "cudart",
@@ -46624,8 +47066,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__d2h: CallDesc = CallDesc {
-        wire: 196u32,
-        call: 172u32,
+        wire: 205u32,
+        call: 177u32,
         name: "cudaMemcpy2D",
         form: Some("d2h"),
         library: "cudart",
@@ -46671,8 +47113,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D__h2d: CallDesc = CallDesc {
-        wire: 197u32,
-        call: 172u32,
+        wire: 206u32,
+        call: 177u32,
         name: "cudaMemcpy2D",
         form: Some("h2d"),
         library: "cudart",
@@ -46718,8 +47160,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DArrayToArray: CallDesc = CallDesc {
-        wire: 198u32,
-        call: 173u32,
+        wire: 207u32,
+        call: 178u32,
         name: "cudaMemcpy2DArrayToArray",
         form: None,
         library: "cudart",
@@ -46774,8 +47216,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 199u32,
-        call: 174u32,
+        wire: 208u32,
+        call: 179u32,
         name: "cudaMemcpy2DArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -46830,8 +47272,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__d2d: CallDesc = CallDesc {
-        wire: 200u32,
-        call: 175u32,
+        wire: 209u32,
+        call: 180u32,
         name: "cudaMemcpy2DAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -46876,8 +47318,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__d2h: CallDesc = CallDesc {
-        wire: 201u32,
-        call: 175u32,
+        wire: 210u32,
+        call: 180u32,
         name: "cudaMemcpy2DAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -46927,8 +47369,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync__h2d: CallDesc = CallDesc {
-        wire: 202u32,
-        call: 175u32,
+        wire: 211u32,
+        call: 180u32,
         name: "cudaMemcpy2DAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -46978,8 +47420,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 203u32,
-        call: 176u32,
+        wire: 212u32,
+        call: 181u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -47024,8 +47466,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 204u32,
-        call: 176u32,
+        wire: 213u32,
+        call: 181u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -47075,8 +47517,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2DAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 205u32,
-        call: 176u32,
+        wire: 214u32,
+        call: 181u32,
         name: "cudaMemcpy2DAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -47126,8 +47568,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__d2d: CallDesc = CallDesc {
-        wire: 206u32,
-        call: 177u32,
+        wire: 215u32,
+        call: 182u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -47168,8 +47610,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__d2h: CallDesc = CallDesc {
-        wire: 207u32,
-        call: 177u32,
+        wire: 216u32,
+        call: 182u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -47215,8 +47657,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy2D_ptds__h2d: CallDesc = CallDesc {
-        wire: 208u32,
-        call: 177u32,
+        wire: 217u32,
+        call: 182u32,
         name: "cudaMemcpy2D_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -47262,8 +47704,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyArrayToArray: CallDesc = CallDesc {
-        wire: 209u32,
-        call: 178u32,
+        wire: 218u32,
+        call: 183u32,
         name: "cudaMemcpyArrayToArray",
         form: None,
         library: "cudart",
@@ -47314,8 +47756,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyArrayToArray_ptds: CallDesc = CallDesc {
-        wire: 210u32,
-        call: 179u32,
+        wire: 219u32,
+        call: 184u32,
         name: "cudaMemcpyArrayToArray_ptds",
         form: None,
         library: "cudart",
@@ -47366,8 +47808,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__d2d: CallDesc = CallDesc {
-        wire: 211u32,
-        call: 180u32,
+        wire: 220u32,
+        call: 185u32,
         name: "cudaMemcpyAsync",
         form: Some("d2d"),
         library: "cudart",
@@ -47400,8 +47842,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__d2h: CallDesc = CallDesc {
-        wire: 212u32,
-        call: 180u32,
+        wire: 221u32,
+        call: 185u32,
         name: "cudaMemcpyAsync",
         form: Some("d2h"),
         library: "cudart",
@@ -47439,8 +47881,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync__h2d: CallDesc = CallDesc {
-        wire: 213u32,
-        call: 180u32,
+        wire: 222u32,
+        call: 185u32,
         name: "cudaMemcpyAsync",
         form: Some("h2d"),
         library: "cudart",
@@ -47478,8 +47920,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__d2d: CallDesc = CallDesc {
-        wire: 214u32,
-        call: 181u32,
+        wire: 223u32,
+        call: 186u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2d"),
         library: "cudart",
@@ -47512,8 +47954,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__d2h: CallDesc = CallDesc {
-        wire: 215u32,
-        call: 181u32,
+        wire: 224u32,
+        call: 186u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("d2h"),
         library: "cudart",
@@ -47551,8 +47993,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyAsync_ptsz__h2d: CallDesc = CallDesc {
-        wire: 216u32,
-        call: 181u32,
+        wire: 225u32,
+        call: 186u32,
         name: "cudaMemcpyAsync_ptsz",
         form: Some("h2d"),
         library: "cudart",
@@ -47590,8 +48032,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyPeer: CallDesc = CallDesc {
-        wire: 217u32,
-        call: 182u32,
+        wire: 226u32,
+        call: 187u32,
         name: "cudaMemcpyPeer",
         form: None,
         library: "cudart",
@@ -47624,8 +48066,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 218u32,
-        call: 183u32,
+        wire: 227u32,
+        call: 188u32,
         name: "cudaMemcpyPeerAsync",
         form: None,
         library: "cudart",
@@ -47662,8 +48104,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__d2d: CallDesc = CallDesc {
-        wire: 219u32,
-        call: 184u32,
+        wire: 228u32,
+        call: 189u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2d"),
         library: "cudart",
@@ -47692,8 +48134,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__d2h: CallDesc = CallDesc {
-        wire: 220u32,
-        call: 184u32,
+        wire: 229u32,
+        call: 189u32,
         name: "cudaMemcpy_ptds",
         form: Some("d2h"),
         library: "cudart",
@@ -47727,8 +48169,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemcpy_ptds__h2d: CallDesc = CallDesc {
-        wire: 221u32,
-        call: 184u32,
+        wire: 230u32,
+        call: 189u32,
         name: "cudaMemcpy_ptds",
         form: Some("h2d"),
         library: "cudart",
@@ -47762,8 +48204,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset: CallDesc = CallDesc {
-        wire: 222u32,
-        call: 185u32,
+        wire: 231u32,
+        call: 190u32,
         name: "cudaMemset",
         form: None,
         library: "cudart",
@@ -47791,8 +48233,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2D: CallDesc = CallDesc {
-        wire: 223u32,
-        call: 186u32,
+        wire: 232u32,
+        call: 191u32,
         name: "cudaMemset2D",
         form: None,
         library: "cudart",
@@ -47828,8 +48270,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2DAsync: CallDesc = CallDesc {
-        wire: 224u32,
-        call: 187u32,
+        wire: 233u32,
+        call: 192u32,
         name: "cudaMemset2DAsync",
         form: None,
         library: "cudart",
@@ -47869,8 +48311,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2DAsync_ptsz: CallDesc = CallDesc {
-        wire: 225u32,
-        call: 188u32,
+        wire: 234u32,
+        call: 193u32,
         name: "cudaMemset2DAsync_ptsz",
         form: None,
         library: "cudart",
@@ -47910,8 +48352,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset2D_ptds: CallDesc = CallDesc {
-        wire: 226u32,
-        call: 189u32,
+        wire: 235u32,
+        call: 194u32,
         name: "cudaMemset2D_ptds",
         form: None,
         library: "cudart",
@@ -47946,9 +48388,121 @@ pub mod cudart {
         },
         only_waits: false,
     };
+    pub static cudaMemset3D: CallDesc = CallDesc {
+        wire: 236u32,
+        call: 195u32,
+        name: "cudaMemset3D",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::ByValRecord { bytes: 32u32 },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::ByValRecord { bytes: 24u32 },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaMemset3DAsync: CallDesc = CallDesc {
+        wire: 237u32,
+        call: 196u32,
+        name: "cudaMemset3DAsync",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::ByValRecord { bytes: 32u32 },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::ByValRecord { bytes: 24u32 },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaMemset3DAsync_ptsz: CallDesc = CallDesc {
+        wire: 238u32,
+        call: 197u32,
+        name: "cudaMemset3DAsync_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::ByValRecord { bytes: 32u32 },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::ByValRecord { bytes: 24u32 },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaMemset3D_ptds: CallDesc = CallDesc {
+        wire: 239u32,
+        call: 198u32,
+        name: "cudaMemset3D_ptds",
+        form: None,
+        library: "cudart",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::ByValRecord { bytes: 32u32 },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::ByValRecord { bytes: 24u32 },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cudaMemsetAsync: CallDesc = CallDesc {
-        wire: 227u32,
-        call: 190u32,
+        wire: 240u32,
+        call: 199u32,
         name: "cudaMemsetAsync",
         form: None,
         library: "cudart",
@@ -47980,8 +48534,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemsetAsync_ptsz: CallDesc = CallDesc {
-        wire: 228u32,
-        call: 191u32,
+        wire: 241u32,
+        call: 200u32,
         name: "cudaMemsetAsync_ptsz",
         form: None,
         library: "cudart",
@@ -48013,8 +48567,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMemset_ptds: CallDesc = CallDesc {
-        wire: 229u32,
-        call: 192u32,
+        wire: 242u32,
+        call: 201u32,
         name: "cudaMemset_ptds",
         form: None,
         library: "cudart",
@@ -48042,8 +48596,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMipmappedArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 230u32,
-        call: 193u32,
+        wire: 243u32,
+        call: 202u32,
         name: "cudaMipmappedArrayGetMemoryRequirements",
         form: None,
         library: "cudart",
@@ -48076,8 +48630,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaMipmappedArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 231u32,
-        call: 194u32,
+        wire: 244u32,
+        call: 203u32,
         name: "cudaMipmappedArrayGetSparseProperties",
         form: None,
         library: "cudart",
@@ -48106,8 +48660,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDevice__call: CallDesc = CallDesc {
-        wire: 232u32,
-        call: 195u32,
+        wire: 245u32,
+        call: 204u32,
         name: "cudaSetDevice",
         form: Some("call"),
         library: "cudart",
@@ -48130,8 +48684,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDeviceFlags__call: CallDesc = CallDesc {
-        wire: 233u32,
-        call: 196u32,
+        wire: 246u32,
+        call: 205u32,
         name: "cudaSetDeviceFlags",
         form: Some("call"),
         library: "cudart",
@@ -48154,8 +48708,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDoubleForDevice: CallDesc = CallDesc {
-        wire: 234u32,
-        call: 197u32,
+        wire: 247u32,
+        call: 206u32,
         name: "cudaSetDoubleForDevice",
         form: None,
         library: "cudart",
@@ -48180,8 +48734,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetDoubleForHost: CallDesc = CallDesc {
-        wire: 235u32,
-        call: 198u32,
+        wire: 248u32,
+        call: 207u32,
         name: "cudaSetDoubleForHost",
         form: None,
         library: "cudart",
@@ -48206,8 +48760,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaSetValidDevices: CallDesc = CallDesc {
-        wire: 236u32,
-        call: 199u32,
+        wire: 249u32,
+        call: 208u32,
         name: "cudaSetValidDevices",
         form: None,
         library: "cudart",
@@ -48236,8 +48790,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAddCallback__host: CallDesc = CallDesc {
-        wire: 237u32,
-        call: 200u32,
+        wire: 250u32,
+        call: 209u32,
         name: "cudaStreamAddCallback",
         form: Some("host"),
         library: "cudart",
@@ -48272,8 +48826,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAddCallback_ptsz__host: CallDesc = CallDesc {
-        wire: 238u32,
-        call: 201u32,
+        wire: 251u32,
+        call: 210u32,
         name: "cudaStreamAddCallback_ptsz",
         form: Some("host"),
         library: "cudart",
@@ -48308,8 +48862,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 239u32,
-        call: 202u32,
+        wire: 252u32,
+        call: 211u32,
         name: "cudaStreamAttachMemAsync",
         form: None,
         library: "cudart",
@@ -48341,8 +48895,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 240u32,
-        call: 203u32,
+        wire: 253u32,
+        call: 212u32,
         name: "cudaStreamAttachMemAsync_ptsz",
         form: None,
         library: "cudart",
@@ -48374,8 +48928,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 241u32,
-        call: 204u32,
+        wire: 254u32,
+        call: 213u32,
         name: "cudaStreamBeginCapture",
         form: Some("call"),
         library: "cudart",
@@ -48402,8 +48956,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 242u32,
-        call: 205u32,
+        wire: 255u32,
+        call: 214u32,
         name: "cudaStreamBeginCapture_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -48430,8 +48984,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 243u32,
-        call: 206u32,
+        wire: 256u32,
+        call: 215u32,
         name: "cudaStreamCopyAttributes",
         form: None,
         library: "cudart",
@@ -48458,8 +49012,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 244u32,
-        call: 207u32,
+        wire: 257u32,
+        call: 216u32,
         name: "cudaStreamCopyAttributes_ptsz",
         form: None,
         library: "cudart",
@@ -48486,8 +49040,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreate: CallDesc = CallDesc {
-        wire: 245u32,
-        call: 208u32,
+        wire: 258u32,
+        call: 217u32,
         name: "cudaStreamCreate",
         form: None,
         library: "cudart",
@@ -48510,8 +49064,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreateWithFlags: CallDesc = CallDesc {
-        wire: 246u32,
-        call: 209u32,
+        wire: 259u32,
+        call: 218u32,
         name: "cudaStreamCreateWithFlags",
         form: None,
         library: "cudart",
@@ -48538,8 +49092,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamCreateWithPriority__call: CallDesc = CallDesc {
-        wire: 247u32,
-        call: 210u32,
+        wire: 260u32,
+        call: 219u32,
         name: "cudaStreamCreateWithPriority",
         form: Some("call"),
         library: "cudart",
@@ -48570,8 +49124,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamDestroy: CallDesc = CallDesc {
-        wire: 248u32,
-        call: 211u32,
+        wire: 261u32,
+        call: 220u32,
         name: "cudaStreamDestroy",
         form: None,
         library: "cudart",
@@ -48594,8 +49148,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 249u32,
-        call: 212u32,
+        wire: 262u32,
+        call: 221u32,
         name: "cudaStreamEndCapture",
         form: Some("call"),
         library: "cudart",
@@ -48622,8 +49176,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 250u32,
-        call: 213u32,
+        wire: 263u32,
+        call: 222u32,
         name: "cudaStreamEndCapture_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -48650,8 +49204,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 251u32,
-        call: 214u32,
+        wire: 264u32,
+        call: 223u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48684,8 +49238,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 252u32,
-        call: 214u32,
+        wire: 265u32,
+        call: 223u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48718,8 +49272,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 253u32,
-        call: 214u32,
+        wire: 266u32,
+        call: 223u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48752,8 +49306,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 254u32,
-        call: 214u32,
+        wire: 267u32,
+        call: 223u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48786,8 +49340,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 255u32,
-        call: 214u32,
+        wire: 268u32,
+        call: 223u32,
         name: "cudaStreamGetAttribute",
         form: None,
         library: "cudart",
@@ -48820,8 +49374,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 256u32,
-        call: 215u32,
+        wire: 269u32,
+        call: 224u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48854,8 +49408,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 257u32,
-        call: 215u32,
+        wire: 270u32,
+        call: 224u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48888,8 +49442,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 258u32,
-        call: 215u32,
+        wire: 271u32,
+        call: 224u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48922,8 +49476,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 259u32,
-        call: 215u32,
+        wire: 272u32,
+        call: 224u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48956,8 +49510,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 260u32,
-        call: 215u32,
+        wire: 273u32,
+        call: 224u32,
         name: "cudaStreamGetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -48990,8 +49544,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo__cu118__call: CallDesc = CallDesc {
-        wire: 261u32,
-        call: 216u32,
+        wire: 274u32,
+        call: 225u32,
         name: "cudaStreamGetCaptureInfo",
         form: Some("call"),
         library: "cudart",
@@ -49026,8 +49580,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo__cu130__call: CallDesc = CallDesc {
-        wire: 262u32,
-        call: 216u32,
+        wire: 275u32,
+        call: 225u32,
         name: "cudaStreamGetCaptureInfo",
         form: Some("call"),
         library: "cudart",
@@ -49074,8 +49628,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu118__call: CallDesc = CallDesc {
-        wire: 263u32,
-        call: 217u32,
+        wire: 276u32,
+        call: 226u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -49110,8 +49664,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetCaptureInfo_ptsz__cu130__call: CallDesc = CallDesc {
-        wire: 264u32,
-        call: 217u32,
+        wire: 277u32,
+        call: 226u32,
         name: "cudaStreamGetCaptureInfo_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -49158,8 +49712,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetDevice: CallDesc = CallDesc {
-        wire: 265u32,
-        call: 218u32,
+        wire: 278u32,
+        call: 227u32,
         name: "cudaStreamGetDevice",
         form: None,
         library: "cudart",
@@ -49188,8 +49742,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 266u32,
-        call: 219u32,
+        wire: 279u32,
+        call: 228u32,
         name: "cudaStreamGetDevice_ptsz",
         form: None,
         library: "cudart",
@@ -49218,8 +49772,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetFlags: CallDesc = CallDesc {
-        wire: 267u32,
-        call: 220u32,
+        wire: 280u32,
+        call: 229u32,
         name: "cudaStreamGetFlags",
         form: None,
         library: "cudart",
@@ -49248,8 +49802,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 268u32,
-        call: 221u32,
+        wire: 281u32,
+        call: 230u32,
         name: "cudaStreamGetFlags_ptsz",
         form: None,
         library: "cudart",
@@ -49278,8 +49832,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetId: CallDesc = CallDesc {
-        wire: 269u32,
-        call: 222u32,
+        wire: 282u32,
+        call: 231u32,
         name: "cudaStreamGetId",
         form: None,
         library: "cudart",
@@ -49308,8 +49862,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 270u32,
-        call: 223u32,
+        wire: 283u32,
+        call: 232u32,
         name: "cudaStreamGetId_ptsz",
         form: None,
         library: "cudart",
@@ -49338,8 +49892,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetPriority: CallDesc = CallDesc {
-        wire: 271u32,
-        call: 224u32,
+        wire: 284u32,
+        call: 233u32,
         name: "cudaStreamGetPriority",
         form: None,
         library: "cudart",
@@ -49368,8 +49922,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 272u32,
-        call: 225u32,
+        wire: 285u32,
+        call: 234u32,
         name: "cudaStreamGetPriority_ptsz",
         form: None,
         library: "cudart",
@@ -49398,8 +49952,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 273u32,
-        call: 226u32,
+        wire: 286u32,
+        call: 235u32,
         name: "cudaStreamIsCapturing",
         form: Some("call"),
         library: "cudart",
@@ -49428,8 +49982,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 274u32,
-        call: 227u32,
+        wire: 287u32,
+        call: 236u32,
         name: "cudaStreamIsCapturing_ptsz",
         form: Some("call"),
         library: "cudart",
@@ -49458,8 +50012,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamQuery: CallDesc = CallDesc {
-        wire: 275u32,
-        call: 228u32,
+        wire: 288u32,
+        call: 237u32,
         name: "cudaStreamQuery",
         form: None,
         library: "cudart",
@@ -49482,8 +50036,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 276u32,
-        call: 229u32,
+        wire: 289u32,
+        call: 238u32,
         name: "cudaStreamQuery_ptsz",
         form: None,
         library: "cudart",
@@ -49506,8 +50060,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 277u32,
-        call: 230u32,
+        wire: 290u32,
+        call: 239u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -49540,8 +50094,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 278u32,
-        call: 230u32,
+        wire: 291u32,
+        call: 239u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -49574,8 +50128,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 279u32,
-        call: 230u32,
+        wire: 292u32,
+        call: 239u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -49608,8 +50162,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 280u32,
-        call: 230u32,
+        wire: 293u32,
+        call: 239u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -49642,8 +50196,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 281u32,
-        call: 230u32,
+        wire: 294u32,
+        call: 239u32,
         name: "cudaStreamSetAttribute",
         form: None,
         library: "cudart",
@@ -49676,8 +50230,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 282u32,
-        call: 231u32,
+        wire: 295u32,
+        call: 240u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -49710,8 +50264,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 283u32,
-        call: 231u32,
+        wire: 296u32,
+        call: 240u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -49744,8 +50298,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 284u32,
-        call: 231u32,
+        wire: 297u32,
+        call: 240u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -49778,8 +50332,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 285u32,
-        call: 231u32,
+        wire: 298u32,
+        call: 240u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -49812,8 +50366,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 286u32,
-        call: 231u32,
+        wire: 299u32,
+        call: 240u32,
         name: "cudaStreamSetAttribute_ptsz",
         form: None,
         library: "cudart",
@@ -49846,8 +50400,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamSynchronize: CallDesc = CallDesc {
-        wire: 287u32,
-        call: 232u32,
+        wire: 300u32,
+        call: 241u32,
         name: "cudaStreamSynchronize",
         form: None,
         library: "cudart",
@@ -49870,8 +50424,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 288u32,
-        call: 233u32,
+        wire: 301u32,
+        call: 242u32,
         name: "cudaStreamSynchronize_ptsz",
         form: None,
         library: "cudart",
@@ -49894,8 +50448,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaStreamUpdateCaptureDependencies__cu118: CallDesc = CallDesc {
-        wire: 289u32,
-        call: 234u32,
+        wire: 302u32,
+        call: 243u32,
         name: "cudaStreamUpdateCaptureDependencies",
         form: None,
         library: "cudart",
@@ -49906,9 +50460,51 @@ pub mod cudart {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle {
+            Wire::Handles {
                 kind: 11u16,
-                named: false,
+                len: &LEN_cudaStreamUpdateCaptureDependencies__cu118_81,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamUpdateCaptureDependencies__cu130: CallDesc = CallDesc {
+        wire: 303u32,
+        call: 243u32,
+        name: "cudaStreamUpdateCaptureDependencies",
+        form: None,
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Handles {
+                kind: 11u16,
+                len: &LEN_cudaStreamUpdateCaptureDependencies__cu130_82,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cudaStreamUpdateCaptureDependencies__cu130_83),
+                record: Some("cudaGraphEdgeData_st"),
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49930,8 +50526,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamUpdateCaptureDependencies_ptsz__cu126: CallDesc = CallDesc {
-        wire: 290u32,
-        call: 235u32,
+        wire: 304u32,
+        call: 244u32,
         name: "cudaStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "cudart",
@@ -49942,9 +50538,51 @@ pub mod cudart {
                 kind: 22u16,
                 destroy: false,
             },
-            Wire::OutHandle {
+            Wire::Handles {
                 kind: 11u16,
-                named: false,
+                len: &LEN_cudaStreamUpdateCaptureDependencies_ptsz__cu126_84,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cudaStreamUpdateCaptureDependencies_ptsz__cu130: CallDesc = CallDesc {
+        wire: 305u32,
+        call: 244u32,
+        name: "cudaStreamUpdateCaptureDependencies_ptsz",
+        form: None,
+        library: "cudart",
+        versions: &["13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Handles {
+                kind: 11u16,
+                len: &LEN_cudaStreamUpdateCaptureDependencies_ptsz__cu130_85,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cudaStreamUpdateCaptureDependencies_ptsz__cu130_86),
+                record: Some("cudaGraphEdgeData_st"),
             },
             Wire::Val {
                 bytes: 8u8,
@@ -49966,8 +50604,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamWaitEvent: CallDesc = CallDesc {
-        wire: 291u32,
-        call: 236u32,
+        wire: 306u32,
+        call: 245u32,
         name: "cudaStreamWaitEvent",
         form: None,
         library: "cudart",
@@ -49998,8 +50636,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 292u32,
-        call: 237u32,
+        wire: 307u32,
+        call: 246u32,
         name: "cudaStreamWaitEvent_ptsz",
         form: None,
         library: "cudart",
@@ -50030,8 +50668,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 293u32,
-        call: 238u32,
+        wire: 308u32,
+        call: 247u32,
         name: "cudaThreadExchangeStreamCaptureMode",
         form: None,
         library: "cudart",
@@ -50056,8 +50694,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadExit: CallDesc = CallDesc {
-        wire: 294u32,
-        call: 239u32,
+        wire: 309u32,
+        call: 248u32,
         name: "cudaThreadExit",
         form: None,
         library: "cudart",
@@ -50075,8 +50713,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadGetCacheConfig: CallDesc = CallDesc {
-        wire: 295u32,
-        call: 240u32,
+        wire: 310u32,
+        call: 249u32,
         name: "cudaThreadGetCacheConfig",
         form: None,
         library: "cudart",
@@ -50101,8 +50739,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadGetLimit: CallDesc = CallDesc {
-        wire: 296u32,
-        call: 241u32,
+        wire: 311u32,
+        call: 250u32,
         name: "cudaThreadGetLimit",
         form: None,
         library: "cudart",
@@ -50131,8 +50769,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSetCacheConfig: CallDesc = CallDesc {
-        wire: 297u32,
-        call: 242u32,
+        wire: 312u32,
+        call: 251u32,
         name: "cudaThreadSetCacheConfig",
         form: None,
         library: "cudart",
@@ -50155,8 +50793,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSetLimit: CallDesc = CallDesc {
-        wire: 298u32,
-        call: 243u32,
+        wire: 313u32,
+        call: 252u32,
         name: "cudaThreadSetLimit",
         form: None,
         library: "cudart",
@@ -50183,8 +50821,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaThreadSynchronize: CallDesc = CallDesc {
-        wire: 299u32,
-        call: 244u32,
+        wire: 314u32,
+        call: 253u32,
         name: "cudaThreadSynchronize",
         form: None,
         library: "cudart",
@@ -50202,8 +50840,8 @@ pub mod cudart {
         only_waits: true,
     };
     pub static cudaUnbindTexture: CallDesc = CallDesc {
-        wire: 300u32,
-        call: 245u32,
+        wire: 315u32,
+        call: 254u32,
         name: "cudaUnbindTexture",
         form: None,
         library: "cudart",
@@ -50228,8 +50866,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaUserObjectRelease: CallDesc = CallDesc {
-        wire: 301u32,
-        call: 246u32,
+        wire: 316u32,
+        call: 255u32,
         name: "cudaUserObjectRelease",
         form: None,
         library: "cudart",
@@ -50256,8 +50894,8 @@ pub mod cudart {
         only_waits: false,
     };
     pub static cudaUserObjectRetain: CallDesc = CallDesc {
-        wire: 302u32,
-        call: 247u32,
+        wire: 317u32,
+        call: 256u32,
         name: "cudaUserObjectRetain",
         form: None,
         library: "cudart",
@@ -50496,8 +51134,8 @@ pub mod cudnn {
     static LEN_cudnnTransformTensor__cu126_145: Len = Len::Lit(16u64);
     static LEN_cudnnTransformTensor__cu126_146: Len = Len::Lit(16u64);
     pub static cudnnActivationBackward__cu118: CallDesc = CallDesc {
-        wire: 1408u32,
-        call: 1309u32,
+        wire: 1450u32,
+        call: 1344u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -50556,8 +51194,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationBackward__cu126: CallDesc = CallDesc {
-        wire: 1409u32,
-        call: 1309u32,
+        wire: 1451u32,
+        call: 1344u32,
         name: "cudnnActivationBackward",
         form: None,
         library: "cudnn",
@@ -50616,8 +51254,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1410u32,
-        call: 1310u32,
+        wire: 1452u32,
+        call: 1345u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -50666,8 +51304,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1411u32,
-        call: 1310u32,
+        wire: 1453u32,
+        call: 1345u32,
         name: "cudnnActivationForward",
         form: None,
         library: "cudnn",
@@ -50716,8 +51354,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvInferVersionCheck: CallDesc = CallDesc {
-        wire: 1412u32,
-        call: 1311u32,
+        wire: 1454u32,
+        call: 1346u32,
         name: "cudnnAdvInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -50735,8 +51373,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1413u32,
-        call: 1312u32,
+        wire: 1455u32,
+        call: 1347u32,
         name: "cudnnAdvTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -50754,8 +51392,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnAdvVersionCheck: CallDesc = CallDesc {
-        wire: 1414u32,
-        call: 1313u32,
+        wire: 1456u32,
+        call: 1348u32,
         name: "cudnnAdvVersionCheck",
         form: None,
         library: "cudnn",
@@ -50773,8 +51411,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1415u32,
-        call: 1314u32,
+        wire: 1457u32,
+        call: 1349u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -50801,8 +51439,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu118__named: CallDesc = CallDesc {
-        wire: 1416u32,
-        call: 1314u32,
+        wire: 1458u32,
+        call: 1349u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -50829,8 +51467,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1417u32,
-        call: 1314u32,
+        wire: 1459u32,
+        call: 1349u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -50857,8 +51495,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendCreateDescriptor__cu126__named: CallDesc = CallDesc {
-        wire: 1418u32,
-        call: 1314u32,
+        wire: 1460u32,
+        call: 1349u32,
         name: "cudnnBackendCreateDescriptor",
         form: Some("named"),
         library: "cudnn",
@@ -50885,8 +51523,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1419u32,
-        call: 1315u32,
+        wire: 1461u32,
+        call: 1350u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -50909,8 +51547,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendDestroyDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1420u32,
-        call: 1315u32,
+        wire: 1462u32,
+        call: 1350u32,
         name: "cudnnBackendDestroyDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -50933,8 +51571,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu118: CallDesc = CallDesc {
-        wire: 1421u32,
-        call: 1316u32,
+        wire: 1463u32,
+        call: 1351u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -50965,8 +51603,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendExecute__cu126: CallDesc = CallDesc {
-        wire: 1422u32,
-        call: 1316u32,
+        wire: 1464u32,
+        call: 1351u32,
         name: "cudnnBackendExecute",
         form: None,
         library: "cudnn",
@@ -50997,8 +51635,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__async: CallDesc = CallDesc {
-        wire: 1423u32,
-        call: 1317u32,
+        wire: 1465u32,
+        call: 1352u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -51021,8 +51659,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu118__call: CallDesc = CallDesc {
-        wire: 1424u32,
-        call: 1317u32,
+        wire: 1466u32,
+        call: 1352u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -51045,8 +51683,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__async: CallDesc = CallDesc {
-        wire: 1425u32,
-        call: 1317u32,
+        wire: 1467u32,
+        call: 1352u32,
         name: "cudnnBackendFinalize",
         form: Some("async"),
         library: "cudnn",
@@ -51069,8 +51707,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendFinalize__cu126__call: CallDesc = CallDesc {
-        wire: 1426u32,
-        call: 1317u32,
+        wire: 1468u32,
+        call: 1352u32,
         name: "cudnnBackendFinalize",
         form: Some("call"),
         library: "cudnn",
@@ -51093,8 +51731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1427u32,
-        call: 1318u32,
+        wire: 1469u32,
+        call: 1353u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -51141,8 +51779,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1428u32,
-        call: 1318u32,
+        wire: 1470u32,
+        call: 1353u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -51187,8 +51825,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu118__refill: CallDesc = CallDesc {
-        wire: 1429u32,
-        call: 1318u32,
+        wire: 1471u32,
+        call: 1353u32,
         name: "cudnnBackendGetAttribute",
         form: Some("refill"),
         library: "cudnn",
@@ -51228,8 +51866,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1430u32,
-        call: 1318u32,
+        wire: 1472u32,
+        call: 1353u32,
         name: "cudnnBackendGetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -51276,8 +51914,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1431u32,
-        call: 1318u32,
+        wire: 1473u32,
+        call: 1353u32,
         name: "cudnnBackendGetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -51322,8 +51960,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendGetAttribute__cu126__refill: CallDesc = CallDesc {
-        wire: 1432u32,
-        call: 1318u32,
+        wire: 1474u32,
+        call: 1353u32,
         name: "cudnnBackendGetAttribute",
         form: Some("refill"),
         library: "cudnn",
@@ -51363,8 +52001,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu118: CallDesc = CallDesc {
-        wire: 1433u32,
-        call: 1319u32,
+        wire: 1475u32,
+        call: 1354u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -51387,8 +52025,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendInitialize__cu126: CallDesc = CallDesc {
-        wire: 1434u32,
-        call: 1319u32,
+        wire: 1476u32,
+        call: 1354u32,
         name: "cudnnBackendInitialize",
         form: None,
         library: "cudnn",
@@ -51411,8 +52049,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendPopulateCudaGraph: CallDesc = CallDesc {
-        wire: 1435u32,
-        call: 1320u32,
+        wire: 1477u32,
+        call: 1355u32,
         name: "cudnnBackendPopulateCudaGraph",
         form: None,
         library: "cudnn",
@@ -51447,8 +52085,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__call: CallDesc = CallDesc {
-        wire: 1436u32,
-        call: 1321u32,
+        wire: 1478u32,
+        call: 1356u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -51489,8 +52127,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__descriptors: CallDesc = CallDesc {
-        wire: 1437u32,
-        call: 1321u32,
+        wire: 1479u32,
+        call: 1356u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -51529,8 +52167,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu118__hostvalues: CallDesc = CallDesc {
-        wire: 1438u32,
-        call: 1321u32,
+        wire: 1480u32,
+        call: 1356u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -51571,8 +52209,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__call: CallDesc = CallDesc {
-        wire: 1439u32,
-        call: 1321u32,
+        wire: 1481u32,
+        call: 1356u32,
         name: "cudnnBackendSetAttribute",
         form: Some("call"),
         library: "cudnn",
@@ -51613,8 +52251,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__descriptors: CallDesc = CallDesc {
-        wire: 1440u32,
-        call: 1321u32,
+        wire: 1482u32,
+        call: 1356u32,
         name: "cudnnBackendSetAttribute",
         form: Some("descriptors"),
         library: "cudnn",
@@ -51653,8 +52291,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendSetAttribute__cu126__hostvalues: CallDesc = CallDesc {
-        wire: 1441u32,
-        call: 1321u32,
+        wire: 1483u32,
+        call: 1356u32,
         name: "cudnnBackendSetAttribute",
         form: Some("hostvalues"),
         library: "cudnn",
@@ -51695,8 +52333,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBackendUpdateCudaGraph: CallDesc = CallDesc {
-        wire: 1442u32,
-        call: 1322u32,
+        wire: 1484u32,
+        call: 1357u32,
         name: "cudnnBackendUpdateCudaGraph",
         form: None,
         library: "cudnn",
@@ -51731,8 +52369,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu118: CallDesc = CallDesc {
-        wire: 1443u32,
-        call: 1323u32,
+        wire: 1485u32,
+        call: 1358u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -51840,8 +52478,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationBackwardEx__cu126: CallDesc = CallDesc {
-        wire: 1444u32,
-        call: 1323u32,
+        wire: 1486u32,
+        call: 1358u32,
         name: "cudnnBatchNormalizationBackwardEx",
         form: None,
         library: "cudnn",
@@ -51949,8 +52587,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu118: CallDesc = CallDesc {
-        wire: 1445u32,
-        call: 1324u32,
+        wire: 1487u32,
+        call: 1359u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -52011,8 +52649,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardInference__cu126: CallDesc = CallDesc {
-        wire: 1446u32,
-        call: 1324u32,
+        wire: 1488u32,
+        call: 1359u32,
         name: "cudnnBatchNormalizationForwardInference",
         form: None,
         library: "cudnn",
@@ -52073,8 +52711,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu118: CallDesc = CallDesc {
-        wire: 1447u32,
-        call: 1325u32,
+        wire: 1489u32,
+        call: 1360u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -52141,8 +52779,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTraining__cu126: CallDesc = CallDesc {
-        wire: 1448u32,
-        call: 1325u32,
+        wire: 1490u32,
+        call: 1360u32,
         name: "cudnnBatchNormalizationForwardTraining",
         form: None,
         library: "cudnn",
@@ -52209,8 +52847,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu118: CallDesc = CallDesc {
-        wire: 1449u32,
-        call: 1326u32,
+        wire: 1491u32,
+        call: 1361u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -52300,8 +52938,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBatchNormalizationForwardTrainingEx__cu126: CallDesc = CallDesc {
-        wire: 1450u32,
-        call: 1326u32,
+        wire: 1492u32,
+        call: 1361u32,
         name: "cudnnBatchNormalizationForwardTrainingEx",
         form: None,
         library: "cudnn",
@@ -52391,8 +53029,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu118: CallDesc = CallDesc {
-        wire: 1451u32,
-        call: 1327u32,
+        wire: 1493u32,
+        call: 1362u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -52423,8 +53061,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnBuildRNNDynamic__cu126: CallDesc = CallDesc {
-        wire: 1452u32,
-        call: 1327u32,
+        wire: 1494u32,
+        call: 1362u32,
         name: "cudnnBuildRNNDynamic",
         form: None,
         library: "cudnn",
@@ -52455,8 +53093,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu118: CallDesc = CallDesc {
-        wire: 1453u32,
-        call: 1328u32,
+        wire: 1495u32,
+        call: 1363u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -52506,8 +53144,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCTCLoss_v8__cu126: CallDesc = CallDesc {
-        wire: 1454u32,
-        call: 1328u32,
+        wire: 1496u32,
+        call: 1363u32,
         name: "cudnnCTCLoss_v8",
         form: None,
         library: "cudnn",
@@ -52557,8 +53195,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnInferVersionCheck: CallDesc = CallDesc {
-        wire: 1455u32,
-        call: 1329u32,
+        wire: 1497u32,
+        call: 1364u32,
         name: "cudnnCnnInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -52576,8 +53214,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1456u32,
-        call: 1330u32,
+        wire: 1498u32,
+        call: 1365u32,
         name: "cudnnCnnTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -52595,8 +53233,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCnnVersionCheck: CallDesc = CallDesc {
-        wire: 1457u32,
-        call: 1331u32,
+        wire: 1499u32,
+        call: 1366u32,
         name: "cudnnCnnVersionCheck",
         form: None,
         library: "cudnn",
@@ -52614,8 +53252,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu118: CallDesc = CallDesc {
-        wire: 1458u32,
-        call: 1332u32,
+        wire: 1500u32,
+        call: 1367u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -52678,8 +53316,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardData__cu126: CallDesc = CallDesc {
-        wire: 1459u32,
-        call: 1332u32,
+        wire: 1501u32,
+        call: 1367u32,
         name: "cudnnConvolutionBackwardData",
         form: None,
         library: "cudnn",
@@ -52742,8 +53380,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu118: CallDesc = CallDesc {
-        wire: 1460u32,
-        call: 1333u32,
+        wire: 1502u32,
+        call: 1368u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -52806,8 +53444,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBackwardFilter__cu126: CallDesc = CallDesc {
-        wire: 1461u32,
-        call: 1333u32,
+        wire: 1503u32,
+        call: 1368u32,
         name: "cudnnConvolutionBackwardFilter",
         form: None,
         library: "cudnn",
@@ -52870,8 +53508,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu118: CallDesc = CallDesc {
-        wire: 1462u32,
-        call: 1334u32,
+        wire: 1504u32,
+        call: 1369u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -52948,8 +53586,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionBiasActivationForward__cu126: CallDesc = CallDesc {
-        wire: 1463u32,
-        call: 1334u32,
+        wire: 1505u32,
+        call: 1369u32,
         name: "cudnnConvolutionBiasActivationForward",
         form: None,
         library: "cudnn",
@@ -53026,8 +53664,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu118: CallDesc = CallDesc {
-        wire: 1464u32,
-        call: 1335u32,
+        wire: 1506u32,
+        call: 1370u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -53090,8 +53728,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnConvolutionForward__cu126: CallDesc = CallDesc {
-        wire: 1465u32,
-        call: 1335u32,
+        wire: 1507u32,
+        call: 1370u32,
         name: "cudnnConvolutionForward",
         form: None,
         library: "cudnn",
@@ -53154,8 +53792,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCopyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1466u32,
-        call: 1336u32,
+        wire: 1508u32,
+        call: 1371u32,
         name: "cudnnCopyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -53182,8 +53820,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu118: CallDesc = CallDesc {
-        wire: 1467u32,
-        call: 1337u32,
+        wire: 1509u32,
+        call: 1372u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -53206,8 +53844,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreate__cu126: CallDesc = CallDesc {
-        wire: 1468u32,
-        call: 1337u32,
+        wire: 1510u32,
+        call: 1372u32,
         name: "cudnnCreate",
         form: None,
         library: "cudnn",
@@ -53230,8 +53868,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1469u32,
-        call: 1338u32,
+        wire: 1511u32,
+        call: 1373u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -53254,8 +53892,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1470u32,
-        call: 1338u32,
+        wire: 1512u32,
+        call: 1373u32,
         name: "cudnnCreateActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -53278,8 +53916,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1471u32,
-        call: 1339u32,
+        wire: 1513u32,
+        call: 1374u32,
         name: "cudnnCreateAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -53302,8 +53940,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1472u32,
-        call: 1340u32,
+        wire: 1514u32,
+        call: 1375u32,
         name: "cudnnCreateAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -53330,8 +53968,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1473u32,
-        call: 1341u32,
+        wire: 1515u32,
+        call: 1376u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -53354,8 +53992,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1474u32,
-        call: 1341u32,
+        wire: 1516u32,
+        call: 1376u32,
         name: "cudnnCreateAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -53378,8 +54016,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1475u32,
-        call: 1342u32,
+        wire: 1517u32,
+        call: 1377u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -53402,8 +54040,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1476u32,
-        call: 1342u32,
+        wire: 1518u32,
+        call: 1377u32,
         name: "cudnnCreateCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -53426,8 +54064,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1477u32,
-        call: 1343u32,
+        wire: 1519u32,
+        call: 1378u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -53450,8 +54088,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1478u32,
-        call: 1343u32,
+        wire: 1520u32,
+        call: 1378u32,
         name: "cudnnCreateConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -53474,8 +54112,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1479u32,
-        call: 1344u32,
+        wire: 1521u32,
+        call: 1379u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -53498,8 +54136,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1480u32,
-        call: 1344u32,
+        wire: 1522u32,
+        call: 1379u32,
         name: "cudnnCreateDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -53522,8 +54160,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1481u32,
-        call: 1345u32,
+        wire: 1523u32,
+        call: 1380u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -53546,8 +54184,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1482u32,
-        call: 1345u32,
+        wire: 1524u32,
+        call: 1380u32,
         name: "cudnnCreateFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -53570,8 +54208,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1483u32,
-        call: 1346u32,
+        wire: 1525u32,
+        call: 1381u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -53598,8 +54236,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1484u32,
-        call: 1346u32,
+        wire: 1526u32,
+        call: 1381u32,
         name: "cudnnCreateFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -53626,8 +54264,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1485u32,
-        call: 1347u32,
+        wire: 1527u32,
+        call: 1382u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -53654,8 +54292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1486u32,
-        call: 1347u32,
+        wire: 1528u32,
+        call: 1382u32,
         name: "cudnnCreateFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -53682,8 +54320,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1487u32,
-        call: 1348u32,
+        wire: 1529u32,
+        call: 1383u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -53710,8 +54348,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1488u32,
-        call: 1348u32,
+        wire: 1530u32,
+        call: 1383u32,
         name: "cudnnCreateFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -53738,8 +54376,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1489u32,
-        call: 1349u32,
+        wire: 1531u32,
+        call: 1384u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -53762,8 +54400,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1490u32,
-        call: 1349u32,
+        wire: 1532u32,
+        call: 1384u32,
         name: "cudnnCreateLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -53786,8 +54424,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1491u32,
-        call: 1350u32,
+        wire: 1533u32,
+        call: 1385u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53810,8 +54448,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1492u32,
-        call: 1350u32,
+        wire: 1534u32,
+        call: 1385u32,
         name: "cudnnCreateOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -53834,8 +54472,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1493u32,
-        call: 1351u32,
+        wire: 1535u32,
+        call: 1386u32,
         name: "cudnnCreatePersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -53870,8 +54508,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1494u32,
-        call: 1352u32,
+        wire: 1536u32,
+        call: 1387u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -53894,8 +54532,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreatePoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1495u32,
-        call: 1352u32,
+        wire: 1537u32,
+        call: 1387u32,
         name: "cudnnCreatePoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -53918,8 +54556,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1496u32,
-        call: 1353u32,
+        wire: 1538u32,
+        call: 1388u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -53942,8 +54580,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1497u32,
-        call: 1353u32,
+        wire: 1539u32,
+        call: 1388u32,
         name: "cudnnCreateRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -53966,8 +54604,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1498u32,
-        call: 1354u32,
+        wire: 1540u32,
+        call: 1389u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -53990,8 +54628,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1499u32,
-        call: 1354u32,
+        wire: 1541u32,
+        call: 1389u32,
         name: "cudnnCreateRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -54014,8 +54652,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1500u32,
-        call: 1355u32,
+        wire: 1542u32,
+        call: 1390u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54038,8 +54676,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1501u32,
-        call: 1355u32,
+        wire: 1543u32,
+        call: 1390u32,
         name: "cudnnCreateReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54062,8 +54700,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1502u32,
-        call: 1356u32,
+        wire: 1544u32,
+        call: 1391u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -54086,8 +54724,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1503u32,
-        call: 1356u32,
+        wire: 1545u32,
+        call: 1391u32,
         name: "cudnnCreateSeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -54110,8 +54748,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1504u32,
-        call: 1357u32,
+        wire: 1546u32,
+        call: 1392u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -54134,8 +54772,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateSpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1505u32,
-        call: 1357u32,
+        wire: 1547u32,
+        call: 1392u32,
         name: "cudnnCreateSpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -54158,8 +54796,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1506u32,
-        call: 1358u32,
+        wire: 1548u32,
+        call: 1393u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54182,8 +54820,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1507u32,
-        call: 1358u32,
+        wire: 1549u32,
+        call: 1393u32,
         name: "cudnnCreateTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54206,8 +54844,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1508u32,
-        call: 1359u32,
+        wire: 1550u32,
+        call: 1394u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -54230,8 +54868,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnCreateTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1509u32,
-        call: 1359u32,
+        wire: 1551u32,
+        call: 1394u32,
         name: "cudnnCreateTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -54254,8 +54892,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1510u32,
-        call: 1360u32,
+        wire: 1552u32,
+        call: 1395u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54286,8 +54924,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveBNTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1511u32,
-        call: 1360u32,
+        wire: 1553u32,
+        call: 1395u32,
         name: "cudnnDeriveBNTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54318,8 +54956,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1512u32,
-        call: 1361u32,
+        wire: 1554u32,
+        call: 1396u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54358,8 +54996,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDeriveNormTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1513u32,
-        call: 1361u32,
+        wire: 1555u32,
+        call: 1396u32,
         name: "cudnnDeriveNormTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -54398,8 +55036,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu118__call: CallDesc = CallDesc {
-        wire: 1514u32,
-        call: 1362u32,
+        wire: 1556u32,
+        call: 1397u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -54422,8 +55060,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroy__cu126__call: CallDesc = CallDesc {
-        wire: 1515u32,
-        call: 1362u32,
+        wire: 1557u32,
+        call: 1397u32,
         name: "cudnnDestroy",
         form: Some("call"),
         library: "cudnn",
@@ -54446,8 +55084,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1516u32,
-        call: 1363u32,
+        wire: 1558u32,
+        call: 1398u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -54470,8 +55108,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1517u32,
-        call: 1363u32,
+        wire: 1559u32,
+        call: 1398u32,
         name: "cudnnDestroyActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -54494,8 +55132,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1518u32,
-        call: 1364u32,
+        wire: 1560u32,
+        call: 1399u32,
         name: "cudnnDestroyAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -54518,8 +55156,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1519u32,
-        call: 1365u32,
+        wire: 1561u32,
+        call: 1400u32,
         name: "cudnnDestroyAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -54546,8 +55184,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1520u32,
-        call: 1366u32,
+        wire: 1562u32,
+        call: 1401u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -54570,8 +55208,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1521u32,
-        call: 1366u32,
+        wire: 1563u32,
+        call: 1401u32,
         name: "cudnnDestroyAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -54594,8 +55232,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1522u32,
-        call: 1367u32,
+        wire: 1564u32,
+        call: 1402u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -54618,8 +55256,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1523u32,
-        call: 1367u32,
+        wire: 1565u32,
+        call: 1402u32,
         name: "cudnnDestroyCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -54642,8 +55280,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1524u32,
-        call: 1368u32,
+        wire: 1566u32,
+        call: 1403u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -54666,8 +55304,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyConvolutionDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1525u32,
-        call: 1368u32,
+        wire: 1567u32,
+        call: 1403u32,
         name: "cudnnDestroyConvolutionDescriptor",
         form: None,
         library: "cudnn",
@@ -54690,8 +55328,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1526u32,
-        call: 1369u32,
+        wire: 1568u32,
+        call: 1404u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -54714,8 +55352,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1527u32,
-        call: 1369u32,
+        wire: 1569u32,
+        call: 1404u32,
         name: "cudnnDestroyDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -54738,8 +55376,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1528u32,
-        call: 1370u32,
+        wire: 1570u32,
+        call: 1405u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -54762,8 +55400,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFilterDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1529u32,
-        call: 1370u32,
+        wire: 1571u32,
+        call: 1405u32,
         name: "cudnnDestroyFilterDescriptor",
         form: None,
         library: "cudnn",
@@ -54786,8 +55424,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu118: CallDesc = CallDesc {
-        wire: 1530u32,
-        call: 1371u32,
+        wire: 1572u32,
+        call: 1406u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -54810,8 +55448,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsConstParamPack__cu126: CallDesc = CallDesc {
-        wire: 1531u32,
-        call: 1371u32,
+        wire: 1573u32,
+        call: 1406u32,
         name: "cudnnDestroyFusedOpsConstParamPack",
         form: None,
         library: "cudnn",
@@ -54834,8 +55472,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1532u32,
-        call: 1372u32,
+        wire: 1574u32,
+        call: 1407u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -54858,8 +55496,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1533u32,
-        call: 1372u32,
+        wire: 1575u32,
+        call: 1407u32,
         name: "cudnnDestroyFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -54882,8 +55520,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu118: CallDesc = CallDesc {
-        wire: 1534u32,
-        call: 1373u32,
+        wire: 1576u32,
+        call: 1408u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -54906,8 +55544,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyFusedOpsVariantParamPack__cu126: CallDesc = CallDesc {
-        wire: 1535u32,
-        call: 1373u32,
+        wire: 1577u32,
+        call: 1408u32,
         name: "cudnnDestroyFusedOpsVariantParamPack",
         form: None,
         library: "cudnn",
@@ -54930,8 +55568,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1536u32,
-        call: 1374u32,
+        wire: 1578u32,
+        call: 1409u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -54954,8 +55592,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1537u32,
-        call: 1374u32,
+        wire: 1579u32,
+        call: 1409u32,
         name: "cudnnDestroyLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -54978,8 +55616,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1538u32,
-        call: 1375u32,
+        wire: 1580u32,
+        call: 1410u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55002,8 +55640,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1539u32,
-        call: 1375u32,
+        wire: 1581u32,
+        call: 1410u32,
         name: "cudnnDestroyOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55026,8 +55664,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1540u32,
-        call: 1376u32,
+        wire: 1582u32,
+        call: 1411u32,
         name: "cudnnDestroyPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -55050,8 +55688,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1541u32,
-        call: 1377u32,
+        wire: 1583u32,
+        call: 1412u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -55074,8 +55712,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyPoolingDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1542u32,
-        call: 1377u32,
+        wire: 1584u32,
+        call: 1412u32,
         name: "cudnnDestroyPoolingDescriptor",
         form: None,
         library: "cudnn",
@@ -55098,8 +55736,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1543u32,
-        call: 1378u32,
+        wire: 1585u32,
+        call: 1413u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -55122,8 +55760,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1544u32,
-        call: 1378u32,
+        wire: 1586u32,
+        call: 1413u32,
         name: "cudnnDestroyRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -55146,8 +55784,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1545u32,
-        call: 1379u32,
+        wire: 1587u32,
+        call: 1414u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -55170,8 +55808,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyRNNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1546u32,
-        call: 1379u32,
+        wire: 1588u32,
+        call: 1414u32,
         name: "cudnnDestroyRNNDescriptor",
         form: None,
         library: "cudnn",
@@ -55194,8 +55832,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1547u32,
-        call: 1380u32,
+        wire: 1589u32,
+        call: 1415u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55218,8 +55856,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1548u32,
-        call: 1380u32,
+        wire: 1590u32,
+        call: 1415u32,
         name: "cudnnDestroyReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55242,8 +55880,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1549u32,
-        call: 1381u32,
+        wire: 1591u32,
+        call: 1416u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -55266,8 +55904,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySeqDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1550u32,
-        call: 1381u32,
+        wire: 1592u32,
+        call: 1416u32,
         name: "cudnnDestroySeqDataDescriptor",
         form: None,
         library: "cudnn",
@@ -55290,8 +55928,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1551u32,
-        call: 1382u32,
+        wire: 1593u32,
+        call: 1417u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -55314,8 +55952,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroySpatialTransformerDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1552u32,
-        call: 1382u32,
+        wire: 1594u32,
+        call: 1417u32,
         name: "cudnnDestroySpatialTransformerDescriptor",
         form: None,
         library: "cudnn",
@@ -55338,8 +55976,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1553u32,
-        call: 1383u32,
+        wire: 1595u32,
+        call: 1418u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55362,8 +56000,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1554u32,
-        call: 1383u32,
+        wire: 1596u32,
+        call: 1418u32,
         name: "cudnnDestroyTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -55386,8 +56024,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1555u32,
-        call: 1384u32,
+        wire: 1597u32,
+        call: 1419u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -55410,8 +56048,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDestroyTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1556u32,
-        call: 1384u32,
+        wire: 1598u32,
+        call: 1419u32,
         name: "cudnnDestroyTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -55434,8 +56072,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu118: CallDesc = CallDesc {
-        wire: 1557u32,
-        call: 1385u32,
+        wire: 1599u32,
+        call: 1420u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -55477,8 +56115,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutBackward__cu126: CallDesc = CallDesc {
-        wire: 1558u32,
-        call: 1385u32,
+        wire: 1600u32,
+        call: 1420u32,
         name: "cudnnDropoutBackward",
         form: None,
         library: "cudnn",
@@ -55520,8 +56158,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu118: CallDesc = CallDesc {
-        wire: 1559u32,
-        call: 1386u32,
+        wire: 1601u32,
+        call: 1421u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -55563,8 +56201,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutForward__cu126: CallDesc = CallDesc {
-        wire: 1560u32,
-        call: 1386u32,
+        wire: 1602u32,
+        call: 1421u32,
         name: "cudnnDropoutForward",
         form: None,
         library: "cudnn",
@@ -55606,8 +56244,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1561u32,
-        call: 1387u32,
+        wire: 1603u32,
+        call: 1422u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -55636,8 +56274,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1562u32,
-        call: 1387u32,
+        wire: 1604u32,
+        call: 1422u32,
         name: "cudnnDropoutGetReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -55666,8 +56304,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu118: CallDesc = CallDesc {
-        wire: 1563u32,
-        call: 1388u32,
+        wire: 1605u32,
+        call: 1423u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -55696,8 +56334,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnDropoutGetStatesSize__cu126: CallDesc = CallDesc {
-        wire: 1564u32,
-        call: 1388u32,
+        wire: 1606u32,
+        call: 1423u32,
         name: "cudnnDropoutGetStatesSize",
         form: None,
         library: "cudnn",
@@ -55726,8 +56364,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1565u32,
-        call: 1389u32,
+        wire: 1607u32,
+        call: 1424u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55790,8 +56428,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardDataAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1566u32,
-        call: 1389u32,
+        wire: 1608u32,
+        call: 1424u32,
         name: "cudnnFindConvolutionBackwardDataAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55854,8 +56492,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1567u32,
-        call: 1390u32,
+        wire: 1609u32,
+        call: 1425u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55918,8 +56556,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionBackwardFilterAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1568u32,
-        call: 1390u32,
+        wire: 1610u32,
+        call: 1425u32,
         name: "cudnnFindConvolutionBackwardFilterAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -55982,8 +56620,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu118: CallDesc = CallDesc {
-        wire: 1569u32,
-        call: 1391u32,
+        wire: 1611u32,
+        call: 1426u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -56046,8 +56684,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFindConvolutionForwardAlgorithmEx__cu126: CallDesc = CallDesc {
-        wire: 1570u32,
-        call: 1391u32,
+        wire: 1612u32,
+        call: 1426u32,
         name: "cudnnFindConvolutionForwardAlgorithmEx",
         form: None,
         library: "cudnn",
@@ -56110,8 +56748,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu118: CallDesc = CallDesc {
-        wire: 1571u32,
-        call: 1392u32,
+        wire: 1613u32,
+        call: 1427u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -56142,8 +56780,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnFusedOpsExecute__cu126: CallDesc = CallDesc {
-        wire: 1572u32,
-        call: 1392u32,
+        wire: 1614u32,
+        call: 1427u32,
         name: "cudnnFusedOpsExecute",
         form: None,
         library: "cudnn",
@@ -56174,8 +56812,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1573u32,
-        call: 1393u32,
+        wire: 1615u32,
+        call: 1428u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -56216,8 +56854,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1574u32,
-        call: 1393u32,
+        wire: 1616u32,
+        call: 1428u32,
         name: "cudnnGetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -56258,8 +56896,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1575u32,
-        call: 1394u32,
+        wire: 1617u32,
+        call: 1429u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -56288,8 +56926,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1576u32,
-        call: 1394u32,
+        wire: 1618u32,
+        call: 1429u32,
         name: "cudnnGetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -56318,8 +56956,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1577u32,
-        call: 1395u32,
+        wire: 1619u32,
+        call: 1430u32,
         name: "cudnnGetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -56364,8 +57002,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetAlgorithmSpaceSize: CallDesc = CallDesc {
-        wire: 1578u32,
-        call: 1396u32,
+        wire: 1620u32,
+        call: 1431u32,
         name: "cudnnGetAlgorithmSpaceSize",
         form: None,
         library: "cudnn",
@@ -56398,8 +57036,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1579u32,
-        call: 1397u32,
+        wire: 1621u32,
+        call: 1432u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56464,8 +57102,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationBackwardExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1580u32,
-        call: 1397u32,
+        wire: 1622u32,
+        call: 1432u32,
         name: "cudnnGetBatchNormalizationBackwardExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56530,8 +57168,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1581u32,
-        call: 1398u32,
+        wire: 1623u32,
+        call: 1433u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56588,8 +57226,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1582u32,
-        call: 1398u32,
+        wire: 1624u32,
+        call: 1433u32,
         name: "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -56646,8 +57284,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1583u32,
-        call: 1399u32,
+        wire: 1625u32,
+        call: 1434u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -56692,8 +57330,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetBatchNormalizationTrainingExReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1584u32,
-        call: 1399u32,
+        wire: 1626u32,
+        call: 1434u32,
         name: "cudnnGetBatchNormalizationTrainingExReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -56738,8 +57376,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1585u32,
-        call: 1400u32,
+        wire: 1627u32,
+        call: 1435u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -56768,8 +57406,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1586u32,
-        call: 1400u32,
+        wire: 1628u32,
+        call: 1435u32,
         name: "cudnnGetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -56798,8 +57436,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1587u32,
-        call: 1401u32,
+        wire: 1629u32,
+        call: 1436u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -56840,8 +57478,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1588u32,
-        call: 1401u32,
+        wire: 1630u32,
+        call: 1436u32,
         name: "cudnnGetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -56882,8 +57520,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu118: CallDesc = CallDesc {
-        wire: 1589u32,
-        call: 1402u32,
+        wire: 1631u32,
+        call: 1437u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -56928,8 +57566,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCTCLossWorkspaceSize_v8__cu126: CallDesc = CallDesc {
-        wire: 1590u32,
-        call: 1402u32,
+        wire: 1632u32,
+        call: 1437u32,
         name: "cudnnGetCTCLossWorkspaceSize_v8",
         form: None,
         library: "cudnn",
@@ -56974,8 +57612,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1591u32,
-        call: 1403u32,
+        wire: 1633u32,
+        call: 1438u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -57046,8 +57684,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1592u32,
-        call: 1403u32,
+        wire: 1634u32,
+        call: 1438u32,
         name: "cudnnGetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -57118,8 +57756,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1593u32,
-        call: 1404u32,
+        wire: 1635u32,
+        call: 1439u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -57169,8 +57807,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolution2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1594u32,
-        call: 1404u32,
+        wire: 1636u32,
+        call: 1439u32,
         name: "cudnnGetConvolution2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -57220,8 +57858,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1595u32,
-        call: 1405u32,
+        wire: 1637u32,
+        call: 1440u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -57250,8 +57888,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1596u32,
-        call: 1405u32,
+        wire: 1638u32,
+        call: 1440u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -57280,8 +57918,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1597u32,
-        call: 1406u32,
+        wire: 1639u32,
+        call: 1441u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57336,8 +57974,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1598u32,
-        call: 1406u32,
+        wire: 1640u32,
+        call: 1441u32,
         name: "cudnnGetConvolutionBackwardDataAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57392,8 +58030,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1599u32,
-        call: 1407u32,
+        wire: 1641u32,
+        call: 1442u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57442,8 +58080,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardDataWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1600u32,
-        call: 1407u32,
+        wire: 1642u32,
+        call: 1442u32,
         name: "cudnnGetConvolutionBackwardDataWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57492,8 +58130,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1601u32,
-        call: 1408u32,
+        wire: 1643u32,
+        call: 1443u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -57522,8 +58160,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1602u32,
-        call: 1408u32,
+        wire: 1644u32,
+        call: 1443u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -57552,8 +58190,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1603u32,
-        call: 1409u32,
+        wire: 1645u32,
+        call: 1444u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57608,8 +58246,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1604u32,
-        call: 1409u32,
+        wire: 1646u32,
+        call: 1444u32,
         name: "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57664,8 +58302,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1605u32,
-        call: 1410u32,
+        wire: 1647u32,
+        call: 1445u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57714,8 +58352,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionBackwardFilterWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1606u32,
-        call: 1410u32,
+        wire: 1648u32,
+        call: 1445u32,
         name: "cudnnGetConvolutionBackwardFilterWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57764,8 +58402,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu118: CallDesc = CallDesc {
-        wire: 1607u32,
-        call: 1411u32,
+        wire: 1649u32,
+        call: 1446u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -57794,8 +58432,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithmMaxCount__cu126: CallDesc = CallDesc {
-        wire: 1608u32,
-        call: 1411u32,
+        wire: 1650u32,
+        call: 1446u32,
         name: "cudnnGetConvolutionForwardAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -57824,8 +58462,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu118: CallDesc = CallDesc {
-        wire: 1609u32,
-        call: 1412u32,
+        wire: 1651u32,
+        call: 1447u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57880,8 +58518,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardAlgorithm_v7__cu126: CallDesc = CallDesc {
-        wire: 1610u32,
-        call: 1412u32,
+        wire: 1652u32,
+        call: 1447u32,
         name: "cudnnGetConvolutionForwardAlgorithm_v7",
         form: None,
         library: "cudnn",
@@ -57936,8 +58574,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1611u32,
-        call: 1413u32,
+        wire: 1653u32,
+        call: 1448u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -57986,8 +58624,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionForwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1612u32,
-        call: 1413u32,
+        wire: 1654u32,
+        call: 1448u32,
         name: "cudnnGetConvolutionForwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -58036,8 +58674,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1613u32,
-        call: 1414u32,
+        wire: 1655u32,
+        call: 1449u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -58066,8 +58704,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1614u32,
-        call: 1414u32,
+        wire: 1656u32,
+        call: 1449u32,
         name: "cudnnGetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -58096,8 +58734,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1615u32,
-        call: 1415u32,
+        wire: 1657u32,
+        call: 1450u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -58126,8 +58764,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1616u32,
-        call: 1415u32,
+        wire: 1658u32,
+        call: 1450u32,
         name: "cudnnGetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -58156,8 +58794,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1617u32,
-        call: 1416u32,
+        wire: 1659u32,
+        call: 1451u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -58198,8 +58836,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1618u32,
-        call: 1416u32,
+        wire: 1660u32,
+        call: 1451u32,
         name: "cudnnGetConvolutionNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -58240,8 +58878,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1619u32,
-        call: 1417u32,
+        wire: 1661u32,
+        call: 1452u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -58270,8 +58908,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1620u32,
-        call: 1417u32,
+        wire: 1662u32,
+        call: 1452u32,
         name: "cudnnGetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -58300,8 +58938,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1621u32,
-        call: 1418u32,
+        wire: 1663u32,
+        call: 1453u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -58322,8 +58960,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetCudartVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1622u32,
-        call: 1418u32,
+        wire: 1664u32,
+        call: 1453u32,
         name: "cudnnGetCudartVersion",
         form: Some("call"),
         library: "cudnn",
@@ -58344,8 +58982,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1623u32,
-        call: 1419u32,
+        wire: 1665u32,
+        call: 1454u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58385,8 +59023,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1624u32,
-        call: 1419u32,
+        wire: 1666u32,
+        call: 1454u32,
         name: "cudnnGetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -58426,8 +59064,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1625u32,
-        call: 1420u32,
+        wire: 1667u32,
+        call: 1455u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -58481,8 +59119,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1626u32,
-        call: 1420u32,
+        wire: 1668u32,
+        call: 1455u32,
         name: "cudnnGetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -58536,8 +59174,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1627u32,
-        call: 1421u32,
+        wire: 1669u32,
+        call: 1456u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58588,8 +59226,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1628u32,
-        call: 1421u32,
+        wire: 1670u32,
+        call: 1456u32,
         name: "cudnnGetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -58640,8 +59278,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1629u32,
-        call: 1422u32,
+        wire: 1671u32,
+        call: 1457u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -58670,8 +59308,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFilterSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1630u32,
-        call: 1422u32,
+        wire: 1672u32,
+        call: 1457u32,
         name: "cudnnGetFilterSizeInBytes",
         form: None,
         library: "cudnn",
@@ -58700,8 +59338,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu118: CallDesc = CallDesc {
-        wire: 1631u32,
-        call: 1423u32,
+        wire: 1673u32,
+        call: 1458u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -58776,8 +59414,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetFoldedConvBackwardDataDescriptors__cu126: CallDesc = CallDesc {
-        wire: 1632u32,
-        call: 1423u32,
+        wire: 1674u32,
+        call: 1458u32,
         name: "cudnnGetFoldedConvBackwardDataDescriptors",
         form: None,
         library: "cudnn",
@@ -58852,8 +59490,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1633u32,
-        call: 1424u32,
+        wire: 1675u32,
+        call: 1459u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -58900,8 +59538,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1634u32,
-        call: 1424u32,
+        wire: 1676u32,
+        call: 1459u32,
         name: "cudnnGetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -58948,8 +59586,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetLastErrorString: CallDesc = CallDesc {
-        wire: 1635u32,
-        call: 1425u32,
+        wire: 1677u32,
+        call: 1460u32,
         name: "cudnnGetLastErrorString",
         form: None,
         library: "cudnn",
@@ -58978,8 +59616,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu118: CallDesc = CallDesc {
-        wire: 1636u32,
-        call: 1426u32,
+        wire: 1678u32,
+        call: 1461u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -59000,8 +59638,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetMaxDeviceVersion__cu126: CallDesc = CallDesc {
-        wire: 1637u32,
-        call: 1426u32,
+        wire: 1679u32,
+        call: 1461u32,
         name: "cudnnGetMaxDeviceVersion",
         form: None,
         library: "cudnn",
@@ -59022,8 +59660,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1638u32,
-        call: 1427u32,
+        wire: 1680u32,
+        call: 1462u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -59100,8 +59738,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationBackwardWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1639u32,
-        call: 1427u32,
+        wire: 1681u32,
+        call: 1462u32,
         name: "cudnnGetNormalizationBackwardWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -59178,8 +59816,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1640u32,
-        call: 1428u32,
+        wire: 1682u32,
+        call: 1463u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -59248,8 +59886,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationForwardTrainingWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1641u32,
-        call: 1428u32,
+        wire: 1683u32,
+        call: 1463u32,
         name: "cudnnGetNormalizationForwardTrainingWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -59318,8 +59956,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1642u32,
-        call: 1429u32,
+        wire: 1684u32,
+        call: 1464u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -59372,8 +60010,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetNormalizationTrainingReserveSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1643u32,
-        call: 1429u32,
+        wire: 1685u32,
+        call: 1464u32,
         name: "cudnnGetNormalizationTrainingReserveSpaceSize",
         form: None,
         library: "cudnn",
@@ -59426,8 +60064,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1644u32,
-        call: 1430u32,
+        wire: 1686u32,
+        call: 1465u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59468,8 +60106,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1645u32,
-        call: 1430u32,
+        wire: 1687u32,
+        call: 1465u32,
         name: "cudnnGetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -59510,8 +60148,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1646u32,
-        call: 1431u32,
+        wire: 1688u32,
+        call: 1466u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59582,8 +60220,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1647u32,
-        call: 1431u32,
+        wire: 1689u32,
+        call: 1466u32,
         name: "cudnnGetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -59654,8 +60292,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1648u32,
-        call: 1432u32,
+        wire: 1690u32,
+        call: 1467u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -59701,8 +60339,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPooling2dForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1649u32,
-        call: 1432u32,
+        wire: 1691u32,
+        call: 1467u32,
         name: "cudnnGetPooling2dForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -59748,8 +60386,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1650u32,
-        call: 1433u32,
+        wire: 1692u32,
+        call: 1468u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59812,8 +60450,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1651u32,
-        call: 1433u32,
+        wire: 1693u32,
+        call: 1468u32,
         name: "cudnnGetPoolingNdDescriptor",
         form: None,
         library: "cudnn",
@@ -59876,8 +60514,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu118: CallDesc = CallDesc {
-        wire: 1652u32,
-        call: 1434u32,
+        wire: 1694u32,
+        call: 1469u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -59914,8 +60552,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetPoolingNdForwardOutputDim__cu126: CallDesc = CallDesc {
-        wire: 1653u32,
-        call: 1434u32,
+        wire: 1695u32,
+        call: 1469u32,
         name: "cudnnGetPoolingNdForwardOutputDim",
         form: None,
         library: "cudnn",
@@ -59952,8 +60590,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu118: CallDesc = CallDesc {
-        wire: 1654u32,
-        call: 1435u32,
+        wire: 1696u32,
+        call: 1470u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -59982,8 +60620,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetProperty__cu126: CallDesc = CallDesc {
-        wire: 1655u32,
-        call: 1435u32,
+        wire: 1697u32,
+        call: 1470u32,
         name: "cudnnGetProperty",
         form: None,
         library: "cudnn",
@@ -60012,8 +60650,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardDataAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1656u32,
-        call: 1436u32,
+        wire: 1698u32,
+        call: 1471u32,
         name: "cudnnGetRNNBackwardDataAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60046,8 +60684,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBackwardWeightsAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1657u32,
-        call: 1437u32,
+        wire: 1699u32,
+        call: 1472u32,
         name: "cudnnGetRNNBackwardWeightsAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60080,8 +60718,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1658u32,
-        call: 1438u32,
+        wire: 1700u32,
+        call: 1473u32,
         name: "cudnnGetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -60110,8 +60748,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardInferenceAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1659u32,
-        call: 1439u32,
+        wire: 1701u32,
+        call: 1474u32,
         name: "cudnnGetRNNForwardInferenceAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60144,8 +60782,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNForwardTrainingAlgorithmMaxCount: CallDesc = CallDesc {
-        wire: 1660u32,
-        call: 1440u32,
+        wire: 1702u32,
+        call: 1475u32,
         name: "cudnnGetRNNForwardTrainingAlgorithmMaxCount",
         form: None,
         library: "cudnn",
@@ -60178,8 +60816,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1661u32,
-        call: 1441u32,
+        wire: 1703u32,
+        call: 1476u32,
         name: "cudnnGetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -60208,8 +60846,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1662u32,
-        call: 1442u32,
+        wire: 1704u32,
+        call: 1477u32,
         name: "cudnnGetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -60238,8 +60876,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNParamsSize: CallDesc = CallDesc {
-        wire: 1663u32,
-        call: 1443u32,
+        wire: 1705u32,
+        call: 1478u32,
         name: "cudnnGetRNNParamsSize",
         form: None,
         library: "cudnn",
@@ -60280,8 +60918,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu118: CallDesc = CallDesc {
-        wire: 1664u32,
-        call: 1444u32,
+        wire: 1706u32,
+        call: 1479u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -60328,8 +60966,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNTempSpaceSizes__cu126: CallDesc = CallDesc {
-        wire: 1665u32,
-        call: 1444u32,
+        wire: 1707u32,
+        call: 1479u32,
         name: "cudnnGetRNNTempSpaceSizes",
         form: None,
         library: "cudnn",
@@ -60376,8 +61014,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu118__call: CallDesc = CallDesc {
-        wire: 1666u32,
-        call: 1445u32,
+        wire: 1708u32,
+        call: 1480u32,
         name: "cudnnGetRNNWeightParams",
         form: Some("call"),
         library: "cudnn",
@@ -60437,8 +61075,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightParams__cu126__call: CallDesc = CallDesc {
-        wire: 1667u32,
-        call: 1445u32,
+        wire: 1709u32,
+        call: 1480u32,
         name: "cudnnGetRNNWeightParams",
         form: Some("call"),
         library: "cudnn",
@@ -60498,8 +61136,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu118: CallDesc = CallDesc {
-        wire: 1668u32,
-        call: 1446u32,
+        wire: 1710u32,
+        call: 1481u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -60532,8 +61170,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetRNNWeightSpaceSize__cu126: CallDesc = CallDesc {
-        wire: 1669u32,
-        call: 1446u32,
+        wire: 1711u32,
+        call: 1481u32,
         name: "cudnnGetRNNWeightSpaceSize",
         form: None,
         library: "cudnn",
@@ -60566,8 +61204,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1670u32,
-        call: 1447u32,
+        wire: 1712u32,
+        call: 1482u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60620,8 +61258,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1671u32,
-        call: 1447u32,
+        wire: 1713u32,
+        call: 1482u32,
         name: "cudnnGetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -60674,8 +61312,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu118: CallDesc = CallDesc {
-        wire: 1672u32,
-        call: 1448u32,
+        wire: 1714u32,
+        call: 1483u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -60716,8 +61354,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionIndicesSize__cu126: CallDesc = CallDesc {
-        wire: 1673u32,
-        call: 1448u32,
+        wire: 1715u32,
+        call: 1483u32,
         name: "cudnnGetReductionIndicesSize",
         form: None,
         library: "cudnn",
@@ -60758,8 +61396,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu118: CallDesc = CallDesc {
-        wire: 1674u32,
-        call: 1449u32,
+        wire: 1716u32,
+        call: 1484u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -60800,8 +61438,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetReductionWorkspaceSize__cu126: CallDesc = CallDesc {
-        wire: 1675u32,
-        call: 1449u32,
+        wire: 1717u32,
+        call: 1484u32,
         name: "cudnnGetReductionWorkspaceSize",
         form: None,
         library: "cudnn",
@@ -60842,8 +61480,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1676u32,
-        call: 1450u32,
+        wire: 1718u32,
+        call: 1485u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60870,8 +61508,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1677u32,
-        call: 1450u32,
+        wire: 1719u32,
+        call: 1485u32,
         name: "cudnnGetStream",
         form: Some("call"),
         library: "cudnn",
@@ -60898,8 +61536,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1678u32,
-        call: 1451u32,
+        wire: 1720u32,
+        call: 1486u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -60971,8 +61609,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1679u32,
-        call: 1451u32,
+        wire: 1721u32,
+        call: 1486u32,
         name: "cudnnGetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -61044,8 +61682,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu118__call: CallDesc = CallDesc {
-        wire: 1680u32,
-        call: 1452u32,
+        wire: 1722u32,
+        call: 1487u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -61096,8 +61734,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorNdDescriptor__cu126__call: CallDesc = CallDesc {
-        wire: 1681u32,
-        call: 1452u32,
+        wire: 1723u32,
+        call: 1487u32,
         name: "cudnnGetTensorNdDescriptor",
         form: Some("call"),
         library: "cudnn",
@@ -61148,8 +61786,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu118: CallDesc = CallDesc {
-        wire: 1682u32,
-        call: 1453u32,
+        wire: 1724u32,
+        call: 1488u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -61178,8 +61816,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorSizeInBytes__cu126: CallDesc = CallDesc {
-        wire: 1683u32,
-        call: 1453u32,
+        wire: 1725u32,
+        call: 1488u32,
         name: "cudnnGetTensorSizeInBytes",
         form: None,
         library: "cudnn",
@@ -61208,8 +61846,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1684u32,
-        call: 1454u32,
+        wire: 1726u32,
+        call: 1489u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -61266,8 +61904,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetTensorTransformDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1685u32,
-        call: 1454u32,
+        wire: 1727u32,
+        call: 1489u32,
         name: "cudnnGetTensorTransformDescriptor",
         form: None,
         library: "cudnn",
@@ -61324,8 +61962,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu118__call: CallDesc = CallDesc {
-        wire: 1686u32,
-        call: 1455u32,
+        wire: 1728u32,
+        call: 1490u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -61346,8 +61984,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGetVersion__cu126__call: CallDesc = CallDesc {
-        wire: 1687u32,
-        call: 1455u32,
+        wire: 1729u32,
+        call: 1490u32,
         name: "cudnnGetVersion",
         form: Some("call"),
         library: "cudnn",
@@ -61368,8 +62006,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnGraphVersionCheck: CallDesc = CallDesc {
-        wire: 1688u32,
-        call: 1456u32,
+        wire: 1730u32,
+        call: 1491u32,
         name: "cudnnGraphVersionCheck",
         form: None,
         library: "cudnn",
@@ -61387,8 +62025,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu118: CallDesc = CallDesc {
-        wire: 1689u32,
-        call: 1457u32,
+        wire: 1731u32,
+        call: 1492u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -61425,8 +62063,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnInitTransformDest__cu126: CallDesc = CallDesc {
-        wire: 1690u32,
-        call: 1457u32,
+        wire: 1732u32,
+        call: 1492u32,
         name: "cudnnInitTransformDest",
         form: None,
         library: "cudnn",
@@ -61463,8 +62101,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu118: CallDesc = CallDesc {
-        wire: 1691u32,
-        call: 1458u32,
+        wire: 1733u32,
+        call: 1493u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -61527,8 +62165,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelBackward__cu126: CallDesc = CallDesc {
-        wire: 1692u32,
-        call: 1458u32,
+        wire: 1734u32,
+        call: 1493u32,
         name: "cudnnLRNCrossChannelBackward",
         form: None,
         library: "cudnn",
@@ -61591,8 +62229,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu118: CallDesc = CallDesc {
-        wire: 1693u32,
-        call: 1459u32,
+        wire: 1735u32,
+        call: 1494u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -61645,8 +62283,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnLRNCrossChannelForward__cu126: CallDesc = CallDesc {
-        wire: 1694u32,
-        call: 1459u32,
+        wire: 1736u32,
+        call: 1494u32,
         name: "cudnnLRNCrossChannelForward",
         form: None,
         library: "cudnn",
@@ -61699,8 +62337,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu118: CallDesc = CallDesc {
-        wire: 1695u32,
-        call: 1460u32,
+        wire: 1737u32,
+        call: 1495u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -61737,8 +62375,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnMakeFusedOpsPlan__cu126: CallDesc = CallDesc {
-        wire: 1696u32,
-        call: 1460u32,
+        wire: 1738u32,
+        call: 1495u32,
         name: "cudnnMakeFusedOpsPlan",
         form: None,
         library: "cudnn",
@@ -61775,8 +62413,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsInferVersionCheck: CallDesc = CallDesc {
-        wire: 1697u32,
-        call: 1461u32,
+        wire: 1739u32,
+        call: 1496u32,
         name: "cudnnOpsInferVersionCheck",
         form: None,
         library: "cudnn",
@@ -61794,8 +62432,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsTrainVersionCheck: CallDesc = CallDesc {
-        wire: 1698u32,
-        call: 1462u32,
+        wire: 1740u32,
+        call: 1497u32,
         name: "cudnnOpsTrainVersionCheck",
         form: None,
         library: "cudnn",
@@ -61813,8 +62451,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnOpsVersionCheck: CallDesc = CallDesc {
-        wire: 1699u32,
-        call: 1463u32,
+        wire: 1741u32,
+        call: 1498u32,
         name: "cudnnOpsVersionCheck",
         form: None,
         library: "cudnn",
@@ -61832,8 +62470,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu118: CallDesc = CallDesc {
-        wire: 1700u32,
-        call: 1464u32,
+        wire: 1742u32,
+        call: 1499u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -61892,8 +62530,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingBackward__cu126: CallDesc = CallDesc {
-        wire: 1701u32,
-        call: 1464u32,
+        wire: 1743u32,
+        call: 1499u32,
         name: "cudnnPoolingBackward",
         form: None,
         library: "cudnn",
@@ -61952,8 +62590,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu118: CallDesc = CallDesc {
-        wire: 1702u32,
-        call: 1465u32,
+        wire: 1744u32,
+        call: 1500u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -62002,8 +62640,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnPoolingForward__cu126: CallDesc = CallDesc {
-        wire: 1703u32,
-        call: 1465u32,
+        wire: 1745u32,
+        call: 1500u32,
         name: "cudnnPoolingForward",
         form: None,
         library: "cudnn",
@@ -62052,8 +62690,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu118: CallDesc = CallDesc {
-        wire: 1704u32,
-        call: 1466u32,
+        wire: 1746u32,
+        call: 1501u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -62090,8 +62728,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnQueryRuntimeError__cu126: CallDesc = CallDesc {
-        wire: 1705u32,
-        call: 1466u32,
+        wire: 1747u32,
+        call: 1501u32,
         name: "cudnnQueryRuntimeError",
         form: None,
         library: "cudnn",
@@ -62128,8 +62766,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu118: CallDesc = CallDesc {
-        wire: 1706u32,
-        call: 1467u32,
+        wire: 1748u32,
+        call: 1502u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -62197,8 +62835,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardData_v8__cu126: CallDesc = CallDesc {
-        wire: 1707u32,
-        call: 1467u32,
+        wire: 1749u32,
+        call: 1502u32,
         name: "cudnnRNNBackwardData_v8",
         form: None,
         library: "cudnn",
@@ -62266,8 +62904,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeightsEx: CallDesc = CallDesc {
-        wire: 1708u32,
-        call: 1468u32,
+        wire: 1750u32,
+        call: 1503u32,
         name: "cudnnRNNBackwardWeightsEx",
         form: None,
         library: "cudnn",
@@ -62324,8 +62962,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu118: CallDesc = CallDesc {
-        wire: 1709u32,
-        call: 1469u32,
+        wire: 1751u32,
+        call: 1504u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -62387,8 +63025,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNBackwardWeights_v8__cu126: CallDesc = CallDesc {
-        wire: 1710u32,
-        call: 1469u32,
+        wire: 1752u32,
+        call: 1504u32,
         name: "cudnnRNNBackwardWeights_v8",
         form: None,
         library: "cudnn",
@@ -62450,8 +63088,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu118: CallDesc = CallDesc {
-        wire: 1711u32,
-        call: 1470u32,
+        wire: 1753u32,
+        call: 1505u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -62520,8 +63158,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNForward__cu126: CallDesc = CallDesc {
-        wire: 1712u32,
-        call: 1470u32,
+        wire: 1754u32,
+        call: 1505u32,
         name: "cudnnRNNForward",
         form: None,
         library: "cudnn",
@@ -62590,8 +63228,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip: CallDesc = CallDesc {
-        wire: 1713u32,
-        call: 1471u32,
+        wire: 1755u32,
+        call: 1506u32,
         name: "cudnnRNNGetClip",
         form: None,
         library: "cudnn",
@@ -62642,8 +63280,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1714u32,
-        call: 1472u32,
+        wire: 1756u32,
+        call: 1507u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -62690,8 +63328,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1715u32,
-        call: 1472u32,
+        wire: 1757u32,
+        call: 1507u32,
         name: "cudnnRNNGetClip_v8",
         form: None,
         library: "cudnn",
@@ -62738,8 +63376,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNGetClip_v9: CallDesc = CallDesc {
-        wire: 1716u32,
-        call: 1473u32,
+        wire: 1758u32,
+        call: 1508u32,
         name: "cudnnRNNGetClip_v9",
         form: None,
         library: "cudnn",
@@ -62780,8 +63418,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip: CallDesc = CallDesc {
-        wire: 1717u32,
-        call: 1474u32,
+        wire: 1759u32,
+        call: 1509u32,
         name: "cudnnRNNSetClip",
         form: None,
         library: "cudnn",
@@ -62824,8 +63462,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu118: CallDesc = CallDesc {
-        wire: 1718u32,
-        call: 1475u32,
+        wire: 1760u32,
+        call: 1510u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -62864,8 +63502,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v8__cu126: CallDesc = CallDesc {
-        wire: 1719u32,
-        call: 1475u32,
+        wire: 1761u32,
+        call: 1510u32,
         name: "cudnnRNNSetClip_v8",
         form: None,
         library: "cudnn",
@@ -62904,8 +63542,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRNNSetClip_v9: CallDesc = CallDesc {
-        wire: 1720u32,
-        call: 1476u32,
+        wire: 1762u32,
+        call: 1511u32,
         name: "cudnnRNNSetClip_v9",
         form: None,
         library: "cudnn",
@@ -62940,8 +63578,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1721u32,
-        call: 1477u32,
+        wire: 1763u32,
+        call: 1512u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -62981,8 +63619,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnRestoreDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1722u32,
-        call: 1477u32,
+        wire: 1764u32,
+        call: 1512u32,
         name: "cudnnRestoreDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -63022,8 +63660,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu118: CallDesc = CallDesc {
-        wire: 1723u32,
-        call: 1478u32,
+        wire: 1765u32,
+        call: 1513u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -63057,8 +63695,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnScaleTensor__cu126: CallDesc = CallDesc {
-        wire: 1724u32,
-        call: 1478u32,
+        wire: 1766u32,
+        call: 1513u32,
         name: "cudnnScaleTensor",
         form: None,
         library: "cudnn",
@@ -63092,8 +63730,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1725u32,
-        call: 1479u32,
+        wire: 1767u32,
+        call: 1514u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -63128,8 +63766,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1726u32,
-        call: 1479u32,
+        wire: 1768u32,
+        call: 1514u32,
         name: "cudnnSetActivationDescriptor",
         form: None,
         library: "cudnn",
@@ -63164,8 +63802,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu118: CallDesc = CallDesc {
-        wire: 1727u32,
-        call: 1480u32,
+        wire: 1769u32,
+        call: 1515u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -63192,8 +63830,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetActivationDescriptorSwishBeta__cu126: CallDesc = CallDesc {
-        wire: 1728u32,
-        call: 1480u32,
+        wire: 1770u32,
+        call: 1515u32,
         name: "cudnnSetActivationDescriptorSwishBeta",
         form: None,
         library: "cudnn",
@@ -63220,8 +63858,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1729u32,
-        call: 1481u32,
+        wire: 1771u32,
+        call: 1516u32,
         name: "cudnnSetAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -63245,8 +63883,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAlgorithmPerformance: CallDesc = CallDesc {
-        wire: 1730u32,
-        call: 1482u32,
+        wire: 1772u32,
+        call: 1517u32,
         name: "cudnnSetAlgorithmPerformance",
         form: None,
         library: "cudnn",
@@ -63285,8 +63923,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1731u32,
-        call: 1483u32,
+        wire: 1773u32,
+        call: 1518u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -63385,8 +64023,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetAttnDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1732u32,
-        call: 1483u32,
+        wire: 1774u32,
+        call: 1518u32,
         name: "cudnnSetAttnDescriptor",
         form: None,
         library: "cudnn",
@@ -63485,8 +64123,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1733u32,
-        call: 1484u32,
+        wire: 1775u32,
+        call: 1519u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -63513,8 +64151,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1734u32,
-        call: 1484u32,
+        wire: 1776u32,
+        call: 1519u32,
         name: "cudnnSetCTCLossDescriptor",
         form: None,
         library: "cudnn",
@@ -63541,8 +64179,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1735u32,
-        call: 1485u32,
+        wire: 1777u32,
+        call: 1520u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -63577,8 +64215,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1736u32,
-        call: 1485u32,
+        wire: 1778u32,
+        call: 1520u32,
         name: "cudnnSetCTCLossDescriptorEx",
         form: None,
         library: "cudnn",
@@ -63613,8 +64251,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1737u32,
-        call: 1486u32,
+        wire: 1779u32,
+        call: 1521u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -63653,8 +64291,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1738u32,
-        call: 1486u32,
+        wire: 1780u32,
+        call: 1521u32,
         name: "cudnnSetCTCLossDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -63693,8 +64331,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetCTCLossDescriptor_v9: CallDesc = CallDesc {
-        wire: 1739u32,
-        call: 1487u32,
+        wire: 1781u32,
+        call: 1522u32,
         name: "cudnnSetCTCLossDescriptor_v9",
         form: None,
         library: "cudnn",
@@ -63733,8 +64371,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1740u32,
-        call: 1488u32,
+        wire: 1782u32,
+        call: 1523u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -63789,8 +64427,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolution2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1741u32,
-        call: 1488u32,
+        wire: 1783u32,
+        call: 1523u32,
         name: "cudnnSetConvolution2dDescriptor",
         form: None,
         library: "cudnn",
@@ -63845,8 +64483,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu118: CallDesc = CallDesc {
-        wire: 1742u32,
-        call: 1489u32,
+        wire: 1784u32,
+        call: 1524u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -63873,8 +64511,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionGroupCount__cu126: CallDesc = CallDesc {
-        wire: 1743u32,
-        call: 1489u32,
+        wire: 1785u32,
+        call: 1524u32,
         name: "cudnnSetConvolutionGroupCount",
         form: None,
         library: "cudnn",
@@ -63901,8 +64539,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu118: CallDesc = CallDesc {
-        wire: 1744u32,
-        call: 1490u32,
+        wire: 1786u32,
+        call: 1525u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -63929,8 +64567,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionMathType__cu126: CallDesc = CallDesc {
-        wire: 1745u32,
-        call: 1490u32,
+        wire: 1787u32,
+        call: 1525u32,
         name: "cudnnSetConvolutionMathType",
         form: None,
         library: "cudnn",
@@ -63957,8 +64595,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1746u32,
-        call: 1491u32,
+        wire: 1788u32,
+        call: 1526u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64011,8 +64649,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1747u32,
-        call: 1491u32,
+        wire: 1789u32,
+        call: 1526u32,
         name: "cudnnSetConvolutionNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64065,8 +64703,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu118: CallDesc = CallDesc {
-        wire: 1748u32,
-        call: 1492u32,
+        wire: 1790u32,
+        call: 1527u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -64093,8 +64731,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetConvolutionReorderType__cu126: CallDesc = CallDesc {
-        wire: 1749u32,
-        call: 1492u32,
+        wire: 1791u32,
+        call: 1527u32,
         name: "cudnnSetConvolutionReorderType",
         form: None,
         library: "cudnn",
@@ -64121,8 +64759,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1750u32,
-        call: 1493u32,
+        wire: 1792u32,
+        call: 1528u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -64162,8 +64800,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetDropoutDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1751u32,
-        call: 1493u32,
+        wire: 1793u32,
+        call: 1528u32,
         name: "cudnnSetDropoutDescriptor",
         form: None,
         library: "cudnn",
@@ -64203,8 +64841,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1752u32,
-        call: 1494u32,
+        wire: 1794u32,
+        call: 1529u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64251,8 +64889,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilter4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1753u32,
-        call: 1494u32,
+        wire: 1795u32,
+        call: 1529u32,
         name: "cudnnSetFilter4dDescriptor",
         form: None,
         library: "cudnn",
@@ -64299,8 +64937,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1754u32,
-        call: 1495u32,
+        wire: 1796u32,
+        call: 1530u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64341,8 +64979,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetFilterNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1755u32,
-        call: 1495u32,
+        wire: 1797u32,
+        call: 1530u32,
         name: "cudnnSetFilterNdDescriptor",
         form: None,
         library: "cudnn",
@@ -64383,8 +65021,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1756u32,
-        call: 1496u32,
+        wire: 1798u32,
+        call: 1531u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -64423,8 +65061,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetLRNDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1757u32,
-        call: 1496u32,
+        wire: 1799u32,
+        call: 1531u32,
         name: "cudnnSetLRNDescriptor",
         form: None,
         library: "cudnn",
@@ -64463,8 +65101,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1758u32,
-        call: 1497u32,
+        wire: 1800u32,
+        call: 1532u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -64499,8 +65137,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetOpTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1759u32,
-        call: 1497u32,
+        wire: 1801u32,
+        call: 1532u32,
         name: "cudnnSetOpTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -64535,8 +65173,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPersistentRNNPlan: CallDesc = CallDesc {
-        wire: 1760u32,
-        call: 1498u32,
+        wire: 1802u32,
+        call: 1533u32,
         name: "cudnnSetPersistentRNNPlan",
         form: None,
         library: "cudnn",
@@ -64563,8 +65201,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1761u32,
-        call: 1499u32,
+        wire: 1803u32,
+        call: 1534u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -64619,8 +65257,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetPooling2dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1762u32,
-        call: 1499u32,
+        wire: 1804u32,
+        call: 1534u32,
         name: "cudnnSetPooling2dDescriptor",
         form: None,
         library: "cudnn",
@@ -64675,8 +65313,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNAlgorithmDescriptor: CallDesc = CallDesc {
-        wire: 1763u32,
-        call: 1500u32,
+        wire: 1805u32,
+        call: 1535u32,
         name: "cudnnSetRNNAlgorithmDescriptor",
         form: None,
         library: "cudnn",
@@ -64707,8 +65345,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNBiasMode: CallDesc = CallDesc {
-        wire: 1764u32,
-        call: 1501u32,
+        wire: 1806u32,
+        call: 1536u32,
         name: "cudnnSetRNNBiasMode",
         form: None,
         library: "cudnn",
@@ -64735,8 +65373,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1765u32,
-        call: 1502u32,
+        wire: 1807u32,
+        call: 1537u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -64791,8 +65429,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDataDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1766u32,
-        call: 1502u32,
+        wire: 1808u32,
+        call: 1537u32,
         name: "cudnnSetRNNDataDescriptor",
         form: None,
         library: "cudnn",
@@ -64847,8 +65485,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v6: CallDesc = CallDesc {
-        wire: 1767u32,
-        call: 1503u32,
+        wire: 1809u32,
+        call: 1538u32,
         name: "cudnnSetRNNDescriptor_v6",
         form: None,
         library: "cudnn",
@@ -64907,8 +65545,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu118: CallDesc = CallDesc {
-        wire: 1768u32,
-        call: 1504u32,
+        wire: 1810u32,
+        call: 1539u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -64987,8 +65625,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNDescriptor_v8__cu126: CallDesc = CallDesc {
-        wire: 1769u32,
-        call: 1504u32,
+        wire: 1811u32,
+        call: 1539u32,
         name: "cudnnSetRNNDescriptor_v8",
         form: None,
         library: "cudnn",
@@ -65067,8 +65705,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNMatrixMathType: CallDesc = CallDesc {
-        wire: 1770u32,
-        call: 1505u32,
+        wire: 1812u32,
+        call: 1540u32,
         name: "cudnnSetRNNMatrixMathType",
         form: None,
         library: "cudnn",
@@ -65095,8 +65733,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNPaddingMode: CallDesc = CallDesc {
-        wire: 1771u32,
-        call: 1506u32,
+        wire: 1813u32,
+        call: 1541u32,
         name: "cudnnSetRNNPaddingMode",
         form: None,
         library: "cudnn",
@@ -65123,8 +65761,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetRNNProjectionLayers: CallDesc = CallDesc {
-        wire: 1772u32,
-        call: 1507u32,
+        wire: 1814u32,
+        call: 1542u32,
         name: "cudnnSetRNNProjectionLayers",
         form: None,
         library: "cudnn",
@@ -65159,8 +65797,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1773u32,
-        call: 1508u32,
+        wire: 1815u32,
+        call: 1543u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -65203,8 +65841,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetReduceTensorDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1774u32,
-        call: 1508u32,
+        wire: 1816u32,
+        call: 1543u32,
         name: "cudnnSetReduceTensorDescriptor",
         form: None,
         library: "cudnn",
@@ -65247,8 +65885,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1775u32,
-        call: 1509u32,
+        wire: 1817u32,
+        call: 1544u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65289,8 +65927,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetSpatialTransformerNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1776u32,
-        call: 1509u32,
+        wire: 1818u32,
+        call: 1544u32,
         name: "cudnnSetSpatialTransformerNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65331,8 +65969,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu118__call: CallDesc = CallDesc {
-        wire: 1777u32,
-        call: 1510u32,
+        wire: 1819u32,
+        call: 1545u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -65359,8 +65997,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetStream__cu126__call: CallDesc = CallDesc {
-        wire: 1778u32,
-        call: 1510u32,
+        wire: 1820u32,
+        call: 1545u32,
         name: "cudnnSetStream",
         form: Some("call"),
         library: "cudnn",
@@ -65387,8 +66025,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1779u32,
-        call: 1511u32,
+        wire: 1821u32,
+        call: 1546u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -65435,8 +66073,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1780u32,
-        call: 1511u32,
+        wire: 1822u32,
+        call: 1546u32,
         name: "cudnnSetTensor4dDescriptor",
         form: None,
         library: "cudnn",
@@ -65483,8 +66121,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu118: CallDesc = CallDesc {
-        wire: 1781u32,
-        call: 1512u32,
+        wire: 1823u32,
+        call: 1547u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -65543,8 +66181,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensor4dDescriptorEx__cu126: CallDesc = CallDesc {
-        wire: 1782u32,
-        call: 1512u32,
+        wire: 1824u32,
+        call: 1547u32,
         name: "cudnnSetTensor4dDescriptorEx",
         form: None,
         library: "cudnn",
@@ -65603,8 +66241,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu118: CallDesc = CallDesc {
-        wire: 1783u32,
-        call: 1513u32,
+        wire: 1825u32,
+        call: 1548u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65647,8 +66285,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSetTensorNdDescriptor__cu126: CallDesc = CallDesc {
-        wire: 1784u32,
-        call: 1513u32,
+        wire: 1826u32,
+        call: 1548u32,
         name: "cudnnSetTensorNdDescriptor",
         form: None,
         library: "cudnn",
@@ -65691,8 +66329,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu118: CallDesc = CallDesc {
-        wire: 1785u32,
-        call: 1514u32,
+        wire: 1827u32,
+        call: 1549u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -65750,8 +66388,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxBackward__cu126: CallDesc = CallDesc {
-        wire: 1786u32,
-        call: 1514u32,
+        wire: 1828u32,
+        call: 1549u32,
         name: "cudnnSoftmaxBackward",
         form: None,
         library: "cudnn",
@@ -65809,8 +66447,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu118: CallDesc = CallDesc {
-        wire: 1787u32,
-        call: 1515u32,
+        wire: 1829u32,
+        call: 1550u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -65863,8 +66501,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSoftmaxForward__cu126: CallDesc = CallDesc {
-        wire: 1788u32,
-        call: 1515u32,
+        wire: 1830u32,
+        call: 1550u32,
         name: "cudnnSoftmaxForward",
         form: None,
         library: "cudnn",
@@ -65917,8 +66555,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu118: CallDesc = CallDesc {
-        wire: 1789u32,
-        call: 1516u32,
+        wire: 1831u32,
+        call: 1551u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -65947,8 +66585,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorBackward__cu126: CallDesc = CallDesc {
-        wire: 1790u32,
-        call: 1516u32,
+        wire: 1832u32,
+        call: 1551u32,
         name: "cudnnSpatialTfGridGeneratorBackward",
         form: None,
         library: "cudnn",
@@ -65977,8 +66615,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu118: CallDesc = CallDesc {
-        wire: 1791u32,
-        call: 1517u32,
+        wire: 1833u32,
+        call: 1552u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -66007,8 +66645,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfGridGeneratorForward__cu126: CallDesc = CallDesc {
-        wire: 1792u32,
-        call: 1517u32,
+        wire: 1834u32,
+        call: 1552u32,
         name: "cudnnSpatialTfGridGeneratorForward",
         form: None,
         library: "cudnn",
@@ -66037,8 +66675,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu118: CallDesc = CallDesc {
-        wire: 1793u32,
-        call: 1518u32,
+        wire: 1835u32,
+        call: 1553u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -66106,8 +66744,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerBackward__cu126: CallDesc = CallDesc {
-        wire: 1794u32,
-        call: 1518u32,
+        wire: 1836u32,
+        call: 1553u32,
         name: "cudnnSpatialTfSamplerBackward",
         form: None,
         library: "cudnn",
@@ -66175,8 +66813,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu118: CallDesc = CallDesc {
-        wire: 1795u32,
-        call: 1519u32,
+        wire: 1837u32,
+        call: 1554u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -66226,8 +66864,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnSpatialTfSamplerForward__cu126: CallDesc = CallDesc {
-        wire: 1796u32,
-        call: 1519u32,
+        wire: 1838u32,
+        call: 1554u32,
         name: "cudnnSpatialTfSamplerForward",
         form: None,
         library: "cudnn",
@@ -66277,8 +66915,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu118: CallDesc = CallDesc {
-        wire: 1797u32,
-        call: 1520u32,
+        wire: 1839u32,
+        call: 1555u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -66323,8 +66961,8 @@ pub mod cudnn {
         only_waits: false,
     };
     pub static cudnnTransformTensor__cu126: CallDesc = CallDesc {
-        wire: 1798u32,
-        call: 1520u32,
+        wire: 1840u32,
+        call: 1555u32,
         name: "cudnnTransformTensor",
         form: None,
         library: "cudnn",
@@ -66375,8 +67013,8 @@ pub mod cufft {
     static LEN_cufftXtMakePlanMany_1: Len = Len::Param(1u8);
     static LEN_cufftXtMakePlanMany_2: Len = Len::Param(1u8);
     pub static cufftCreate: CallDesc = CallDesc {
-        wire: 2000u32,
-        call: 1722u32,
+        wire: 2042u32,
+        call: 1757u32,
         name: "cufftCreate",
         form: None,
         library: "cufft",
@@ -66401,8 +67039,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftDestroy: CallDesc = CallDesc {
-        wire: 2001u32,
-        call: 1723u32,
+        wire: 2043u32,
+        call: 1758u32,
         name: "cufftDestroy",
         form: None,
         library: "cufft",
@@ -66425,8 +67063,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftResetPlanProperty: CallDesc = CallDesc {
-        wire: 2002u32,
-        call: 1724u32,
+        wire: 2044u32,
+        call: 1759u32,
         name: "cufftResetPlanProperty",
         form: None,
         library: "cufft",
@@ -66453,8 +67091,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetAutoAllocation: CallDesc = CallDesc {
-        wire: 2003u32,
-        call: 1725u32,
+        wire: 2045u32,
+        call: 1760u32,
         name: "cufftSetAutoAllocation",
         form: None,
         library: "cufft",
@@ -66481,8 +67119,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetPlanPropertyInt64: CallDesc = CallDesc {
-        wire: 2004u32,
-        call: 1726u32,
+        wire: 2046u32,
+        call: 1761u32,
         name: "cufftSetPlanPropertyInt64",
         form: None,
         library: "cufft",
@@ -66513,8 +67151,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetStream: CallDesc = CallDesc {
-        wire: 2005u32,
-        call: 1727u32,
+        wire: 2047u32,
+        call: 1762u32,
         name: "cufftSetStream",
         form: None,
         library: "cufft",
@@ -66541,8 +67179,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftSetWorkArea: CallDesc = CallDesc {
-        wire: 2006u32,
-        call: 1728u32,
+        wire: 2048u32,
+        call: 1763u32,
         name: "cufftSetWorkArea",
         form: None,
         library: "cufft",
@@ -66566,8 +67204,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtClearCallback: CallDesc = CallDesc {
-        wire: 2007u32,
-        call: 1729u32,
+        wire: 2049u32,
+        call: 1764u32,
         name: "cufftXtClearCallback",
         form: None,
         library: "cufft",
@@ -66594,8 +67232,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtExec: CallDesc = CallDesc {
-        wire: 2008u32,
-        call: 1730u32,
+        wire: 2050u32,
+        call: 1765u32,
         name: "cufftXtExec",
         form: None,
         library: "cufft",
@@ -66624,8 +67262,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtMakePlanMany: CallDesc = CallDesc {
-        wire: 2009u32,
-        call: 1731u32,
+        wire: 2051u32,
+        call: 1766u32,
         name: "cufftXtMakePlanMany",
         form: None,
         library: "cufft",
@@ -66708,8 +67346,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetCallbackSharedSize: CallDesc = CallDesc {
-        wire: 2010u32,
-        call: 1732u32,
+        wire: 2052u32,
+        call: 1767u32,
         name: "cufftXtSetCallbackSharedSize",
         form: None,
         library: "cufft",
@@ -66740,8 +67378,8 @@ pub mod cufft {
         only_waits: false,
     };
     pub static cufftXtSetDistribution__cu118: CallDesc = CallDesc {
-        wire: 2011u32,
-        call: 1733u32,
+        wire: 2053u32,
+        call: 1768u32,
         name: "cufftXtSetDistribution",
         form: None,
         library: "cufft",
@@ -66779,8 +67417,8 @@ pub mod cufft {
 pub mod curand {
     use chidori_protocol::desc::*;
     pub static curandCreateGenerator: CallDesc = CallDesc {
-        wire: 2012u32,
-        call: 1734u32,
+        wire: 2054u32,
+        call: 1769u32,
         name: "curandCreateGenerator",
         form: None,
         library: "curand",
@@ -66807,8 +67445,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreateGeneratorHost: CallDesc = CallDesc {
-        wire: 2013u32,
-        call: 1735u32,
+        wire: 2055u32,
+        call: 1770u32,
         name: "curandCreateGeneratorHost",
         form: None,
         library: "curand",
@@ -66835,8 +67473,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandCreatePoissonDistribution: CallDesc = CallDesc {
-        wire: 2014u32,
-        call: 1736u32,
+        wire: 2056u32,
+        call: 1771u32,
         name: "curandCreatePoissonDistribution",
         form: None,
         library: "curand",
@@ -66863,8 +67501,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyDistribution: CallDesc = CallDesc {
-        wire: 2015u32,
-        call: 1737u32,
+        wire: 2057u32,
+        call: 1772u32,
         name: "curandDestroyDistribution",
         form: None,
         library: "curand",
@@ -66887,8 +67525,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandDestroyGenerator: CallDesc = CallDesc {
-        wire: 2016u32,
-        call: 1738u32,
+        wire: 2058u32,
+        call: 1773u32,
         name: "curandDestroyGenerator",
         form: None,
         library: "curand",
@@ -66911,8 +67549,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandGenerateSeeds: CallDesc = CallDesc {
-        wire: 2017u32,
-        call: 1739u32,
+        wire: 2059u32,
+        call: 1774u32,
         name: "curandGenerateSeeds",
         form: None,
         library: "curand",
@@ -66935,8 +67573,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOffset: CallDesc = CallDesc {
-        wire: 2018u32,
-        call: 1740u32,
+        wire: 2060u32,
+        call: 1775u32,
         name: "curandSetGeneratorOffset",
         form: None,
         library: "curand",
@@ -66963,8 +67601,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetGeneratorOrdering: CallDesc = CallDesc {
-        wire: 2019u32,
-        call: 1741u32,
+        wire: 2061u32,
+        call: 1776u32,
         name: "curandSetGeneratorOrdering",
         form: None,
         library: "curand",
@@ -66991,8 +67629,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetPseudoRandomGeneratorSeed: CallDesc = CallDesc {
-        wire: 2020u32,
-        call: 1742u32,
+        wire: 2062u32,
+        call: 1777u32,
         name: "curandSetPseudoRandomGeneratorSeed",
         form: None,
         library: "curand",
@@ -67019,8 +67657,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetQuasiRandomGeneratorDimensions: CallDesc = CallDesc {
-        wire: 2021u32,
-        call: 1743u32,
+        wire: 2063u32,
+        call: 1778u32,
         name: "curandSetQuasiRandomGeneratorDimensions",
         form: None,
         library: "curand",
@@ -67047,8 +67685,8 @@ pub mod curand {
         only_waits: false,
     };
     pub static curandSetStream: CallDesc = CallDesc {
-        wire: 2022u32,
-        call: 1744u32,
+        wire: 2064u32,
+        call: 1779u32,
         name: "curandSetStream",
         form: None,
         library: "curand",
@@ -67087,8 +67725,8 @@ pub mod cusolver {
     static LEN_cusolverDnXsytrs_7: Len = Len::Param(14u8);
     static LEN_cusolverDnXtrtri_8: Len = Len::Param(10u8);
     pub static cusolverDnCgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2326u32,
-        call: 2048u32,
+        wire: 2368u32,
+        call: 2083u32,
         name: "cusolverDnCgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67125,8 +67763,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf: CallDesc = CallDesc {
-        wire: 2327u32,
-        call: 2049u32,
+        wire: 2369u32,
+        call: 2084u32,
         name: "cusolverDnCgeqrf",
         form: None,
         library: "cusolver",
@@ -67169,8 +67807,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2328u32,
-        call: 2050u32,
+        wire: 2370u32,
+        call: 2085u32,
         name: "cusolverDnCgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67212,8 +67850,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd: CallDesc = CallDesc {
-        wire: 2329u32,
-        call: 2051u32,
+        wire: 2371u32,
+        call: 2086u32,
         name: "cusolverDnCgesvd",
         form: None,
         library: "cusolver",
@@ -67275,8 +67913,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2330u32,
-        call: 2052u32,
+        wire: 2372u32,
+        call: 2087u32,
         name: "cusolverDnCgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67313,8 +67951,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2331u32,
-        call: 2053u32,
+        wire: 2373u32,
+        call: 2088u32,
         name: "cusolverDnCgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -67401,8 +68039,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2332u32,
-        call: 2054u32,
+        wire: 2374u32,
+        call: 2089u32,
         name: "cusolverDnCgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -67483,8 +68121,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj: CallDesc = CallDesc {
-        wire: 2333u32,
-        call: 2055u32,
+        wire: 2375u32,
+        call: 2090u32,
         name: "cusolverDnCgesvdj",
         form: None,
         library: "cusolver",
@@ -67549,8 +68187,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched: CallDesc = CallDesc {
-        wire: 2334u32,
-        call: 2056u32,
+        wire: 2376u32,
+        call: 2091u32,
         name: "cusolverDnCgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -67615,8 +68253,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2335u32,
-        call: 2057u32,
+        wire: 2377u32,
+        call: 2092u32,
         name: "cusolverDnCgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -67681,8 +68319,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2336u32,
-        call: 2058u32,
+        wire: 2378u32,
+        call: 2093u32,
         name: "cusolverDnCgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -67747,8 +68385,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf: CallDesc = CallDesc {
-        wire: 2337u32,
-        call: 2059u32,
+        wire: 2379u32,
+        call: 2094u32,
         name: "cusolverDnCgetrf",
         form: None,
         library: "cusolver",
@@ -67787,8 +68425,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2338u32,
-        call: 2060u32,
+        wire: 2380u32,
+        call: 2095u32,
         name: "cusolverDnCgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -67830,8 +68468,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCgetrs: CallDesc = CallDesc {
-        wire: 2339u32,
-        call: 2061u32,
+        wire: 2381u32,
+        call: 2096u32,
         name: "cusolverDnCgetrs",
         form: None,
         library: "cusolver",
@@ -67878,8 +68516,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd: CallDesc = CallDesc {
-        wire: 2340u32,
-        call: 2062u32,
+        wire: 2382u32,
+        call: 2097u32,
         name: "cusolverDnCheevd",
         form: None,
         library: "cusolver",
@@ -67926,8 +68564,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2341u32,
-        call: 2063u32,
+        wire: 2383u32,
+        call: 2098u32,
         name: "cusolverDnCheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -67974,8 +68612,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj: CallDesc = CallDesc {
-        wire: 2342u32,
-        call: 2064u32,
+        wire: 2384u32,
+        call: 2099u32,
         name: "cusolverDnCheevj",
         form: None,
         library: "cusolver",
@@ -68026,8 +68664,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched: CallDesc = CallDesc {
-        wire: 2343u32,
-        call: 2065u32,
+        wire: 2385u32,
+        call: 2100u32,
         name: "cusolverDnCheevjBatched",
         form: None,
         library: "cusolver",
@@ -68082,8 +68720,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2344u32,
-        call: 2066u32,
+        wire: 2386u32,
+        call: 2101u32,
         name: "cusolverDnCheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -68138,8 +68776,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2345u32,
-        call: 2067u32,
+        wire: 2387u32,
+        call: 2102u32,
         name: "cusolverDnCheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -68190,8 +68828,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd: CallDesc = CallDesc {
-        wire: 2346u32,
-        call: 2068u32,
+        wire: 2388u32,
+        call: 2103u32,
         name: "cusolverDnChegvd",
         form: None,
         library: "cusolver",
@@ -68247,8 +68885,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2347u32,
-        call: 2069u32,
+        wire: 2389u32,
+        call: 2104u32,
         name: "cusolverDnChegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -68304,8 +68942,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj: CallDesc = CallDesc {
-        wire: 2348u32,
-        call: 2070u32,
+        wire: 2390u32,
+        call: 2105u32,
         name: "cusolverDnChegvj",
         form: None,
         library: "cusolver",
@@ -68365,8 +69003,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnChegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2349u32,
-        call: 2071u32,
+        wire: 2391u32,
+        call: 2106u32,
         name: "cusolverDnChegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -68426,8 +69064,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClaswp: CallDesc = CallDesc {
-        wire: 2350u32,
-        call: 2072u32,
+        wire: 2392u32,
+        call: 2107u32,
         name: "cusolverDnClaswp",
         form: None,
         library: "cusolver",
@@ -68472,8 +69110,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum: CallDesc = CallDesc {
-        wire: 2351u32,
-        call: 2073u32,
+        wire: 2393u32,
+        call: 2108u32,
         name: "cusolverDnClauum",
         form: None,
         library: "cusolver",
@@ -68515,8 +69153,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnClauum_bufferSize: CallDesc = CallDesc {
-        wire: 2352u32,
-        call: 2074u32,
+        wire: 2394u32,
+        call: 2109u32,
         name: "cusolverDnClauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -68558,8 +69196,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf: CallDesc = CallDesc {
-        wire: 2353u32,
-        call: 2075u32,
+        wire: 2395u32,
+        call: 2110u32,
         name: "cusolverDnCpotrf",
         form: None,
         library: "cusolver",
@@ -68601,8 +69239,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrfBatched: CallDesc = CallDesc {
-        wire: 2354u32,
-        call: 2076u32,
+        wire: 2396u32,
+        call: 2111u32,
         name: "cusolverDnCpotrfBatched",
         form: None,
         library: "cusolver",
@@ -68643,8 +69281,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2355u32,
-        call: 2077u32,
+        wire: 2397u32,
+        call: 2112u32,
         name: "cusolverDnCpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -68686,8 +69324,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri: CallDesc = CallDesc {
-        wire: 2356u32,
-        call: 2078u32,
+        wire: 2398u32,
+        call: 2113u32,
         name: "cusolverDnCpotri",
         form: None,
         library: "cusolver",
@@ -68729,8 +69367,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2357u32,
-        call: 2079u32,
+        wire: 2399u32,
+        call: 2114u32,
         name: "cusolverDnCpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -68772,8 +69410,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrs: CallDesc = CallDesc {
-        wire: 2358u32,
-        call: 2080u32,
+        wire: 2400u32,
+        call: 2115u32,
         name: "cusolverDnCpotrs",
         form: None,
         library: "cusolver",
@@ -68819,8 +69457,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCpotrsBatched: CallDesc = CallDesc {
-        wire: 2359u32,
-        call: 2081u32,
+        wire: 2401u32,
+        call: 2116u32,
         name: "cusolverDnCpotrsBatched",
         form: None,
         library: "cusolver",
@@ -68870,8 +69508,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreate: CallDesc = CallDesc {
-        wire: 2360u32,
-        call: 2082u32,
+        wire: 2402u32,
+        call: 2117u32,
         name: "cusolverDnCreate",
         form: None,
         library: "cusolver",
@@ -68894,8 +69532,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateGesvdjInfo: CallDesc = CallDesc {
-        wire: 2361u32,
-        call: 2083u32,
+        wire: 2403u32,
+        call: 2118u32,
         name: "cusolverDnCreateGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -68918,8 +69556,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateParams: CallDesc = CallDesc {
-        wire: 2362u32,
-        call: 2084u32,
+        wire: 2404u32,
+        call: 2119u32,
         name: "cusolverDnCreateParams",
         form: None,
         library: "cusolver",
@@ -68942,8 +69580,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCreateSyevjInfo: CallDesc = CallDesc {
-        wire: 2363u32,
-        call: 2085u32,
+        wire: 2405u32,
+        call: 2120u32,
         name: "cusolverDnCreateSyevjInfo",
         form: None,
         library: "cusolver",
@@ -68966,8 +69604,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf: CallDesc = CallDesc {
-        wire: 2364u32,
-        call: 2086u32,
+        wire: 2406u32,
+        call: 2121u32,
         name: "cusolverDnCsytrf",
         form: None,
         library: "cusolver",
@@ -69010,8 +69648,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2365u32,
-        call: 2087u32,
+        wire: 2407u32,
+        call: 2122u32,
         name: "cusolverDnCsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69049,8 +69687,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri: CallDesc = CallDesc {
-        wire: 2366u32,
-        call: 2088u32,
+        wire: 2408u32,
+        call: 2123u32,
         name: "cusolverDnCsytri",
         form: None,
         library: "cusolver",
@@ -69093,8 +69731,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2367u32,
-        call: 2089u32,
+        wire: 2409u32,
+        call: 2124u32,
         name: "cusolverDnCsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -69137,8 +69775,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr: CallDesc = CallDesc {
-        wire: 2368u32,
-        call: 2090u32,
+        wire: 2410u32,
+        call: 2125u32,
         name: "cusolverDnCungbr",
         form: None,
         library: "cusolver",
@@ -69189,8 +69827,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2369u32,
-        call: 2091u32,
+        wire: 2411u32,
+        call: 2126u32,
         name: "cusolverDnCungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69241,8 +69879,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr: CallDesc = CallDesc {
-        wire: 2370u32,
-        call: 2092u32,
+        wire: 2412u32,
+        call: 2127u32,
         name: "cusolverDnCungqr",
         form: None,
         library: "cusolver",
@@ -69289,8 +69927,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2371u32,
-        call: 2093u32,
+        wire: 2413u32,
+        call: 2128u32,
         name: "cusolverDnCungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69337,8 +69975,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr: CallDesc = CallDesc {
-        wire: 2372u32,
-        call: 2094u32,
+        wire: 2414u32,
+        call: 2129u32,
         name: "cusolverDnCungtr",
         form: None,
         library: "cusolver",
@@ -69381,8 +70019,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2373u32,
-        call: 2095u32,
+        wire: 2415u32,
+        call: 2130u32,
         name: "cusolverDnCungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69425,8 +70063,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr: CallDesc = CallDesc {
-        wire: 2374u32,
-        call: 2096u32,
+        wire: 2416u32,
+        call: 2131u32,
         name: "cusolverDnCunmqr",
         form: None,
         library: "cusolver",
@@ -69486,8 +70124,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2375u32,
-        call: 2097u32,
+        wire: 2417u32,
+        call: 2132u32,
         name: "cusolverDnCunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69547,8 +70185,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr: CallDesc = CallDesc {
-        wire: 2376u32,
-        call: 2098u32,
+        wire: 2418u32,
+        call: 2133u32,
         name: "cusolverDnCunmtr",
         form: None,
         library: "cusolver",
@@ -69608,8 +70246,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnCunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2377u32,
-        call: 2099u32,
+        wire: 2419u32,
+        call: 2134u32,
         name: "cusolverDnCunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -69669,8 +70307,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroy: CallDesc = CallDesc {
-        wire: 2378u32,
-        call: 2100u32,
+        wire: 2420u32,
+        call: 2135u32,
         name: "cusolverDnDestroy",
         form: None,
         library: "cusolver",
@@ -69693,8 +70331,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyGesvdjInfo: CallDesc = CallDesc {
-        wire: 2379u32,
-        call: 2101u32,
+        wire: 2421u32,
+        call: 2136u32,
         name: "cusolverDnDestroyGesvdjInfo",
         form: None,
         library: "cusolver",
@@ -69717,8 +70355,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroyParams: CallDesc = CallDesc {
-        wire: 2380u32,
-        call: 2102u32,
+        wire: 2422u32,
+        call: 2137u32,
         name: "cusolverDnDestroyParams",
         form: None,
         library: "cusolver",
@@ -69741,8 +70379,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDestroySyevjInfo: CallDesc = CallDesc {
-        wire: 2381u32,
-        call: 2103u32,
+        wire: 2423u32,
+        call: 2138u32,
         name: "cusolverDnDestroySyevjInfo",
         form: None,
         library: "cusolver",
@@ -69765,8 +70403,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2382u32,
-        call: 2104u32,
+        wire: 2424u32,
+        call: 2139u32,
         name: "cusolverDnDgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69803,8 +70441,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf: CallDesc = CallDesc {
-        wire: 2383u32,
-        call: 2105u32,
+        wire: 2425u32,
+        call: 2140u32,
         name: "cusolverDnDgeqrf",
         form: None,
         library: "cusolver",
@@ -69847,8 +70485,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2384u32,
-        call: 2106u32,
+        wire: 2426u32,
+        call: 2141u32,
         name: "cusolverDnDgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -69890,8 +70528,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd: CallDesc = CallDesc {
-        wire: 2385u32,
-        call: 2107u32,
+        wire: 2427u32,
+        call: 2142u32,
         name: "cusolverDnDgesvd",
         form: None,
         library: "cusolver",
@@ -69953,8 +70591,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2386u32,
-        call: 2108u32,
+        wire: 2428u32,
+        call: 2143u32,
         name: "cusolverDnDgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -69991,8 +70629,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2387u32,
-        call: 2109u32,
+        wire: 2429u32,
+        call: 2144u32,
         name: "cusolverDnDgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -70079,8 +70717,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2388u32,
-        call: 2110u32,
+        wire: 2430u32,
+        call: 2145u32,
         name: "cusolverDnDgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70161,8 +70799,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj: CallDesc = CallDesc {
-        wire: 2389u32,
-        call: 2111u32,
+        wire: 2431u32,
+        call: 2146u32,
         name: "cusolverDnDgesvdj",
         form: None,
         library: "cusolver",
@@ -70227,8 +70865,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched: CallDesc = CallDesc {
-        wire: 2390u32,
-        call: 2112u32,
+        wire: 2432u32,
+        call: 2147u32,
         name: "cusolverDnDgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -70293,8 +70931,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2391u32,
-        call: 2113u32,
+        wire: 2433u32,
+        call: 2148u32,
         name: "cusolverDnDgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -70359,8 +70997,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2392u32,
-        call: 2114u32,
+        wire: 2434u32,
+        call: 2149u32,
         name: "cusolverDnDgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -70425,8 +71063,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf: CallDesc = CallDesc {
-        wire: 2393u32,
-        call: 2115u32,
+        wire: 2435u32,
+        call: 2150u32,
         name: "cusolverDnDgetrf",
         form: None,
         library: "cusolver",
@@ -70465,8 +71103,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2394u32,
-        call: 2116u32,
+        wire: 2436u32,
+        call: 2151u32,
         name: "cusolverDnDgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -70508,8 +71146,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDgetrs: CallDesc = CallDesc {
-        wire: 2395u32,
-        call: 2117u32,
+        wire: 2437u32,
+        call: 2152u32,
         name: "cusolverDnDgetrs",
         form: None,
         library: "cusolver",
@@ -70556,8 +71194,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlaswp: CallDesc = CallDesc {
-        wire: 2396u32,
-        call: 2118u32,
+        wire: 2438u32,
+        call: 2153u32,
         name: "cusolverDnDlaswp",
         form: None,
         library: "cusolver",
@@ -70602,8 +71240,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum: CallDesc = CallDesc {
-        wire: 2397u32,
-        call: 2119u32,
+        wire: 2439u32,
+        call: 2154u32,
         name: "cusolverDnDlauum",
         form: None,
         library: "cusolver",
@@ -70645,8 +71283,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2398u32,
-        call: 2120u32,
+        wire: 2440u32,
+        call: 2155u32,
         name: "cusolverDnDlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -70688,8 +71326,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr: CallDesc = CallDesc {
-        wire: 2399u32,
-        call: 2121u32,
+        wire: 2441u32,
+        call: 2156u32,
         name: "cusolverDnDorgbr",
         form: None,
         library: "cusolver",
@@ -70740,8 +71378,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2400u32,
-        call: 2122u32,
+        wire: 2442u32,
+        call: 2157u32,
         name: "cusolverDnDorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -70792,8 +71430,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr: CallDesc = CallDesc {
-        wire: 2401u32,
-        call: 2123u32,
+        wire: 2443u32,
+        call: 2158u32,
         name: "cusolverDnDorgqr",
         form: None,
         library: "cusolver",
@@ -70840,8 +71478,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2402u32,
-        call: 2124u32,
+        wire: 2444u32,
+        call: 2159u32,
         name: "cusolverDnDorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -70888,8 +71526,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr: CallDesc = CallDesc {
-        wire: 2403u32,
-        call: 2125u32,
+        wire: 2445u32,
+        call: 2160u32,
         name: "cusolverDnDorgtr",
         form: None,
         library: "cusolver",
@@ -70932,8 +71570,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2404u32,
-        call: 2126u32,
+        wire: 2446u32,
+        call: 2161u32,
         name: "cusolverDnDorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -70976,8 +71614,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr: CallDesc = CallDesc {
-        wire: 2405u32,
-        call: 2127u32,
+        wire: 2447u32,
+        call: 2162u32,
         name: "cusolverDnDormqr",
         form: None,
         library: "cusolver",
@@ -71037,8 +71675,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2406u32,
-        call: 2128u32,
+        wire: 2448u32,
+        call: 2163u32,
         name: "cusolverDnDormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71098,8 +71736,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr: CallDesc = CallDesc {
-        wire: 2407u32,
-        call: 2129u32,
+        wire: 2449u32,
+        call: 2164u32,
         name: "cusolverDnDormtr",
         form: None,
         library: "cusolver",
@@ -71159,8 +71797,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2408u32,
-        call: 2130u32,
+        wire: 2450u32,
+        call: 2165u32,
         name: "cusolverDnDormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -71220,8 +71858,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf: CallDesc = CallDesc {
-        wire: 2409u32,
-        call: 2131u32,
+        wire: 2451u32,
+        call: 2166u32,
         name: "cusolverDnDpotrf",
         form: None,
         library: "cusolver",
@@ -71263,8 +71901,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrfBatched: CallDesc = CallDesc {
-        wire: 2410u32,
-        call: 2132u32,
+        wire: 2452u32,
+        call: 2167u32,
         name: "cusolverDnDpotrfBatched",
         form: None,
         library: "cusolver",
@@ -71305,8 +71943,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2411u32,
-        call: 2133u32,
+        wire: 2453u32,
+        call: 2168u32,
         name: "cusolverDnDpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -71348,8 +71986,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri: CallDesc = CallDesc {
-        wire: 2412u32,
-        call: 2134u32,
+        wire: 2454u32,
+        call: 2169u32,
         name: "cusolverDnDpotri",
         form: None,
         library: "cusolver",
@@ -71391,8 +72029,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2413u32,
-        call: 2135u32,
+        wire: 2455u32,
+        call: 2170u32,
         name: "cusolverDnDpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -71434,8 +72072,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrs: CallDesc = CallDesc {
-        wire: 2414u32,
-        call: 2136u32,
+        wire: 2456u32,
+        call: 2171u32,
         name: "cusolverDnDpotrs",
         form: None,
         library: "cusolver",
@@ -71481,8 +72119,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDpotrsBatched: CallDesc = CallDesc {
-        wire: 2415u32,
-        call: 2137u32,
+        wire: 2457u32,
+        call: 2172u32,
         name: "cusolverDnDpotrsBatched",
         form: None,
         library: "cusolver",
@@ -71532,8 +72170,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd: CallDesc = CallDesc {
-        wire: 2416u32,
-        call: 2138u32,
+        wire: 2458u32,
+        call: 2173u32,
         name: "cusolverDnDsyevd",
         form: None,
         library: "cusolver",
@@ -71580,8 +72218,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2417u32,
-        call: 2139u32,
+        wire: 2459u32,
+        call: 2174u32,
         name: "cusolverDnDsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71628,8 +72266,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj: CallDesc = CallDesc {
-        wire: 2418u32,
-        call: 2140u32,
+        wire: 2460u32,
+        call: 2175u32,
         name: "cusolverDnDsyevj",
         form: None,
         library: "cusolver",
@@ -71680,8 +72318,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched: CallDesc = CallDesc {
-        wire: 2419u32,
-        call: 2141u32,
+        wire: 2461u32,
+        call: 2176u32,
         name: "cusolverDnDsyevjBatched",
         form: None,
         library: "cusolver",
@@ -71736,8 +72374,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2420u32,
-        call: 2142u32,
+        wire: 2462u32,
+        call: 2177u32,
         name: "cusolverDnDsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -71792,8 +72430,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2421u32,
-        call: 2143u32,
+        wire: 2463u32,
+        call: 2178u32,
         name: "cusolverDnDsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -71844,8 +72482,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd: CallDesc = CallDesc {
-        wire: 2422u32,
-        call: 2144u32,
+        wire: 2464u32,
+        call: 2179u32,
         name: "cusolverDnDsygvd",
         form: None,
         library: "cusolver",
@@ -71901,8 +72539,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2423u32,
-        call: 2145u32,
+        wire: 2465u32,
+        call: 2180u32,
         name: "cusolverDnDsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -71958,8 +72596,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj: CallDesc = CallDesc {
-        wire: 2424u32,
-        call: 2146u32,
+        wire: 2466u32,
+        call: 2181u32,
         name: "cusolverDnDsygvj",
         form: None,
         library: "cusolver",
@@ -72019,8 +72657,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2425u32,
-        call: 2147u32,
+        wire: 2467u32,
+        call: 2182u32,
         name: "cusolverDnDsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -72080,8 +72718,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf: CallDesc = CallDesc {
-        wire: 2426u32,
-        call: 2148u32,
+        wire: 2468u32,
+        call: 2183u32,
         name: "cusolverDnDsytrf",
         form: None,
         library: "cusolver",
@@ -72124,8 +72762,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2427u32,
-        call: 2149u32,
+        wire: 2469u32,
+        call: 2184u32,
         name: "cusolverDnDsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -72163,8 +72801,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri: CallDesc = CallDesc {
-        wire: 2428u32,
-        call: 2150u32,
+        wire: 2470u32,
+        call: 2185u32,
         name: "cusolverDnDsytri",
         form: None,
         library: "cusolver",
@@ -72207,8 +72845,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnDsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2429u32,
-        call: 2151u32,
+        wire: 2471u32,
+        call: 2186u32,
         name: "cusolverDnDsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -72251,8 +72889,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetStream: CallDesc = CallDesc {
-        wire: 2430u32,
-        call: 2152u32,
+        wire: 2472u32,
+        call: 2187u32,
         name: "cusolverDnGetStream",
         form: None,
         library: "cusolver",
@@ -72279,8 +72917,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnGetrs: CallDesc = CallDesc {
-        wire: 2431u32,
-        call: 2153u32,
+        wire: 2473u32,
+        call: 2188u32,
         name: "cusolverDnGetrs",
         form: None,
         library: "cusolver",
@@ -72339,8 +72977,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosCreate: CallDesc = CallDesc {
-        wire: 2432u32,
-        call: 2154u32,
+        wire: 2474u32,
+        call: 2189u32,
         name: "cusolverDnIRSInfosCreate",
         form: None,
         library: "cusolver",
@@ -72363,8 +73001,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosDestroy: CallDesc = CallDesc {
-        wire: 2433u32,
-        call: 2155u32,
+        wire: 2475u32,
+        call: 2190u32,
         name: "cusolverDnIRSInfosDestroy",
         form: None,
         library: "cusolver",
@@ -72387,8 +73025,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSInfosRequestResidual: CallDesc = CallDesc {
-        wire: 2434u32,
-        call: 2156u32,
+        wire: 2476u32,
+        call: 2191u32,
         name: "cusolverDnIRSInfosRequestResidual",
         form: None,
         library: "cusolver",
@@ -72411,8 +73049,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsCreate: CallDesc = CallDesc {
-        wire: 2435u32,
-        call: 2157u32,
+        wire: 2477u32,
+        call: 2192u32,
         name: "cusolverDnIRSParamsCreate",
         form: None,
         library: "cusolver",
@@ -72435,8 +73073,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDestroy: CallDesc = CallDesc {
-        wire: 2436u32,
-        call: 2158u32,
+        wire: 2478u32,
+        call: 2193u32,
         name: "cusolverDnIRSParamsDestroy",
         form: None,
         library: "cusolver",
@@ -72459,8 +73097,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsDisableFallback: CallDesc = CallDesc {
-        wire: 2437u32,
-        call: 2159u32,
+        wire: 2479u32,
+        call: 2194u32,
         name: "cusolverDnIRSParamsDisableFallback",
         form: None,
         library: "cusolver",
@@ -72483,8 +73121,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsEnableFallback: CallDesc = CallDesc {
-        wire: 2438u32,
-        call: 2160u32,
+        wire: 2480u32,
+        call: 2195u32,
         name: "cusolverDnIRSParamsEnableFallback",
         form: None,
         library: "cusolver",
@@ -72507,8 +73145,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxIters: CallDesc = CallDesc {
-        wire: 2439u32,
-        call: 2161u32,
+        wire: 2481u32,
+        call: 2196u32,
         name: "cusolverDnIRSParamsSetMaxIters",
         form: None,
         library: "cusolver",
@@ -72535,8 +73173,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetMaxItersInner: CallDesc = CallDesc {
-        wire: 2440u32,
-        call: 2162u32,
+        wire: 2482u32,
+        call: 2197u32,
         name: "cusolverDnIRSParamsSetMaxItersInner",
         form: None,
         library: "cusolver",
@@ -72563,8 +73201,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetRefinementSolver: CallDesc = CallDesc {
-        wire: 2441u32,
-        call: 2163u32,
+        wire: 2483u32,
+        call: 2198u32,
         name: "cusolverDnIRSParamsSetRefinementSolver",
         form: None,
         library: "cusolver",
@@ -72591,8 +73229,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverLowestPrecision: CallDesc = CallDesc {
-        wire: 2442u32,
-        call: 2164u32,
+        wire: 2484u32,
+        call: 2199u32,
         name: "cusolverDnIRSParamsSetSolverLowestPrecision",
         form: None,
         library: "cusolver",
@@ -72619,8 +73257,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverMainPrecision: CallDesc = CallDesc {
-        wire: 2443u32,
-        call: 2165u32,
+        wire: 2485u32,
+        call: 2200u32,
         name: "cusolverDnIRSParamsSetSolverMainPrecision",
         form: None,
         library: "cusolver",
@@ -72647,8 +73285,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetSolverPrecisions: CallDesc = CallDesc {
-        wire: 2444u32,
-        call: 2166u32,
+        wire: 2486u32,
+        call: 2201u32,
         name: "cusolverDnIRSParamsSetSolverPrecisions",
         form: None,
         library: "cusolver",
@@ -72679,8 +73317,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTol: CallDesc = CallDesc {
-        wire: 2445u32,
-        call: 2167u32,
+        wire: 2487u32,
+        call: 2202u32,
         name: "cusolverDnIRSParamsSetTol",
         form: None,
         library: "cusolver",
@@ -72707,8 +73345,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnIRSParamsSetTolInner: CallDesc = CallDesc {
-        wire: 2446u32,
-        call: 2168u32,
+        wire: 2488u32,
+        call: 2203u32,
         name: "cusolverDnIRSParamsSetTolInner",
         form: None,
         library: "cusolver",
@@ -72735,8 +73373,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2447u32,
-        call: 2169u32,
+        wire: 2489u32,
+        call: 2204u32,
         name: "cusolverDnLoggerForceDisable",
         form: None,
         library: "cusolver",
@@ -72754,8 +73392,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2448u32,
-        call: 2170u32,
+        wire: 2490u32,
+        call: 2205u32,
         name: "cusolverDnLoggerSetLevel",
         form: None,
         library: "cusolver",
@@ -72778,8 +73416,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnLoggerSetMask: CallDesc = CallDesc {
-        wire: 2449u32,
-        call: 2171u32,
+        wire: 2491u32,
+        call: 2206u32,
         name: "cusolverDnLoggerSetMask",
         form: None,
         library: "cusolver",
@@ -72802,8 +73440,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnPotrs: CallDesc = CallDesc {
-        wire: 2450u32,
-        call: 2172u32,
+        wire: 2492u32,
+        call: 2207u32,
         name: "cusolverDnPotrs",
         form: None,
         library: "cusolver",
@@ -72861,8 +73499,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetAdvOptions: CallDesc = CallDesc {
-        wire: 2451u32,
-        call: 2173u32,
+        wire: 2493u32,
+        call: 2208u32,
         name: "cusolverDnSetAdvOptions",
         form: None,
         library: "cusolver",
@@ -72893,8 +73531,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetDeterministicMode: CallDesc = CallDesc {
-        wire: 2452u32,
-        call: 2174u32,
+        wire: 2494u32,
+        call: 2209u32,
         name: "cusolverDnSetDeterministicMode",
         form: None,
         library: "cusolver",
@@ -72921,8 +73559,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetEmulationStrategy: CallDesc = CallDesc {
-        wire: 2453u32,
-        call: 2175u32,
+        wire: 2495u32,
+        call: 2210u32,
         name: "cusolverDnSetEmulationStrategy",
         form: None,
         library: "cusolver",
@@ -72949,8 +73587,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetMathMode: CallDesc = CallDesc {
-        wire: 2454u32,
-        call: 2176u32,
+        wire: 2496u32,
+        call: 2211u32,
         name: "cusolverDnSetMathMode",
         form: None,
         library: "cusolver",
@@ -72977,8 +73615,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSetStream: CallDesc = CallDesc {
-        wire: 2455u32,
-        call: 2177u32,
+        wire: 2497u32,
+        call: 2212u32,
         name: "cusolverDnSetStream",
         form: None,
         library: "cusolver",
@@ -73005,8 +73643,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2456u32,
-        call: 2178u32,
+        wire: 2498u32,
+        call: 2213u32,
         name: "cusolverDnSgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -73043,8 +73681,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf: CallDesc = CallDesc {
-        wire: 2457u32,
-        call: 2179u32,
+        wire: 2499u32,
+        call: 2214u32,
         name: "cusolverDnSgeqrf",
         form: None,
         library: "cusolver",
@@ -73087,8 +73725,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2458u32,
-        call: 2180u32,
+        wire: 2500u32,
+        call: 2215u32,
         name: "cusolverDnSgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73130,8 +73768,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd: CallDesc = CallDesc {
-        wire: 2459u32,
-        call: 2181u32,
+        wire: 2501u32,
+        call: 2216u32,
         name: "cusolverDnSgesvd",
         form: None,
         library: "cusolver",
@@ -73193,8 +73831,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2460u32,
-        call: 2182u32,
+        wire: 2502u32,
+        call: 2217u32,
         name: "cusolverDnSgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -73231,8 +73869,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2461u32,
-        call: 2183u32,
+        wire: 2503u32,
+        call: 2218u32,
         name: "cusolverDnSgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -73319,8 +73957,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2462u32,
-        call: 2184u32,
+        wire: 2504u32,
+        call: 2219u32,
         name: "cusolverDnSgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -73401,8 +74039,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj: CallDesc = CallDesc {
-        wire: 2463u32,
-        call: 2185u32,
+        wire: 2505u32,
+        call: 2220u32,
         name: "cusolverDnSgesvdj",
         form: None,
         library: "cusolver",
@@ -73467,8 +74105,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched: CallDesc = CallDesc {
-        wire: 2464u32,
-        call: 2186u32,
+        wire: 2506u32,
+        call: 2221u32,
         name: "cusolverDnSgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -73533,8 +74171,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2465u32,
-        call: 2187u32,
+        wire: 2507u32,
+        call: 2222u32,
         name: "cusolverDnSgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -73599,8 +74237,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2466u32,
-        call: 2188u32,
+        wire: 2508u32,
+        call: 2223u32,
         name: "cusolverDnSgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -73665,8 +74303,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf: CallDesc = CallDesc {
-        wire: 2467u32,
-        call: 2189u32,
+        wire: 2509u32,
+        call: 2224u32,
         name: "cusolverDnSgetrf",
         form: None,
         library: "cusolver",
@@ -73705,8 +74343,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2468u32,
-        call: 2190u32,
+        wire: 2510u32,
+        call: 2225u32,
         name: "cusolverDnSgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -73748,8 +74386,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSgetrs: CallDesc = CallDesc {
-        wire: 2469u32,
-        call: 2191u32,
+        wire: 2511u32,
+        call: 2226u32,
         name: "cusolverDnSgetrs",
         form: None,
         library: "cusolver",
@@ -73796,8 +74434,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlaswp: CallDesc = CallDesc {
-        wire: 2470u32,
-        call: 2192u32,
+        wire: 2512u32,
+        call: 2227u32,
         name: "cusolverDnSlaswp",
         form: None,
         library: "cusolver",
@@ -73842,8 +74480,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum: CallDesc = CallDesc {
-        wire: 2471u32,
-        call: 2193u32,
+        wire: 2513u32,
+        call: 2228u32,
         name: "cusolverDnSlauum",
         form: None,
         library: "cusolver",
@@ -73885,8 +74523,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2472u32,
-        call: 2194u32,
+        wire: 2514u32,
+        call: 2229u32,
         name: "cusolverDnSlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -73928,8 +74566,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr: CallDesc = CallDesc {
-        wire: 2473u32,
-        call: 2195u32,
+        wire: 2515u32,
+        call: 2230u32,
         name: "cusolverDnSorgbr",
         form: None,
         library: "cusolver",
@@ -73980,8 +74618,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgbr_bufferSize: CallDesc = CallDesc {
-        wire: 2474u32,
-        call: 2196u32,
+        wire: 2516u32,
+        call: 2231u32,
         name: "cusolverDnSorgbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74032,8 +74670,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr: CallDesc = CallDesc {
-        wire: 2475u32,
-        call: 2197u32,
+        wire: 2517u32,
+        call: 2232u32,
         name: "cusolverDnSorgqr",
         form: None,
         library: "cusolver",
@@ -74080,8 +74718,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgqr_bufferSize: CallDesc = CallDesc {
-        wire: 2476u32,
-        call: 2198u32,
+        wire: 2518u32,
+        call: 2233u32,
         name: "cusolverDnSorgqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74128,8 +74766,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr: CallDesc = CallDesc {
-        wire: 2477u32,
-        call: 2199u32,
+        wire: 2519u32,
+        call: 2234u32,
         name: "cusolverDnSorgtr",
         form: None,
         library: "cusolver",
@@ -74172,8 +74810,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSorgtr_bufferSize: CallDesc = CallDesc {
-        wire: 2478u32,
-        call: 2200u32,
+        wire: 2520u32,
+        call: 2235u32,
         name: "cusolverDnSorgtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74216,8 +74854,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr: CallDesc = CallDesc {
-        wire: 2479u32,
-        call: 2201u32,
+        wire: 2521u32,
+        call: 2236u32,
         name: "cusolverDnSormqr",
         form: None,
         library: "cusolver",
@@ -74277,8 +74915,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormqr_bufferSize: CallDesc = CallDesc {
-        wire: 2480u32,
-        call: 2202u32,
+        wire: 2522u32,
+        call: 2237u32,
         name: "cusolverDnSormqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74338,8 +74976,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr: CallDesc = CallDesc {
-        wire: 2481u32,
-        call: 2203u32,
+        wire: 2523u32,
+        call: 2238u32,
         name: "cusolverDnSormtr",
         form: None,
         library: "cusolver",
@@ -74399,8 +75037,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSormtr_bufferSize: CallDesc = CallDesc {
-        wire: 2482u32,
-        call: 2204u32,
+        wire: 2524u32,
+        call: 2239u32,
         name: "cusolverDnSormtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -74460,8 +75098,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf: CallDesc = CallDesc {
-        wire: 2483u32,
-        call: 2205u32,
+        wire: 2525u32,
+        call: 2240u32,
         name: "cusolverDnSpotrf",
         form: None,
         library: "cusolver",
@@ -74503,8 +75141,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrfBatched: CallDesc = CallDesc {
-        wire: 2484u32,
-        call: 2206u32,
+        wire: 2526u32,
+        call: 2241u32,
         name: "cusolverDnSpotrfBatched",
         form: None,
         library: "cusolver",
@@ -74545,8 +75183,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2485u32,
-        call: 2207u32,
+        wire: 2527u32,
+        call: 2242u32,
         name: "cusolverDnSpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -74588,8 +75226,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri: CallDesc = CallDesc {
-        wire: 2486u32,
-        call: 2208u32,
+        wire: 2528u32,
+        call: 2243u32,
         name: "cusolverDnSpotri",
         form: None,
         library: "cusolver",
@@ -74631,8 +75269,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2487u32,
-        call: 2209u32,
+        wire: 2529u32,
+        call: 2244u32,
         name: "cusolverDnSpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -74674,8 +75312,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrs: CallDesc = CallDesc {
-        wire: 2488u32,
-        call: 2210u32,
+        wire: 2530u32,
+        call: 2245u32,
         name: "cusolverDnSpotrs",
         form: None,
         library: "cusolver",
@@ -74721,8 +75359,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSpotrsBatched: CallDesc = CallDesc {
-        wire: 2489u32,
-        call: 2211u32,
+        wire: 2531u32,
+        call: 2246u32,
         name: "cusolverDnSpotrsBatched",
         form: None,
         library: "cusolver",
@@ -74772,8 +75410,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd: CallDesc = CallDesc {
-        wire: 2490u32,
-        call: 2212u32,
+        wire: 2532u32,
+        call: 2247u32,
         name: "cusolverDnSsyevd",
         form: None,
         library: "cusolver",
@@ -74820,8 +75458,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2491u32,
-        call: 2213u32,
+        wire: 2533u32,
+        call: 2248u32,
         name: "cusolverDnSsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -74868,8 +75506,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj: CallDesc = CallDesc {
-        wire: 2492u32,
-        call: 2214u32,
+        wire: 2534u32,
+        call: 2249u32,
         name: "cusolverDnSsyevj",
         form: None,
         library: "cusolver",
@@ -74920,8 +75558,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched: CallDesc = CallDesc {
-        wire: 2493u32,
-        call: 2215u32,
+        wire: 2535u32,
+        call: 2250u32,
         name: "cusolverDnSsyevjBatched",
         form: None,
         library: "cusolver",
@@ -74976,8 +75614,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2494u32,
-        call: 2216u32,
+        wire: 2536u32,
+        call: 2251u32,
         name: "cusolverDnSsyevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -75032,8 +75670,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsyevj_bufferSize: CallDesc = CallDesc {
-        wire: 2495u32,
-        call: 2217u32,
+        wire: 2537u32,
+        call: 2252u32,
         name: "cusolverDnSsyevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75084,8 +75722,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd: CallDesc = CallDesc {
-        wire: 2496u32,
-        call: 2218u32,
+        wire: 2538u32,
+        call: 2253u32,
         name: "cusolverDnSsygvd",
         form: None,
         library: "cusolver",
@@ -75141,8 +75779,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvd_bufferSize: CallDesc = CallDesc {
-        wire: 2497u32,
-        call: 2219u32,
+        wire: 2539u32,
+        call: 2254u32,
         name: "cusolverDnSsygvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75198,8 +75836,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj: CallDesc = CallDesc {
-        wire: 2498u32,
-        call: 2220u32,
+        wire: 2540u32,
+        call: 2255u32,
         name: "cusolverDnSsygvj",
         form: None,
         library: "cusolver",
@@ -75259,8 +75897,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsygvj_bufferSize: CallDesc = CallDesc {
-        wire: 2499u32,
-        call: 2221u32,
+        wire: 2541u32,
+        call: 2256u32,
         name: "cusolverDnSsygvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -75320,8 +75958,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf: CallDesc = CallDesc {
-        wire: 2500u32,
-        call: 2222u32,
+        wire: 2542u32,
+        call: 2257u32,
         name: "cusolverDnSsytrf",
         form: None,
         library: "cusolver",
@@ -75364,8 +76002,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2501u32,
-        call: 2223u32,
+        wire: 2543u32,
+        call: 2258u32,
         name: "cusolverDnSsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75403,8 +76041,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri: CallDesc = CallDesc {
-        wire: 2502u32,
-        call: 2224u32,
+        wire: 2544u32,
+        call: 2259u32,
         name: "cusolverDnSsytri",
         form: None,
         library: "cusolver",
@@ -75447,8 +76085,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnSsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2503u32,
-        call: 2225u32,
+        wire: 2545u32,
+        call: 2260u32,
         name: "cusolverDnSsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -75491,8 +76129,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev: CallDesc = CallDesc {
-        wire: 2504u32,
-        call: 2226u32,
+        wire: 2546u32,
+        call: 2261u32,
         name: "cusolverDnXgeev",
         form: None,
         library: "cusolver",
@@ -75583,8 +76221,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeev_bufferSize: CallDesc = CallDesc {
-        wire: 2505u32,
-        call: 2227u32,
+        wire: 2547u32,
+        call: 2262u32,
         name: "cusolverDnXgeev_bufferSize",
         form: None,
         library: "cusolver",
@@ -75671,8 +76309,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf: CallDesc = CallDesc {
-        wire: 2506u32,
-        call: 2228u32,
+        wire: 2548u32,
+        call: 2263u32,
         name: "cusolverDnXgeqrf",
         form: None,
         library: "cusolver",
@@ -75741,8 +76379,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2507u32,
-        call: 2229u32,
+        wire: 2549u32,
+        call: 2264u32,
         name: "cusolverDnXgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -75807,8 +76445,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd: CallDesc = CallDesc {
-        wire: 2508u32,
-        call: 2230u32,
+        wire: 2550u32,
+        call: 2265u32,
         name: "cusolverDnXgesvd",
         form: None,
         library: "cusolver",
@@ -75903,8 +76541,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2509u32,
-        call: 2231u32,
+        wire: 2551u32,
+        call: 2266u32,
         name: "cusolverDnXgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -75995,8 +76633,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2510u32,
-        call: 2232u32,
+        wire: 2552u32,
+        call: 2267u32,
         name: "cusolverDnXgesvdjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -76023,8 +76661,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetSortEig: CallDesc = CallDesc {
-        wire: 2511u32,
-        call: 2233u32,
+        wire: 2553u32,
+        call: 2268u32,
         name: "cusolverDnXgesvdjSetSortEig",
         form: None,
         library: "cusolver",
@@ -76051,8 +76689,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdjSetTolerance: CallDesc = CallDesc {
-        wire: 2512u32,
-        call: 2234u32,
+        wire: 2554u32,
+        call: 2269u32,
         name: "cusolverDnXgesvdjSetTolerance",
         form: None,
         library: "cusolver",
@@ -76079,8 +76717,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgesvdp_bufferSize: CallDesc = CallDesc {
-        wire: 2513u32,
-        call: 2235u32,
+        wire: 2555u32,
+        call: 2270u32,
         name: "cusolverDnXgesvdp_bufferSize",
         form: None,
         library: "cusolver",
@@ -76171,8 +76809,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf: CallDesc = CallDesc {
-        wire: 2514u32,
-        call: 2236u32,
+        wire: 2556u32,
+        call: 2271u32,
         name: "cusolverDnXgetrf",
         form: None,
         library: "cusolver",
@@ -76237,8 +76875,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2515u32,
-        call: 2237u32,
+        wire: 2557u32,
+        call: 2272u32,
         name: "cusolverDnXgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76298,8 +76936,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXgetrs: CallDesc = CallDesc {
-        wire: 2516u32,
-        call: 2238u32,
+        wire: 2558u32,
+        call: 2273u32,
         name: "cusolverDnXgetrs",
         form: None,
         library: "cusolver",
@@ -76358,8 +76996,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf: CallDesc = CallDesc {
-        wire: 2517u32,
-        call: 2239u32,
+        wire: 2559u32,
+        call: 2274u32,
         name: "cusolverDnXpotrf",
         form: None,
         library: "cusolver",
@@ -76423,8 +77061,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2518u32,
-        call: 2240u32,
+        wire: 2560u32,
+        call: 2275u32,
         name: "cusolverDnXpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -76484,8 +77122,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXpotrs: CallDesc = CallDesc {
-        wire: 2519u32,
-        call: 2241u32,
+        wire: 2561u32,
+        call: 2276u32,
         name: "cusolverDnXpotrs",
         form: None,
         library: "cusolver",
@@ -76543,8 +77181,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched: CallDesc = CallDesc {
-        wire: 2520u32,
-        call: 2242u32,
+        wire: 2562u32,
+        call: 2277u32,
         name: "cusolverDnXsyevBatched",
         form: None,
         library: "cusolver",
@@ -76621,8 +77259,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2521u32,
-        call: 2243u32,
+        wire: 2563u32,
+        call: 2278u32,
         name: "cusolverDnXsyevBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -76695,8 +77333,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd: CallDesc = CallDesc {
-        wire: 2522u32,
-        call: 2244u32,
+        wire: 2564u32,
+        call: 2279u32,
         name: "cusolverDnXsyevd",
         form: None,
         library: "cusolver",
@@ -76769,8 +77407,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevd_bufferSize: CallDesc = CallDesc {
-        wire: 2523u32,
-        call: 2245u32,
+        wire: 2565u32,
+        call: 2280u32,
         name: "cusolverDnXsyevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -76839,8 +77477,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetMaxSweeps: CallDesc = CallDesc {
-        wire: 2524u32,
-        call: 2246u32,
+        wire: 2566u32,
+        call: 2281u32,
         name: "cusolverDnXsyevjSetMaxSweeps",
         form: None,
         library: "cusolver",
@@ -76867,8 +77505,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetSortEig: CallDesc = CallDesc {
-        wire: 2525u32,
-        call: 2247u32,
+        wire: 2567u32,
+        call: 2282u32,
         name: "cusolverDnXsyevjSetSortEig",
         form: None,
         library: "cusolver",
@@ -76895,8 +77533,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsyevjSetTolerance: CallDesc = CallDesc {
-        wire: 2526u32,
-        call: 2248u32,
+        wire: 2568u32,
+        call: 2283u32,
         name: "cusolverDnXsyevjSetTolerance",
         form: None,
         library: "cusolver",
@@ -76923,8 +77561,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs: CallDesc = CallDesc {
-        wire: 2527u32,
-        call: 2249u32,
+        wire: 2569u32,
+        call: 2284u32,
         name: "cusolverDnXsytrs",
         form: None,
         library: "cusolver",
@@ -76994,8 +77632,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXsytrs_bufferSize: CallDesc = CallDesc {
-        wire: 2528u32,
-        call: 2250u32,
+        wire: 2570u32,
+        call: 2285u32,
         name: "cusolverDnXsytrs_bufferSize",
         form: None,
         library: "cusolver",
@@ -77061,8 +77699,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri: CallDesc = CallDesc {
-        wire: 2529u32,
-        call: 2251u32,
+        wire: 2571u32,
+        call: 2286u32,
         name: "cusolverDnXtrtri",
         form: None,
         library: "cusolver",
@@ -77122,8 +77760,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnXtrtri_bufferSize: CallDesc = CallDesc {
-        wire: 2530u32,
-        call: 2252u32,
+        wire: 2572u32,
+        call: 2287u32,
         name: "cusolverDnXtrtri_bufferSize",
         form: None,
         library: "cusolver",
@@ -77179,8 +77817,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgebrd_bufferSize: CallDesc = CallDesc {
-        wire: 2531u32,
-        call: 2253u32,
+        wire: 2573u32,
+        call: 2288u32,
         name: "cusolverDnZgebrd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77217,8 +77855,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf: CallDesc = CallDesc {
-        wire: 2532u32,
-        call: 2254u32,
+        wire: 2574u32,
+        call: 2289u32,
         name: "cusolverDnZgeqrf",
         form: None,
         library: "cusolver",
@@ -77261,8 +77899,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgeqrf_bufferSize: CallDesc = CallDesc {
-        wire: 2533u32,
-        call: 2255u32,
+        wire: 2575u32,
+        call: 2290u32,
         name: "cusolverDnZgeqrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77304,8 +77942,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd: CallDesc = CallDesc {
-        wire: 2534u32,
-        call: 2256u32,
+        wire: 2576u32,
+        call: 2291u32,
         name: "cusolverDnZgesvd",
         form: None,
         library: "cusolver",
@@ -77367,8 +78005,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvd_bufferSize: CallDesc = CallDesc {
-        wire: 2535u32,
-        call: 2257u32,
+        wire: 2577u32,
+        call: 2292u32,
         name: "cusolverDnZgesvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -77405,8 +78043,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched: CallDesc = CallDesc {
-        wire: 2536u32,
-        call: 2258u32,
+        wire: 2578u32,
+        call: 2293u32,
         name: "cusolverDnZgesvdaStridedBatched",
         form: None,
         library: "cusolver",
@@ -77493,8 +78131,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdaStridedBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2537u32,
-        call: 2259u32,
+        wire: 2579u32,
+        call: 2294u32,
         name: "cusolverDnZgesvdaStridedBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77575,8 +78213,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj: CallDesc = CallDesc {
-        wire: 2538u32,
-        call: 2260u32,
+        wire: 2580u32,
+        call: 2295u32,
         name: "cusolverDnZgesvdj",
         form: None,
         library: "cusolver",
@@ -77641,8 +78279,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched: CallDesc = CallDesc {
-        wire: 2539u32,
-        call: 2261u32,
+        wire: 2581u32,
+        call: 2296u32,
         name: "cusolverDnZgesvdjBatched",
         form: None,
         library: "cusolver",
@@ -77707,8 +78345,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2540u32,
-        call: 2262u32,
+        wire: 2582u32,
+        call: 2297u32,
         name: "cusolverDnZgesvdjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -77773,8 +78411,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgesvdj_bufferSize: CallDesc = CallDesc {
-        wire: 2541u32,
-        call: 2263u32,
+        wire: 2583u32,
+        call: 2298u32,
         name: "cusolverDnZgesvdj_bufferSize",
         form: None,
         library: "cusolver",
@@ -77839,8 +78477,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf: CallDesc = CallDesc {
-        wire: 2542u32,
-        call: 2264u32,
+        wire: 2584u32,
+        call: 2299u32,
         name: "cusolverDnZgetrf",
         form: None,
         library: "cusolver",
@@ -77879,8 +78517,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrf_bufferSize: CallDesc = CallDesc {
-        wire: 2543u32,
-        call: 2265u32,
+        wire: 2585u32,
+        call: 2300u32,
         name: "cusolverDnZgetrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -77922,8 +78560,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZgetrs: CallDesc = CallDesc {
-        wire: 2544u32,
-        call: 2266u32,
+        wire: 2586u32,
+        call: 2301u32,
         name: "cusolverDnZgetrs",
         form: None,
         library: "cusolver",
@@ -77970,8 +78608,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd: CallDesc = CallDesc {
-        wire: 2545u32,
-        call: 2267u32,
+        wire: 2587u32,
+        call: 2302u32,
         name: "cusolverDnZheevd",
         form: None,
         library: "cusolver",
@@ -78018,8 +78656,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevd_bufferSize: CallDesc = CallDesc {
-        wire: 2546u32,
-        call: 2268u32,
+        wire: 2588u32,
+        call: 2303u32,
         name: "cusolverDnZheevd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78066,8 +78704,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj: CallDesc = CallDesc {
-        wire: 2547u32,
-        call: 2269u32,
+        wire: 2589u32,
+        call: 2304u32,
         name: "cusolverDnZheevj",
         form: None,
         library: "cusolver",
@@ -78118,8 +78756,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched: CallDesc = CallDesc {
-        wire: 2548u32,
-        call: 2270u32,
+        wire: 2590u32,
+        call: 2305u32,
         name: "cusolverDnZheevjBatched",
         form: None,
         library: "cusolver",
@@ -78174,8 +78812,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevjBatched_bufferSize: CallDesc = CallDesc {
-        wire: 2549u32,
-        call: 2271u32,
+        wire: 2591u32,
+        call: 2306u32,
         name: "cusolverDnZheevjBatched_bufferSize",
         form: None,
         library: "cusolver",
@@ -78230,8 +78868,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZheevj_bufferSize: CallDesc = CallDesc {
-        wire: 2550u32,
-        call: 2272u32,
+        wire: 2592u32,
+        call: 2307u32,
         name: "cusolverDnZheevj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78282,8 +78920,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd: CallDesc = CallDesc {
-        wire: 2551u32,
-        call: 2273u32,
+        wire: 2593u32,
+        call: 2308u32,
         name: "cusolverDnZhegvd",
         form: None,
         library: "cusolver",
@@ -78339,8 +78977,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvd_bufferSize: CallDesc = CallDesc {
-        wire: 2552u32,
-        call: 2274u32,
+        wire: 2594u32,
+        call: 2309u32,
         name: "cusolverDnZhegvd_bufferSize",
         form: None,
         library: "cusolver",
@@ -78396,8 +79034,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj: CallDesc = CallDesc {
-        wire: 2553u32,
-        call: 2275u32,
+        wire: 2595u32,
+        call: 2310u32,
         name: "cusolverDnZhegvj",
         form: None,
         library: "cusolver",
@@ -78457,8 +79095,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZhegvj_bufferSize: CallDesc = CallDesc {
-        wire: 2554u32,
-        call: 2276u32,
+        wire: 2596u32,
+        call: 2311u32,
         name: "cusolverDnZhegvj_bufferSize",
         form: None,
         library: "cusolver",
@@ -78518,8 +79156,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlaswp: CallDesc = CallDesc {
-        wire: 2555u32,
-        call: 2277u32,
+        wire: 2597u32,
+        call: 2312u32,
         name: "cusolverDnZlaswp",
         form: None,
         library: "cusolver",
@@ -78564,8 +79202,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum: CallDesc = CallDesc {
-        wire: 2556u32,
-        call: 2278u32,
+        wire: 2598u32,
+        call: 2313u32,
         name: "cusolverDnZlauum",
         form: None,
         library: "cusolver",
@@ -78607,8 +79245,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZlauum_bufferSize: CallDesc = CallDesc {
-        wire: 2557u32,
-        call: 2279u32,
+        wire: 2599u32,
+        call: 2314u32,
         name: "cusolverDnZlauum_bufferSize",
         form: None,
         library: "cusolver",
@@ -78650,8 +79288,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf: CallDesc = CallDesc {
-        wire: 2558u32,
-        call: 2280u32,
+        wire: 2600u32,
+        call: 2315u32,
         name: "cusolverDnZpotrf",
         form: None,
         library: "cusolver",
@@ -78693,8 +79331,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrfBatched: CallDesc = CallDesc {
-        wire: 2559u32,
-        call: 2281u32,
+        wire: 2601u32,
+        call: 2316u32,
         name: "cusolverDnZpotrfBatched",
         form: None,
         library: "cusolver",
@@ -78735,8 +79373,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrf_bufferSize: CallDesc = CallDesc {
-        wire: 2560u32,
-        call: 2282u32,
+        wire: 2602u32,
+        call: 2317u32,
         name: "cusolverDnZpotrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -78778,8 +79416,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri: CallDesc = CallDesc {
-        wire: 2561u32,
-        call: 2283u32,
+        wire: 2603u32,
+        call: 2318u32,
         name: "cusolverDnZpotri",
         form: None,
         library: "cusolver",
@@ -78821,8 +79459,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotri_bufferSize: CallDesc = CallDesc {
-        wire: 2562u32,
-        call: 2284u32,
+        wire: 2604u32,
+        call: 2319u32,
         name: "cusolverDnZpotri_bufferSize",
         form: None,
         library: "cusolver",
@@ -78864,8 +79502,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrs: CallDesc = CallDesc {
-        wire: 2563u32,
-        call: 2285u32,
+        wire: 2605u32,
+        call: 2320u32,
         name: "cusolverDnZpotrs",
         form: None,
         library: "cusolver",
@@ -78911,8 +79549,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZpotrsBatched: CallDesc = CallDesc {
-        wire: 2564u32,
-        call: 2286u32,
+        wire: 2606u32,
+        call: 2321u32,
         name: "cusolverDnZpotrsBatched",
         form: None,
         library: "cusolver",
@@ -78962,8 +79600,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf: CallDesc = CallDesc {
-        wire: 2565u32,
-        call: 2287u32,
+        wire: 2607u32,
+        call: 2322u32,
         name: "cusolverDnZsytrf",
         form: None,
         library: "cusolver",
@@ -79006,8 +79644,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytrf_bufferSize: CallDesc = CallDesc {
-        wire: 2566u32,
-        call: 2288u32,
+        wire: 2608u32,
+        call: 2323u32,
         name: "cusolverDnZsytrf_bufferSize",
         form: None,
         library: "cusolver",
@@ -79045,8 +79683,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri: CallDesc = CallDesc {
-        wire: 2567u32,
-        call: 2289u32,
+        wire: 2609u32,
+        call: 2324u32,
         name: "cusolverDnZsytri",
         form: None,
         library: "cusolver",
@@ -79089,8 +79727,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZsytri_bufferSize: CallDesc = CallDesc {
-        wire: 2568u32,
-        call: 2290u32,
+        wire: 2610u32,
+        call: 2325u32,
         name: "cusolverDnZsytri_bufferSize",
         form: None,
         library: "cusolver",
@@ -79133,8 +79771,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr: CallDesc = CallDesc {
-        wire: 2569u32,
-        call: 2291u32,
+        wire: 2611u32,
+        call: 2326u32,
         name: "cusolverDnZungbr",
         form: None,
         library: "cusolver",
@@ -79185,8 +79823,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungbr_bufferSize: CallDesc = CallDesc {
-        wire: 2570u32,
-        call: 2292u32,
+        wire: 2612u32,
+        call: 2327u32,
         name: "cusolverDnZungbr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79237,8 +79875,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr: CallDesc = CallDesc {
-        wire: 2571u32,
-        call: 2293u32,
+        wire: 2613u32,
+        call: 2328u32,
         name: "cusolverDnZungqr",
         form: None,
         library: "cusolver",
@@ -79285,8 +79923,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungqr_bufferSize: CallDesc = CallDesc {
-        wire: 2572u32,
-        call: 2294u32,
+        wire: 2614u32,
+        call: 2329u32,
         name: "cusolverDnZungqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79333,8 +79971,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr: CallDesc = CallDesc {
-        wire: 2573u32,
-        call: 2295u32,
+        wire: 2615u32,
+        call: 2330u32,
         name: "cusolverDnZungtr",
         form: None,
         library: "cusolver",
@@ -79377,8 +80015,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZungtr_bufferSize: CallDesc = CallDesc {
-        wire: 2574u32,
-        call: 2296u32,
+        wire: 2616u32,
+        call: 2331u32,
         name: "cusolverDnZungtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79421,8 +80059,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr: CallDesc = CallDesc {
-        wire: 2575u32,
-        call: 2297u32,
+        wire: 2617u32,
+        call: 2332u32,
         name: "cusolverDnZunmqr",
         form: None,
         library: "cusolver",
@@ -79482,8 +80120,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmqr_bufferSize: CallDesc = CallDesc {
-        wire: 2576u32,
-        call: 2298u32,
+        wire: 2618u32,
+        call: 2333u32,
         name: "cusolverDnZunmqr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79543,8 +80181,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr: CallDesc = CallDesc {
-        wire: 2577u32,
-        call: 2299u32,
+        wire: 2619u32,
+        call: 2334u32,
         name: "cusolverDnZunmtr",
         form: None,
         library: "cusolver",
@@ -79604,8 +80242,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverDnZunmtr_bufferSize: CallDesc = CallDesc {
-        wire: 2578u32,
-        call: 2300u32,
+        wire: 2620u32,
+        call: 2335u32,
         name: "cusolverDnZunmtr_bufferSize",
         form: None,
         library: "cusolver",
@@ -79665,8 +80303,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfAnalyze: CallDesc = CallDesc {
-        wire: 2579u32,
-        call: 2301u32,
+        wire: 2621u32,
+        call: 2336u32,
         name: "cusolverRfAnalyze",
         form: None,
         library: "cusolver",
@@ -79689,8 +80327,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchAnalyze: CallDesc = CallDesc {
-        wire: 2580u32,
-        call: 2302u32,
+        wire: 2622u32,
+        call: 2337u32,
         name: "cusolverRfBatchAnalyze",
         form: None,
         library: "cusolver",
@@ -79713,8 +80351,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfBatchRefactor: CallDesc = CallDesc {
-        wire: 2581u32,
-        call: 2303u32,
+        wire: 2623u32,
+        call: 2338u32,
         name: "cusolverRfBatchRefactor",
         form: None,
         library: "cusolver",
@@ -79737,8 +80375,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfCreate: CallDesc = CallDesc {
-        wire: 2582u32,
-        call: 2304u32,
+        wire: 2624u32,
+        call: 2339u32,
         name: "cusolverRfCreate",
         form: None,
         library: "cusolver",
@@ -79761,8 +80399,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfDestroy: CallDesc = CallDesc {
-        wire: 2583u32,
-        call: 2305u32,
+        wire: 2625u32,
+        call: 2340u32,
         name: "cusolverRfDestroy",
         form: None,
         library: "cusolver",
@@ -79785,8 +80423,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfRefactor: CallDesc = CallDesc {
-        wire: 2584u32,
-        call: 2306u32,
+        wire: 2626u32,
+        call: 2341u32,
         name: "cusolverRfRefactor",
         form: None,
         library: "cusolver",
@@ -79809,8 +80447,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetAlgs: CallDesc = CallDesc {
-        wire: 2585u32,
-        call: 2307u32,
+        wire: 2627u32,
+        call: 2342u32,
         name: "cusolverRfSetAlgs",
         form: None,
         library: "cusolver",
@@ -79841,8 +80479,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetMatrixFormat: CallDesc = CallDesc {
-        wire: 2586u32,
-        call: 2308u32,
+        wire: 2628u32,
+        call: 2343u32,
         name: "cusolverRfSetMatrixFormat",
         form: None,
         library: "cusolver",
@@ -79873,8 +80511,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetNumericProperties: CallDesc = CallDesc {
-        wire: 2587u32,
-        call: 2309u32,
+        wire: 2629u32,
+        call: 2344u32,
         name: "cusolverRfSetNumericProperties",
         form: None,
         library: "cusolver",
@@ -79905,8 +80543,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverRfSetResetValuesFastMode: CallDesc = CallDesc {
-        wire: 2588u32,
-        call: 2310u32,
+        wire: 2630u32,
+        call: 2345u32,
         name: "cusolverRfSetResetValuesFastMode",
         form: None,
         library: "cusolver",
@@ -79933,8 +80571,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreate: CallDesc = CallDesc {
-        wire: 2589u32,
-        call: 2311u32,
+        wire: 2631u32,
+        call: 2346u32,
         name: "cusolverSpCreate",
         form: None,
         library: "cusolver",
@@ -79957,8 +80595,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpCreateCsrqrInfo: CallDesc = CallDesc {
-        wire: 2590u32,
-        call: 2312u32,
+        wire: 2632u32,
+        call: 2347u32,
         name: "cusolverSpCreateCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -79981,8 +80619,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroy: CallDesc = CallDesc {
-        wire: 2591u32,
-        call: 2313u32,
+        wire: 2633u32,
+        call: 2348u32,
         name: "cusolverSpDestroy",
         form: None,
         library: "cusolver",
@@ -80005,8 +80643,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpDestroyCsrqrInfo: CallDesc = CallDesc {
-        wire: 2592u32,
-        call: 2314u32,
+        wire: 2634u32,
+        call: 2349u32,
         name: "cusolverSpDestroyCsrqrInfo",
         form: None,
         library: "cusolver",
@@ -80029,8 +80667,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpGetStream: CallDesc = CallDesc {
-        wire: 2593u32,
-        call: 2315u32,
+        wire: 2635u32,
+        call: 2350u32,
         name: "cusolverSpGetStream",
         form: None,
         library: "cusolver",
@@ -80057,8 +80695,8 @@ pub mod cusolver {
         only_waits: false,
     };
     pub static cusolverSpSetStream: CallDesc = CallDesc {
-        wire: 2594u32,
-        call: 2316u32,
+        wire: 2636u32,
+        call: 2351u32,
         name: "cusolverSpSetStream",
         form: None,
         library: "cusolver",
@@ -80088,8 +80726,8 @@ pub mod cusolver {
 pub mod cusparse {
     use chidori_protocol::desc::*;
     pub static cusparseAxpby: CallDesc = CallDesc {
-        wire: 2023u32,
-        call: 1745u32,
+        wire: 2065u32,
+        call: 1780u32,
         name: "cusparseAxpby",
         form: None,
         library: "cusparse",
@@ -80130,8 +80768,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseBsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2024u32,
-        call: 1746u32,
+        wire: 2066u32,
+        call: 1781u32,
         name: "cusparseBsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -80170,8 +80808,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsr2csr: CallDesc = CallDesc {
-        wire: 2025u32,
-        call: 1747u32,
+        wire: 2067u32,
+        call: 1782u32,
         name: "cusparseCbsr2csr",
         form: None,
         library: "cusparse",
@@ -80224,8 +80862,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02: CallDesc = CallDesc {
-        wire: 2026u32,
-        call: 1748u32,
+        wire: 2068u32,
+        call: 1783u32,
         name: "cusparseCbsric02",
         form: None,
         library: "cusparse",
@@ -80280,8 +80918,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2027u32,
-        call: 1749u32,
+        wire: 2069u32,
+        call: 1784u32,
         name: "cusparseCbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -80337,8 +80975,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02: CallDesc = CallDesc {
-        wire: 2028u32,
-        call: 1750u32,
+        wire: 2070u32,
+        call: 1785u32,
         name: "cusparseCbsrilu02",
         form: None,
         library: "cusparse",
@@ -80393,8 +81031,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2029u32,
-        call: 1751u32,
+        wire: 2071u32,
+        call: 1786u32,
         name: "cusparseCbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -80449,8 +81087,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2030u32,
-        call: 1752u32,
+        wire: 2072u32,
+        call: 1787u32,
         name: "cusparseCbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -80506,8 +81144,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmm: CallDesc = CallDesc {
-        wire: 2031u32,
-        call: 1753u32,
+        wire: 2073u32,
+        call: 1788u32,
         name: "cusparseCbsrmm",
         form: None,
         library: "cusparse",
@@ -80589,8 +81227,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrmv: CallDesc = CallDesc {
-        wire: 2032u32,
-        call: 1754u32,
+        wire: 2074u32,
+        call: 1789u32,
         name: "cusparseCbsrmv",
         form: None,
         library: "cusparse",
@@ -80656,8 +81294,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2033u32,
-        call: 1755u32,
+        wire: 2075u32,
+        call: 1790u32,
         name: "cusparseCbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -80724,8 +81362,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2034u32,
-        call: 1756u32,
+        wire: 2076u32,
+        call: 1791u32,
         name: "cusparseCbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80793,8 +81431,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2035u32,
-        call: 1757u32,
+        wire: 2077u32,
+        call: 1792u32,
         name: "cusparseCbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -80876,8 +81514,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2036u32,
-        call: 1758u32,
+        wire: 2078u32,
+        call: 1793u32,
         name: "cusparseCbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -80936,8 +81574,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2037u32,
-        call: 1759u32,
+        wire: 2079u32,
+        call: 1794u32,
         name: "cusparseCbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -80997,8 +81635,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2038u32,
-        call: 1760u32,
+        wire: 2080u32,
+        call: 1795u32,
         name: "cusparseCbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -81064,8 +81702,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCbsrxmv: CallDesc = CallDesc {
-        wire: 2039u32,
-        call: 1761u32,
+        wire: 2081u32,
+        call: 1796u32,
         name: "cusparseCbsrxmv",
         form: None,
         library: "cusparse",
@@ -81137,8 +81775,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2bsr: CallDesc = CallDesc {
-        wire: 2040u32,
-        call: 1762u32,
+        wire: 2082u32,
+        call: 1797u32,
         name: "cusparseCcsr2bsr",
         form: None,
         library: "cusparse",
@@ -81191,8 +81829,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2csru: CallDesc = CallDesc {
-        wire: 2041u32,
-        call: 1763u32,
+        wire: 2083u32,
+        call: 1798u32,
         name: "cusparseCcsr2csru",
         form: None,
         library: "cusparse",
@@ -81239,8 +81877,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr: CallDesc = CallDesc {
-        wire: 2042u32,
-        call: 1764u32,
+        wire: 2084u32,
+        call: 1799u32,
         name: "cusparseCcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -81298,8 +81936,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2043u32,
-        call: 1765u32,
+        wire: 2085u32,
+        call: 1800u32,
         name: "cusparseCcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -81355,8 +81993,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2: CallDesc = CallDesc {
-        wire: 2044u32,
-        call: 1766u32,
+        wire: 2086u32,
+        call: 1801u32,
         name: "cusparseCcsrgeam2",
         form: None,
         library: "cusparse",
@@ -81427,8 +82065,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2045u32,
-        call: 1767u32,
+        wire: 2087u32,
+        call: 1802u32,
         name: "cusparseCcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81504,8 +82142,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2: CallDesc = CallDesc {
-        wire: 2046u32,
-        call: 1768u32,
+        wire: 2088u32,
+        call: 1803u32,
         name: "cusparseCcsrgemm2",
         form: None,
         library: "cusparse",
@@ -81595,8 +82233,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2047u32,
-        call: 1769u32,
+        wire: 2089u32,
+        call: 1804u32,
         name: "cusparseCcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -81681,8 +82319,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_analysis: CallDesc = CallDesc {
-        wire: 2048u32,
-        call: 1770u32,
+        wire: 2090u32,
+        call: 1805u32,
         name: "cusparseCcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -81729,8 +82367,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2049u32,
-        call: 1771u32,
+        wire: 2091u32,
+        call: 1806u32,
         name: "cusparseCcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81778,8 +82416,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2050u32,
-        call: 1772u32,
+        wire: 2092u32,
+        call: 1807u32,
         name: "cusparseCcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -81826,8 +82464,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2051u32,
-        call: 1773u32,
+        wire: 2093u32,
+        call: 1808u32,
         name: "cusparseCcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -81875,8 +82513,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2052u32,
-        call: 1774u32,
+        wire: 2094u32,
+        call: 1809u32,
         name: "cusparseCcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -81949,8 +82587,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2053u32,
-        call: 1775u32,
+        wire: 2095u32,
+        call: 1810u32,
         name: "cusparseCcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -82023,8 +82661,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2054u32,
-        call: 1776u32,
+        wire: 2096u32,
+        call: 1811u32,
         name: "cusparseCcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -82075,8 +82713,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2055u32,
-        call: 1777u32,
+        wire: 2097u32,
+        call: 1812u32,
         name: "cusparseCcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -82128,8 +82766,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2056u32,
-        call: 1778u32,
+        wire: 2098u32,
+        call: 1813u32,
         name: "cusparseCcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -82187,8 +82825,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr: CallDesc = CallDesc {
-        wire: 2057u32,
-        call: 1779u32,
+        wire: 2099u32,
+        call: 1814u32,
         name: "cusparseCcsru2csr",
         form: None,
         library: "cusparse",
@@ -82235,8 +82873,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2058u32,
-        call: 1780u32,
+        wire: 2100u32,
+        call: 1815u32,
         name: "cusparseCcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -82284,8 +82922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2csr: CallDesc = CallDesc {
-        wire: 2059u32,
-        call: 1781u32,
+        wire: 2101u32,
+        call: 1816u32,
         name: "cusparseCgebsr2csr",
         form: None,
         library: "cusparse",
@@ -82342,8 +82980,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2060u32,
-        call: 1782u32,
+        wire: 2102u32,
+        call: 1817u32,
         name: "cusparseCgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -82395,8 +83033,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2061u32,
-        call: 1783u32,
+        wire: 2103u32,
+        call: 1818u32,
         name: "cusparseCgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -82466,8 +83104,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2062u32,
-        call: 1784u32,
+        wire: 2104u32,
+        call: 1819u32,
         name: "cusparseCgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -82535,8 +83173,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2: CallDesc = CallDesc {
-        wire: 2063u32,
-        call: 1785u32,
+        wire: 2105u32,
+        call: 1820u32,
         name: "cusparseCgtsv2",
         form: None,
         library: "cusparse",
@@ -82591,8 +83229,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2064u32,
-        call: 1786u32,
+        wire: 2106u32,
+        call: 1821u32,
         name: "cusparseCgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -82647,8 +83285,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnMatGetValues: CallDesc = CallDesc {
-        wire: 2065u32,
-        call: 1787u32,
+        wire: 2107u32,
+        call: 1822u32,
         name: "cusparseConstDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -82672,8 +83310,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstDnVecGetValues: CallDesc = CallDesc {
-        wire: 2066u32,
-        call: 1788u32,
+        wire: 2108u32,
+        call: 1823u32,
         name: "cusparseConstDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -82697,8 +83335,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpMatGetValues: CallDesc = CallDesc {
-        wire: 2067u32,
-        call: 1789u32,
+        wire: 2109u32,
+        call: 1824u32,
         name: "cusparseConstSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -82722,8 +83360,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstSpVecGetValues: CallDesc = CallDesc {
-        wire: 2068u32,
-        call: 1790u32,
+        wire: 2110u32,
+        call: 1825u32,
         name: "cusparseConstSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -82747,8 +83385,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM: CallDesc = CallDesc {
-        wire: 2069u32,
-        call: 1791u32,
+        wire: 2111u32,
+        call: 1826u32,
         name: "cusparseConstrainedGeMM",
         form: None,
         library: "cusparse",
@@ -82806,8 +83444,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseConstrainedGeMM_bufferSize: CallDesc = CallDesc {
-        wire: 2070u32,
-        call: 1792u32,
+        wire: 2112u32,
+        call: 1827u32,
         name: "cusparseConstrainedGeMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -82870,8 +83508,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetPointers: CallDesc = CallDesc {
-        wire: 2071u32,
-        call: 1793u32,
+        wire: 2113u32,
+        call: 1828u32,
         name: "cusparseCooSetPointers",
         form: None,
         library: "cusparse",
@@ -82897,8 +83535,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCooSetStridedBatch: CallDesc = CallDesc {
-        wire: 2072u32,
-        call: 1794u32,
+        wire: 2114u32,
+        call: 1829u32,
         name: "cusparseCooSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -82929,8 +83567,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCopyMatDescr: CallDesc = CallDesc {
-        wire: 2073u32,
-        call: 1795u32,
+        wire: 2115u32,
+        call: 1830u32,
         name: "cusparseCopyMatDescr",
         form: None,
         library: "cusparse",
@@ -82957,8 +83595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreate__call: CallDesc = CallDesc {
-        wire: 2074u32,
-        call: 1796u32,
+        wire: 2116u32,
+        call: 1831u32,
         name: "cusparseCreate",
         form: Some("call"),
         library: "cusparse",
@@ -82981,8 +83619,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsr: CallDesc = CallDesc {
-        wire: 2075u32,
-        call: 1797u32,
+        wire: 2117u32,
+        call: 1832u32,
         name: "cusparseCreateBsr",
         form: None,
         library: "cusparse",
@@ -83048,8 +83686,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsric02Info: CallDesc = CallDesc {
-        wire: 2076u32,
-        call: 1798u32,
+        wire: 2118u32,
+        call: 1833u32,
         name: "cusparseCreateBsric02Info",
         form: None,
         library: "cusparse",
@@ -83072,8 +83710,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrilu02Info: CallDesc = CallDesc {
-        wire: 2077u32,
-        call: 1799u32,
+        wire: 2119u32,
+        call: 1834u32,
         name: "cusparseCreateBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -83096,8 +83734,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsm2Info: CallDesc = CallDesc {
-        wire: 2078u32,
-        call: 1800u32,
+        wire: 2120u32,
+        call: 1835u32,
         name: "cusparseCreateBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -83120,8 +83758,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateBsrsv2Info: CallDesc = CallDesc {
-        wire: 2079u32,
-        call: 1801u32,
+        wire: 2121u32,
+        call: 1836u32,
         name: "cusparseCreateBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -83144,8 +83782,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateColorInfo: CallDesc = CallDesc {
-        wire: 2080u32,
-        call: 1802u32,
+        wire: 2122u32,
+        call: 1837u32,
         name: "cusparseCreateColorInfo",
         form: None,
         library: "cusparse",
@@ -83168,8 +83806,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstBsr: CallDesc = CallDesc {
-        wire: 2081u32,
-        call: 1803u32,
+        wire: 2123u32,
+        call: 1838u32,
         name: "cusparseCreateConstBsr",
         form: None,
         library: "cusparse",
@@ -83235,8 +83873,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCoo: CallDesc = CallDesc {
-        wire: 2082u32,
-        call: 1804u32,
+        wire: 2124u32,
+        call: 1839u32,
         name: "cusparseCreateConstCoo",
         form: None,
         library: "cusparse",
@@ -83286,8 +83924,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstCsr: CallDesc = CallDesc {
-        wire: 2083u32,
-        call: 1805u32,
+        wire: 2125u32,
+        call: 1840u32,
         name: "cusparseCreateConstCsr",
         form: None,
         library: "cusparse",
@@ -83341,8 +83979,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnMat: CallDesc = CallDesc {
-        wire: 2084u32,
-        call: 1806u32,
+        wire: 2126u32,
+        call: 1841u32,
         name: "cusparseCreateConstDnMat",
         form: None,
         library: "cusparse",
@@ -83386,8 +84024,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateConstDnVec: CallDesc = CallDesc {
-        wire: 2085u32,
-        call: 1807u32,
+        wire: 2127u32,
+        call: 1842u32,
         name: "cusparseCreateConstDnVec",
         form: None,
         library: "cusparse",
@@ -83419,8 +84057,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCoo: CallDesc = CallDesc {
-        wire: 2086u32,
-        call: 1808u32,
+        wire: 2128u32,
+        call: 1843u32,
         name: "cusparseCreateCoo",
         form: None,
         library: "cusparse",
@@ -83470,8 +84108,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCooAoS: CallDesc = CallDesc {
-        wire: 2087u32,
-        call: 1809u32,
+        wire: 2129u32,
+        call: 1844u32,
         name: "cusparseCreateCooAoS",
         form: None,
         library: "cusparse",
@@ -83520,8 +84158,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsr: CallDesc = CallDesc {
-        wire: 2088u32,
-        call: 1810u32,
+        wire: 2130u32,
+        call: 1845u32,
         name: "cusparseCreateCsr",
         form: None,
         library: "cusparse",
@@ -83575,8 +84213,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2089u32,
-        call: 1811u32,
+        wire: 2131u32,
+        call: 1846u32,
         name: "cusparseCreateCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -83599,8 +84237,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsric02Info: CallDesc = CallDesc {
-        wire: 2090u32,
-        call: 1812u32,
+        wire: 2132u32,
+        call: 1847u32,
         name: "cusparseCreateCsric02Info",
         form: None,
         library: "cusparse",
@@ -83623,8 +84261,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrilu02Info: CallDesc = CallDesc {
-        wire: 2091u32,
-        call: 1813u32,
+        wire: 2133u32,
+        call: 1848u32,
         name: "cusparseCreateCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -83647,8 +84285,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsm2Info: CallDesc = CallDesc {
-        wire: 2092u32,
-        call: 1814u32,
+        wire: 2134u32,
+        call: 1849u32,
         name: "cusparseCreateCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -83671,8 +84309,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsrsv2Info: CallDesc = CallDesc {
-        wire: 2093u32,
-        call: 1815u32,
+        wire: 2135u32,
+        call: 1850u32,
         name: "cusparseCreateCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -83695,8 +84333,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2094u32,
-        call: 1816u32,
+        wire: 2136u32,
+        call: 1851u32,
         name: "cusparseCreateCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -83719,8 +84357,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnMat: CallDesc = CallDesc {
-        wire: 2095u32,
-        call: 1817u32,
+        wire: 2137u32,
+        call: 1852u32,
         name: "cusparseCreateDnMat",
         form: None,
         library: "cusparse",
@@ -83764,8 +84402,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateDnVec: CallDesc = CallDesc {
-        wire: 2096u32,
-        call: 1818u32,
+        wire: 2138u32,
+        call: 1853u32,
         name: "cusparseCreateDnVec",
         form: None,
         library: "cusparse",
@@ -83797,8 +84435,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateIdentityPermutation: CallDesc = CallDesc {
-        wire: 2097u32,
-        call: 1819u32,
+        wire: 2139u32,
+        call: 1854u32,
         name: "cusparseCreateIdentityPermutation",
         form: None,
         library: "cusparse",
@@ -83826,8 +84464,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreateMatDescr: CallDesc = CallDesc {
-        wire: 2098u32,
-        call: 1820u32,
+        wire: 2140u32,
+        call: 1855u32,
         name: "cusparseCreateMatDescr",
         form: None,
         library: "cusparse",
@@ -83850,8 +84488,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCreatePruneInfo: CallDesc = CallDesc {
-        wire: 2099u32,
-        call: 1821u32,
+        wire: 2141u32,
+        call: 1856u32,
         name: "cusparseCreatePruneInfo",
         form: None,
         library: "cusparse",
@@ -83874,8 +84512,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetPointers: CallDesc = CallDesc {
-        wire: 2100u32,
-        call: 1822u32,
+        wire: 2142u32,
+        call: 1857u32,
         name: "cusparseCsrSetPointers",
         form: None,
         library: "cusparse",
@@ -83901,8 +84539,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseCsrSetStridedBatch: CallDesc = CallDesc {
-        wire: 2101u32,
-        call: 1823u32,
+        wire: 2143u32,
+        call: 1858u32,
         name: "cusparseCsrSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -83937,8 +84575,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsr2csr: CallDesc = CallDesc {
-        wire: 2102u32,
-        call: 1824u32,
+        wire: 2144u32,
+        call: 1859u32,
         name: "cusparseDbsr2csr",
         form: None,
         library: "cusparse",
@@ -83991,8 +84629,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02: CallDesc = CallDesc {
-        wire: 2103u32,
-        call: 1825u32,
+        wire: 2145u32,
+        call: 1860u32,
         name: "cusparseDbsric02",
         form: None,
         library: "cusparse",
@@ -84047,8 +84685,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2104u32,
-        call: 1826u32,
+        wire: 2146u32,
+        call: 1861u32,
         name: "cusparseDbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84104,8 +84742,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02: CallDesc = CallDesc {
-        wire: 2105u32,
-        call: 1827u32,
+        wire: 2147u32,
+        call: 1862u32,
         name: "cusparseDbsrilu02",
         form: None,
         library: "cusparse",
@@ -84160,8 +84798,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2106u32,
-        call: 1828u32,
+        wire: 2148u32,
+        call: 1863u32,
         name: "cusparseDbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -84216,8 +84854,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2107u32,
-        call: 1829u32,
+        wire: 2149u32,
+        call: 1864u32,
         name: "cusparseDbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -84273,8 +84911,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmm: CallDesc = CallDesc {
-        wire: 2108u32,
-        call: 1830u32,
+        wire: 2150u32,
+        call: 1865u32,
         name: "cusparseDbsrmm",
         form: None,
         library: "cusparse",
@@ -84356,8 +84994,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrmv: CallDesc = CallDesc {
-        wire: 2109u32,
-        call: 1831u32,
+        wire: 2151u32,
+        call: 1866u32,
         name: "cusparseDbsrmv",
         form: None,
         library: "cusparse",
@@ -84423,8 +85061,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2110u32,
-        call: 1832u32,
+        wire: 2152u32,
+        call: 1867u32,
         name: "cusparseDbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -84491,8 +85129,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2111u32,
-        call: 1833u32,
+        wire: 2153u32,
+        call: 1868u32,
         name: "cusparseDbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -84560,8 +85198,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2112u32,
-        call: 1834u32,
+        wire: 2154u32,
+        call: 1869u32,
         name: "cusparseDbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -84643,8 +85281,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2113u32,
-        call: 1835u32,
+        wire: 2155u32,
+        call: 1870u32,
         name: "cusparseDbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -84703,8 +85341,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2114u32,
-        call: 1836u32,
+        wire: 2156u32,
+        call: 1871u32,
         name: "cusparseDbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -84764,8 +85402,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2115u32,
-        call: 1837u32,
+        wire: 2157u32,
+        call: 1872u32,
         name: "cusparseDbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -84831,8 +85469,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDbsrxmv: CallDesc = CallDesc {
-        wire: 2116u32,
-        call: 1838u32,
+        wire: 2158u32,
+        call: 1873u32,
         name: "cusparseDbsrxmv",
         form: None,
         library: "cusparse",
@@ -84904,8 +85542,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2bsr: CallDesc = CallDesc {
-        wire: 2117u32,
-        call: 1839u32,
+        wire: 2159u32,
+        call: 1874u32,
         name: "cusparseDcsr2bsr",
         form: None,
         library: "cusparse",
@@ -84958,8 +85596,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2csru: CallDesc = CallDesc {
-        wire: 2118u32,
-        call: 1840u32,
+        wire: 2160u32,
+        call: 1875u32,
         name: "cusparseDcsr2csru",
         form: None,
         library: "cusparse",
@@ -85006,8 +85644,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr: CallDesc = CallDesc {
-        wire: 2119u32,
-        call: 1841u32,
+        wire: 2161u32,
+        call: 1876u32,
         name: "cusparseDcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -85065,8 +85703,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2120u32,
-        call: 1842u32,
+        wire: 2162u32,
+        call: 1877u32,
         name: "cusparseDcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -85122,8 +85760,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2: CallDesc = CallDesc {
-        wire: 2121u32,
-        call: 1843u32,
+        wire: 2163u32,
+        call: 1878u32,
         name: "cusparseDcsrgeam2",
         form: None,
         library: "cusparse",
@@ -85194,8 +85832,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2122u32,
-        call: 1844u32,
+        wire: 2164u32,
+        call: 1879u32,
         name: "cusparseDcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -85271,8 +85909,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2: CallDesc = CallDesc {
-        wire: 2123u32,
-        call: 1845u32,
+        wire: 2165u32,
+        call: 1880u32,
         name: "cusparseDcsrgemm2",
         form: None,
         library: "cusparse",
@@ -85362,8 +86000,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2124u32,
-        call: 1846u32,
+        wire: 2166u32,
+        call: 1881u32,
         name: "cusparseDcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -85448,8 +86086,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_analysis: CallDesc = CallDesc {
-        wire: 2125u32,
-        call: 1847u32,
+        wire: 2167u32,
+        call: 1882u32,
         name: "cusparseDcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -85496,8 +86134,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2126u32,
-        call: 1848u32,
+        wire: 2168u32,
+        call: 1883u32,
         name: "cusparseDcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -85545,8 +86183,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2127u32,
-        call: 1849u32,
+        wire: 2169u32,
+        call: 1884u32,
         name: "cusparseDcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -85593,8 +86231,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2128u32,
-        call: 1850u32,
+        wire: 2170u32,
+        call: 1885u32,
         name: "cusparseDcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -85642,8 +86280,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2129u32,
-        call: 1851u32,
+        wire: 2171u32,
+        call: 1886u32,
         name: "cusparseDcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -85716,8 +86354,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2130u32,
-        call: 1852u32,
+        wire: 2172u32,
+        call: 1887u32,
         name: "cusparseDcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -85790,8 +86428,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2131u32,
-        call: 1853u32,
+        wire: 2173u32,
+        call: 1888u32,
         name: "cusparseDcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -85842,8 +86480,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2132u32,
-        call: 1854u32,
+        wire: 2174u32,
+        call: 1889u32,
         name: "cusparseDcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -85895,8 +86533,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2133u32,
-        call: 1855u32,
+        wire: 2175u32,
+        call: 1890u32,
         name: "cusparseDcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -85954,8 +86592,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr: CallDesc = CallDesc {
-        wire: 2134u32,
-        call: 1856u32,
+        wire: 2176u32,
+        call: 1891u32,
         name: "cusparseDcsru2csr",
         form: None,
         library: "cusparse",
@@ -86002,8 +86640,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2135u32,
-        call: 1857u32,
+        wire: 2177u32,
+        call: 1892u32,
         name: "cusparseDcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -86051,8 +86689,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_analysis: CallDesc = CallDesc {
-        wire: 2136u32,
-        call: 1858u32,
+        wire: 2178u32,
+        call: 1893u32,
         name: "cusparseDenseToSparse_analysis",
         form: None,
         library: "cusparse",
@@ -86088,8 +86726,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_bufferSize: CallDesc = CallDesc {
-        wire: 2137u32,
-        call: 1859u32,
+        wire: 2179u32,
+        call: 1894u32,
         name: "cusparseDenseToSparse_bufferSize",
         form: None,
         library: "cusparse",
@@ -86130,8 +86768,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDenseToSparse_convert: CallDesc = CallDesc {
-        wire: 2138u32,
-        call: 1860u32,
+        wire: 2180u32,
+        call: 1895u32,
         name: "cusparseDenseToSparse_convert",
         form: None,
         library: "cusparse",
@@ -86167,8 +86805,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroy: CallDesc = CallDesc {
-        wire: 2139u32,
-        call: 1861u32,
+        wire: 2181u32,
+        call: 1896u32,
         name: "cusparseDestroy",
         form: None,
         library: "cusparse",
@@ -86191,8 +86829,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsric02Info: CallDesc = CallDesc {
-        wire: 2140u32,
-        call: 1862u32,
+        wire: 2182u32,
+        call: 1897u32,
         name: "cusparseDestroyBsric02Info",
         form: None,
         library: "cusparse",
@@ -86215,8 +86853,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrilu02Info: CallDesc = CallDesc {
-        wire: 2141u32,
-        call: 1863u32,
+        wire: 2183u32,
+        call: 1898u32,
         name: "cusparseDestroyBsrilu02Info",
         form: None,
         library: "cusparse",
@@ -86239,8 +86877,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsm2Info: CallDesc = CallDesc {
-        wire: 2142u32,
-        call: 1864u32,
+        wire: 2184u32,
+        call: 1899u32,
         name: "cusparseDestroyBsrsm2Info",
         form: None,
         library: "cusparse",
@@ -86263,8 +86901,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyBsrsv2Info: CallDesc = CallDesc {
-        wire: 2143u32,
-        call: 1865u32,
+        wire: 2185u32,
+        call: 1900u32,
         name: "cusparseDestroyBsrsv2Info",
         form: None,
         library: "cusparse",
@@ -86287,8 +86925,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyColorInfo: CallDesc = CallDesc {
-        wire: 2144u32,
-        call: 1866u32,
+        wire: 2186u32,
+        call: 1901u32,
         name: "cusparseDestroyColorInfo",
         form: None,
         library: "cusparse",
@@ -86311,8 +86949,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrgemm2Info: CallDesc = CallDesc {
-        wire: 2145u32,
-        call: 1867u32,
+        wire: 2187u32,
+        call: 1902u32,
         name: "cusparseDestroyCsrgemm2Info",
         form: None,
         library: "cusparse",
@@ -86335,8 +86973,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsric02Info: CallDesc = CallDesc {
-        wire: 2146u32,
-        call: 1868u32,
+        wire: 2188u32,
+        call: 1903u32,
         name: "cusparseDestroyCsric02Info",
         form: None,
         library: "cusparse",
@@ -86359,8 +86997,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrilu02Info: CallDesc = CallDesc {
-        wire: 2147u32,
-        call: 1869u32,
+        wire: 2189u32,
+        call: 1904u32,
         name: "cusparseDestroyCsrilu02Info",
         form: None,
         library: "cusparse",
@@ -86383,8 +87021,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsm2Info: CallDesc = CallDesc {
-        wire: 2148u32,
-        call: 1870u32,
+        wire: 2190u32,
+        call: 1905u32,
         name: "cusparseDestroyCsrsm2Info",
         form: None,
         library: "cusparse",
@@ -86407,8 +87045,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsrsv2Info: CallDesc = CallDesc {
-        wire: 2149u32,
-        call: 1871u32,
+        wire: 2191u32,
+        call: 1906u32,
         name: "cusparseDestroyCsrsv2Info",
         form: None,
         library: "cusparse",
@@ -86431,8 +87069,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyCsru2csrInfo: CallDesc = CallDesc {
-        wire: 2150u32,
-        call: 1872u32,
+        wire: 2192u32,
+        call: 1907u32,
         name: "cusparseDestroyCsru2csrInfo",
         form: None,
         library: "cusparse",
@@ -86455,8 +87093,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnMat: CallDesc = CallDesc {
-        wire: 2151u32,
-        call: 1873u32,
+        wire: 2193u32,
+        call: 1908u32,
         name: "cusparseDestroyDnMat",
         form: None,
         library: "cusparse",
@@ -86479,8 +87117,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyDnVec: CallDesc = CallDesc {
-        wire: 2152u32,
-        call: 1874u32,
+        wire: 2194u32,
+        call: 1909u32,
         name: "cusparseDestroyDnVec",
         form: None,
         library: "cusparse",
@@ -86503,8 +87141,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyMatDescr: CallDesc = CallDesc {
-        wire: 2153u32,
-        call: 1875u32,
+        wire: 2195u32,
+        call: 1910u32,
         name: "cusparseDestroyMatDescr",
         form: None,
         library: "cusparse",
@@ -86527,8 +87165,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroyPruneInfo: CallDesc = CallDesc {
-        wire: 2154u32,
-        call: 1876u32,
+        wire: 2196u32,
+        call: 1911u32,
         name: "cusparseDestroyPruneInfo",
         form: None,
         library: "cusparse",
@@ -86551,8 +87189,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpMat: CallDesc = CallDesc {
-        wire: 2155u32,
-        call: 1877u32,
+        wire: 2197u32,
+        call: 1912u32,
         name: "cusparseDestroySpMat",
         form: None,
         library: "cusparse",
@@ -86575,8 +87213,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDestroySpVec: CallDesc = CallDesc {
-        wire: 2156u32,
-        call: 1878u32,
+        wire: 2198u32,
+        call: 1913u32,
         name: "cusparseDestroySpVec",
         form: None,
         library: "cusparse",
@@ -86599,8 +87237,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2csr: CallDesc = CallDesc {
-        wire: 2157u32,
-        call: 1879u32,
+        wire: 2199u32,
+        call: 1914u32,
         name: "cusparseDgebsr2csr",
         form: None,
         library: "cusparse",
@@ -86657,8 +87295,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2158u32,
-        call: 1880u32,
+        wire: 2200u32,
+        call: 1915u32,
         name: "cusparseDgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -86710,8 +87348,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2159u32,
-        call: 1881u32,
+        wire: 2201u32,
+        call: 1916u32,
         name: "cusparseDgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -86781,8 +87419,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2160u32,
-        call: 1882u32,
+        wire: 2202u32,
+        call: 1917u32,
         name: "cusparseDgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -86850,8 +87488,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatGetValues: CallDesc = CallDesc {
-        wire: 2161u32,
-        call: 1883u32,
+        wire: 2203u32,
+        call: 1918u32,
         name: "cusparseDnMatGetValues",
         form: None,
         library: "cusparse",
@@ -86875,8 +87513,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2162u32,
-        call: 1884u32,
+        wire: 2204u32,
+        call: 1919u32,
         name: "cusparseDnMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -86907,8 +87545,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnMatSetValues: CallDesc = CallDesc {
-        wire: 2163u32,
-        call: 1885u32,
+        wire: 2205u32,
+        call: 1920u32,
         name: "cusparseDnMatSetValues",
         form: None,
         library: "cusparse",
@@ -86932,8 +87570,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecGetValues: CallDesc = CallDesc {
-        wire: 2164u32,
-        call: 1886u32,
+        wire: 2206u32,
+        call: 1921u32,
         name: "cusparseDnVecGetValues",
         form: None,
         library: "cusparse",
@@ -86957,8 +87595,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDnVecSetValues: CallDesc = CallDesc {
-        wire: 2165u32,
-        call: 1887u32,
+        wire: 2207u32,
+        call: 1922u32,
         name: "cusparseDnVecSetValues",
         form: None,
         library: "cusparse",
@@ -86982,8 +87620,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2166u32,
-        call: 1888u32,
+        wire: 2208u32,
+        call: 1923u32,
         name: "cusparseDpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -87041,8 +87679,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2167u32,
-        call: 1889u32,
+        wire: 2209u32,
+        call: 1924u32,
         name: "cusparseDpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -87105,8 +87743,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseDpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2168u32,
-        call: 1890u32,
+        wire: 2210u32,
+        call: 1925u32,
         name: "cusparseDpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -87167,8 +87805,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGather: CallDesc = CallDesc {
-        wire: 2169u32,
-        call: 1891u32,
+        wire: 2211u32,
+        call: 1926u32,
         name: "cusparseGather",
         form: None,
         library: "cusparse",
@@ -87199,8 +87837,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatDiagType: CallDesc = CallDesc {
-        wire: 2170u32,
-        call: 1892u32,
+        wire: 2212u32,
+        call: 1927u32,
         name: "cusparseGetMatDiagType",
         form: None,
         library: "cusparse",
@@ -87226,8 +87864,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatFillMode: CallDesc = CallDesc {
-        wire: 2171u32,
-        call: 1893u32,
+        wire: 2213u32,
+        call: 1928u32,
         name: "cusparseGetMatFillMode",
         form: None,
         library: "cusparse",
@@ -87253,8 +87891,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatIndexBase: CallDesc = CallDesc {
-        wire: 2172u32,
-        call: 1894u32,
+        wire: 2214u32,
+        call: 1929u32,
         name: "cusparseGetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -87280,8 +87918,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetMatType: CallDesc = CallDesc {
-        wire: 2173u32,
-        call: 1895u32,
+        wire: 2215u32,
+        call: 1930u32,
         name: "cusparseGetMatType",
         form: None,
         library: "cusparse",
@@ -87307,8 +87945,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseGetStream: CallDesc = CallDesc {
-        wire: 2174u32,
-        call: 1896u32,
+        wire: 2216u32,
+        call: 1931u32,
         name: "cusparseGetStream",
         form: None,
         library: "cusparse",
@@ -87335,8 +87973,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerForceDisable: CallDesc = CallDesc {
-        wire: 2175u32,
-        call: 1897u32,
+        wire: 2217u32,
+        call: 1932u32,
         name: "cusparseLoggerForceDisable",
         form: None,
         library: "cusparse",
@@ -87354,8 +87992,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetLevel: CallDesc = CallDesc {
-        wire: 2176u32,
-        call: 1898u32,
+        wire: 2218u32,
+        call: 1933u32,
         name: "cusparseLoggerSetLevel",
         form: None,
         library: "cusparse",
@@ -87378,8 +88016,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseLoggerSetMask: CallDesc = CallDesc {
-        wire: 2177u32,
-        call: 1899u32,
+        wire: 2219u32,
+        call: 1934u32,
         name: "cusparseLoggerSetMask",
         form: None,
         library: "cusparse",
@@ -87402,8 +88040,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM: CallDesc = CallDesc {
-        wire: 2178u32,
-        call: 1900u32,
+        wire: 2220u32,
+        call: 1935u32,
         name: "cusparseSDDMM",
         form: None,
         library: "cusparse",
@@ -87465,8 +88103,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_bufferSize: CallDesc = CallDesc {
-        wire: 2179u32,
-        call: 1901u32,
+        wire: 2221u32,
+        call: 1936u32,
         name: "cusparseSDDMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -87533,8 +88171,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSDDMM_preprocess: CallDesc = CallDesc {
-        wire: 2180u32,
-        call: 1902u32,
+        wire: 2222u32,
+        call: 1937u32,
         name: "cusparseSDDMM_preprocess",
         form: None,
         library: "cusparse",
@@ -87596,8 +88234,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsr2csr: CallDesc = CallDesc {
-        wire: 2181u32,
-        call: 1903u32,
+        wire: 2223u32,
+        call: 1938u32,
         name: "cusparseSbsr2csr",
         form: None,
         library: "cusparse",
@@ -87650,8 +88288,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02: CallDesc = CallDesc {
-        wire: 2182u32,
-        call: 1904u32,
+        wire: 2224u32,
+        call: 1939u32,
         name: "cusparseSbsric02",
         form: None,
         library: "cusparse",
@@ -87706,8 +88344,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2183u32,
-        call: 1905u32,
+        wire: 2225u32,
+        call: 1940u32,
         name: "cusparseSbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87763,8 +88401,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02: CallDesc = CallDesc {
-        wire: 2184u32,
-        call: 1906u32,
+        wire: 2226u32,
+        call: 1941u32,
         name: "cusparseSbsrilu02",
         form: None,
         library: "cusparse",
@@ -87819,8 +88457,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2185u32,
-        call: 1907u32,
+        wire: 2227u32,
+        call: 1942u32,
         name: "cusparseSbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -87875,8 +88513,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2186u32,
-        call: 1908u32,
+        wire: 2228u32,
+        call: 1943u32,
         name: "cusparseSbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -87932,8 +88570,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmm: CallDesc = CallDesc {
-        wire: 2187u32,
-        call: 1909u32,
+        wire: 2229u32,
+        call: 1944u32,
         name: "cusparseSbsrmm",
         form: None,
         library: "cusparse",
@@ -88015,8 +88653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrmv: CallDesc = CallDesc {
-        wire: 2188u32,
-        call: 1910u32,
+        wire: 2230u32,
+        call: 1945u32,
         name: "cusparseSbsrmv",
         form: None,
         library: "cusparse",
@@ -88082,8 +88720,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2189u32,
-        call: 1911u32,
+        wire: 2231u32,
+        call: 1946u32,
         name: "cusparseSbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -88150,8 +88788,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2190u32,
-        call: 1912u32,
+        wire: 2232u32,
+        call: 1947u32,
         name: "cusparseSbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88219,8 +88857,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2191u32,
-        call: 1913u32,
+        wire: 2233u32,
+        call: 1948u32,
         name: "cusparseSbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -88302,8 +88940,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2192u32,
-        call: 1914u32,
+        wire: 2234u32,
+        call: 1949u32,
         name: "cusparseSbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -88362,8 +89000,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2193u32,
-        call: 1915u32,
+        wire: 2235u32,
+        call: 1950u32,
         name: "cusparseSbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -88423,8 +89061,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2194u32,
-        call: 1916u32,
+        wire: 2236u32,
+        call: 1951u32,
         name: "cusparseSbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -88490,8 +89128,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSbsrxmv: CallDesc = CallDesc {
-        wire: 2195u32,
-        call: 1917u32,
+        wire: 2237u32,
+        call: 1952u32,
         name: "cusparseSbsrxmv",
         form: None,
         library: "cusparse",
@@ -88563,8 +89201,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScatter: CallDesc = CallDesc {
-        wire: 2196u32,
-        call: 1918u32,
+        wire: 2238u32,
+        call: 1953u32,
         name: "cusparseScatter",
         form: None,
         library: "cusparse",
@@ -88595,8 +89233,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2bsr: CallDesc = CallDesc {
-        wire: 2197u32,
-        call: 1919u32,
+        wire: 2239u32,
+        call: 1954u32,
         name: "cusparseScsr2bsr",
         form: None,
         library: "cusparse",
@@ -88649,8 +89287,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2csru: CallDesc = CallDesc {
-        wire: 2198u32,
-        call: 1920u32,
+        wire: 2240u32,
+        call: 1955u32,
         name: "cusparseScsr2csru",
         form: None,
         library: "cusparse",
@@ -88697,8 +89335,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr: CallDesc = CallDesc {
-        wire: 2199u32,
-        call: 1921u32,
+        wire: 2241u32,
+        call: 1956u32,
         name: "cusparseScsr2gebsr",
         form: None,
         library: "cusparse",
@@ -88756,8 +89394,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2200u32,
-        call: 1922u32,
+        wire: 2242u32,
+        call: 1957u32,
         name: "cusparseScsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -88813,8 +89451,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2: CallDesc = CallDesc {
-        wire: 2201u32,
-        call: 1923u32,
+        wire: 2243u32,
+        call: 1958u32,
         name: "cusparseScsrgeam2",
         form: None,
         library: "cusparse",
@@ -88885,8 +89523,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2202u32,
-        call: 1924u32,
+        wire: 2244u32,
+        call: 1959u32,
         name: "cusparseScsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -88962,8 +89600,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2: CallDesc = CallDesc {
-        wire: 2203u32,
-        call: 1925u32,
+        wire: 2245u32,
+        call: 1960u32,
         name: "cusparseScsrgemm2",
         form: None,
         library: "cusparse",
@@ -89053,8 +89691,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2204u32,
-        call: 1926u32,
+        wire: 2246u32,
+        call: 1961u32,
         name: "cusparseScsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89139,8 +89777,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_analysis: CallDesc = CallDesc {
-        wire: 2205u32,
-        call: 1927u32,
+        wire: 2247u32,
+        call: 1962u32,
         name: "cusparseScsric02_analysis",
         form: None,
         library: "cusparse",
@@ -89187,8 +89825,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2206u32,
-        call: 1928u32,
+        wire: 2248u32,
+        call: 1963u32,
         name: "cusparseScsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89236,8 +89874,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2207u32,
-        call: 1929u32,
+        wire: 2249u32,
+        call: 1964u32,
         name: "cusparseScsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -89284,8 +89922,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2208u32,
-        call: 1930u32,
+        wire: 2250u32,
+        call: 1965u32,
         name: "cusparseScsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -89333,8 +89971,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2209u32,
-        call: 1931u32,
+        wire: 2251u32,
+        call: 1966u32,
         name: "cusparseScsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -89407,8 +90045,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsm2_solve: CallDesc = CallDesc {
-        wire: 2210u32,
-        call: 1932u32,
+        wire: 2252u32,
+        call: 1967u32,
         name: "cusparseScsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -89481,8 +90119,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2211u32,
-        call: 1933u32,
+        wire: 2253u32,
+        call: 1968u32,
         name: "cusparseScsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -89533,8 +90171,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2212u32,
-        call: 1934u32,
+        wire: 2254u32,
+        call: 1969u32,
         name: "cusparseScsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -89586,8 +90224,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsrsv2_solve: CallDesc = CallDesc {
-        wire: 2213u32,
-        call: 1935u32,
+        wire: 2255u32,
+        call: 1970u32,
         name: "cusparseScsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -89645,8 +90283,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr: CallDesc = CallDesc {
-        wire: 2214u32,
-        call: 1936u32,
+        wire: 2256u32,
+        call: 1971u32,
         name: "cusparseScsru2csr",
         form: None,
         library: "cusparse",
@@ -89693,8 +90331,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseScsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2215u32,
-        call: 1937u32,
+        wire: 2257u32,
+        call: 1972u32,
         name: "cusparseScsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -89742,8 +90380,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetColorAlgs: CallDesc = CallDesc {
-        wire: 2216u32,
-        call: 1938u32,
+        wire: 2258u32,
+        call: 1973u32,
         name: "cusparseSetColorAlgs",
         form: None,
         library: "cusparse",
@@ -89770,8 +90408,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatDiagType: CallDesc = CallDesc {
-        wire: 2217u32,
-        call: 1939u32,
+        wire: 2259u32,
+        call: 1974u32,
         name: "cusparseSetMatDiagType",
         form: None,
         library: "cusparse",
@@ -89798,8 +90436,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatFillMode: CallDesc = CallDesc {
-        wire: 2218u32,
-        call: 1940u32,
+        wire: 2260u32,
+        call: 1975u32,
         name: "cusparseSetMatFillMode",
         form: None,
         library: "cusparse",
@@ -89826,8 +90464,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatIndexBase: CallDesc = CallDesc {
-        wire: 2219u32,
-        call: 1941u32,
+        wire: 2261u32,
+        call: 1976u32,
         name: "cusparseSetMatIndexBase",
         form: None,
         library: "cusparse",
@@ -89854,8 +90492,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetMatType: CallDesc = CallDesc {
-        wire: 2220u32,
-        call: 1942u32,
+        wire: 2262u32,
+        call: 1977u32,
         name: "cusparseSetMatType",
         form: None,
         library: "cusparse",
@@ -89882,8 +90520,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetPointerMode__call: CallDesc = CallDesc {
-        wire: 2221u32,
-        call: 1943u32,
+        wire: 2263u32,
+        call: 1978u32,
         name: "cusparseSetPointerMode",
         form: Some("call"),
         library: "cusparse",
@@ -89910,8 +90548,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSetStream: CallDesc = CallDesc {
-        wire: 2222u32,
-        call: 1944u32,
+        wire: 2264u32,
+        call: 1979u32,
         name: "cusparseSetStream",
         form: None,
         library: "cusparse",
@@ -89938,8 +90576,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2csr: CallDesc = CallDesc {
-        wire: 2223u32,
-        call: 1945u32,
+        wire: 2265u32,
+        call: 1980u32,
         name: "cusparseSgebsr2csr",
         form: None,
         library: "cusparse",
@@ -89996,8 +90634,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2224u32,
-        call: 1946u32,
+        wire: 2266u32,
+        call: 1981u32,
         name: "cusparseSgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -90049,8 +90687,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2225u32,
-        call: 1947u32,
+        wire: 2267u32,
+        call: 1982u32,
         name: "cusparseSgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -90120,8 +90758,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2226u32,
-        call: 1948u32,
+        wire: 2268u32,
+        call: 1983u32,
         name: "cusparseSgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -90189,8 +90827,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_compute: CallDesc = CallDesc {
-        wire: 2227u32,
-        call: 1949u32,
+        wire: 2269u32,
+        call: 1984u32,
         name: "cusparseSpGEMM_compute",
         form: None,
         library: "cusparse",
@@ -90262,8 +90900,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_copy: CallDesc = CallDesc {
-        wire: 2228u32,
-        call: 1950u32,
+        wire: 2270u32,
+        call: 1985u32,
         name: "cusparseSpGEMM_copy",
         form: None,
         library: "cusparse",
@@ -90328,8 +90966,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_createDescr: CallDesc = CallDesc {
-        wire: 2229u32,
-        call: 1951u32,
+        wire: 2271u32,
+        call: 1986u32,
         name: "cusparseSpGEMM_createDescr",
         form: None,
         library: "cusparse",
@@ -90352,8 +90990,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_destroyDescr: CallDesc = CallDesc {
-        wire: 2230u32,
-        call: 1952u32,
+        wire: 2272u32,
+        call: 1987u32,
         name: "cusparseSpGEMM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -90376,8 +91014,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMM_workEstimation: CallDesc = CallDesc {
-        wire: 2231u32,
-        call: 1953u32,
+        wire: 2273u32,
+        call: 1988u32,
         name: "cusparseSpGEMM_workEstimation",
         form: None,
         library: "cusparse",
@@ -90449,8 +91087,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_compute: CallDesc = CallDesc {
-        wire: 2232u32,
-        call: 1954u32,
+        wire: 2274u32,
+        call: 1989u32,
         name: "cusparseSpGEMMreuse_compute",
         form: None,
         library: "cusparse",
@@ -90515,8 +91153,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpGEMMreuse_workEstimation: CallDesc = CallDesc {
-        wire: 2233u32,
-        call: 1955u32,
+        wire: 2275u32,
+        call: 1990u32,
         name: "cusparseSpGEMMreuse_workEstimation",
         form: None,
         library: "cusparse",
@@ -90574,8 +91212,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM: CallDesc = CallDesc {
-        wire: 2234u32,
-        call: 1956u32,
+        wire: 2276u32,
+        call: 1991u32,
         name: "cusparseSpMM",
         form: None,
         library: "cusparse",
@@ -90637,8 +91275,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp: CallDesc = CallDesc {
-        wire: 2235u32,
-        call: 1957u32,
+        wire: 2277u32,
+        call: 1992u32,
         name: "cusparseSpMMOp",
         form: None,
         library: "cusparse",
@@ -90662,8 +91300,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMMOp_destroyPlan: CallDesc = CallDesc {
-        wire: 2236u32,
-        call: 1958u32,
+        wire: 2278u32,
+        call: 1993u32,
         name: "cusparseSpMMOp_destroyPlan",
         form: None,
         library: "cusparse",
@@ -90686,8 +91324,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_bufferSize: CallDesc = CallDesc {
-        wire: 2237u32,
-        call: 1959u32,
+        wire: 2279u32,
+        call: 1994u32,
         name: "cusparseSpMM_bufferSize",
         form: None,
         library: "cusparse",
@@ -90754,8 +91392,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMM_preprocess: CallDesc = CallDesc {
-        wire: 2238u32,
-        call: 1960u32,
+        wire: 2280u32,
+        call: 1995u32,
         name: "cusparseSpMM_preprocess",
         form: None,
         library: "cusparse",
@@ -90817,8 +91455,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV: CallDesc = CallDesc {
-        wire: 2239u32,
-        call: 1961u32,
+        wire: 2281u32,
+        call: 1996u32,
         name: "cusparseSpMV",
         form: None,
         library: "cusparse",
@@ -90876,8 +91514,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_bufferSize: CallDesc = CallDesc {
-        wire: 2240u32,
-        call: 1962u32,
+        wire: 2282u32,
+        call: 1997u32,
         name: "cusparseSpMV_bufferSize",
         form: None,
         library: "cusparse",
@@ -90940,8 +91578,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMV_preprocess: CallDesc = CallDesc {
-        wire: 2241u32,
-        call: 1963u32,
+        wire: 2283u32,
+        call: 1998u32,
         name: "cusparseSpMV_preprocess",
         form: None,
         library: "cusparse",
@@ -90999,8 +91637,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetAttribute: CallDesc = CallDesc {
-        wire: 2242u32,
-        call: 1964u32,
+        wire: 2284u32,
+        call: 1999u32,
         name: "cusparseSpMatGetAttribute",
         form: None,
         library: "cusparse",
@@ -91032,8 +91670,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetSize: CallDesc = CallDesc {
-        wire: 2243u32,
-        call: 1965u32,
+        wire: 2285u32,
+        call: 2000u32,
         name: "cusparseSpMatGetSize",
         form: None,
         library: "cusparse",
@@ -91074,8 +91712,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatGetValues: CallDesc = CallDesc {
-        wire: 2244u32,
-        call: 1966u32,
+        wire: 2286u32,
+        call: 2001u32,
         name: "cusparseSpMatGetValues",
         form: None,
         library: "cusparse",
@@ -91099,8 +91737,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetAttribute: CallDesc = CallDesc {
-        wire: 2245u32,
-        call: 1967u32,
+        wire: 2287u32,
+        call: 2002u32,
         name: "cusparseSpMatSetAttribute",
         form: None,
         library: "cusparse",
@@ -91132,8 +91770,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetStridedBatch: CallDesc = CallDesc {
-        wire: 2246u32,
-        call: 1968u32,
+        wire: 2288u32,
+        call: 2003u32,
         name: "cusparseSpMatSetStridedBatch",
         form: None,
         library: "cusparse",
@@ -91160,8 +91798,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpMatSetValues: CallDesc = CallDesc {
-        wire: 2247u32,
-        call: 1969u32,
+        wire: 2289u32,
+        call: 2004u32,
         name: "cusparseSpMatSetValues",
         form: None,
         library: "cusparse",
@@ -91185,8 +91823,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_analysis: CallDesc = CallDesc {
-        wire: 2248u32,
-        call: 1970u32,
+        wire: 2290u32,
+        call: 2005u32,
         name: "cusparseSpSM_analysis",
         form: None,
         library: "cusparse",
@@ -91247,8 +91885,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_bufferSize: CallDesc = CallDesc {
-        wire: 2249u32,
-        call: 1971u32,
+        wire: 2291u32,
+        call: 2006u32,
         name: "cusparseSpSM_bufferSize",
         form: None,
         library: "cusparse",
@@ -91314,8 +91952,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_createDescr: CallDesc = CallDesc {
-        wire: 2250u32,
-        call: 1972u32,
+        wire: 2292u32,
+        call: 2007u32,
         name: "cusparseSpSM_createDescr",
         form: None,
         library: "cusparse",
@@ -91338,8 +91976,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_destroyDescr: CallDesc = CallDesc {
-        wire: 2251u32,
-        call: 1973u32,
+        wire: 2293u32,
+        call: 2008u32,
         name: "cusparseSpSM_destroyDescr",
         form: None,
         library: "cusparse",
@@ -91362,8 +92000,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSM_solve: CallDesc = CallDesc {
-        wire: 2252u32,
-        call: 1974u32,
+        wire: 2294u32,
+        call: 2009u32,
         name: "cusparseSpSM_solve",
         form: None,
         library: "cusparse",
@@ -91423,8 +92061,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_analysis: CallDesc = CallDesc {
-        wire: 2253u32,
-        call: 1975u32,
+        wire: 2295u32,
+        call: 2010u32,
         name: "cusparseSpSV_analysis",
         form: None,
         library: "cusparse",
@@ -91481,8 +92119,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_bufferSize: CallDesc = CallDesc {
-        wire: 2254u32,
-        call: 1976u32,
+        wire: 2296u32,
+        call: 2011u32,
         name: "cusparseSpSV_bufferSize",
         form: None,
         library: "cusparse",
@@ -91544,8 +92182,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_createDescr: CallDesc = CallDesc {
-        wire: 2255u32,
-        call: 1977u32,
+        wire: 2297u32,
+        call: 2012u32,
         name: "cusparseSpSV_createDescr",
         form: None,
         library: "cusparse",
@@ -91568,8 +92206,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_destroyDescr: CallDesc = CallDesc {
-        wire: 2256u32,
-        call: 1978u32,
+        wire: 2298u32,
+        call: 2013u32,
         name: "cusparseSpSV_destroyDescr",
         form: None,
         library: "cusparse",
@@ -91592,8 +92230,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpSV_solve: CallDesc = CallDesc {
-        wire: 2257u32,
-        call: 1979u32,
+        wire: 2299u32,
+        call: 2014u32,
         name: "cusparseSpSV_solve",
         form: None,
         library: "cusparse",
@@ -91649,8 +92287,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecGetValues: CallDesc = CallDesc {
-        wire: 2258u32,
-        call: 1980u32,
+        wire: 2300u32,
+        call: 2015u32,
         name: "cusparseSpVecGetValues",
         form: None,
         library: "cusparse",
@@ -91674,8 +92312,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpVecSetValues: CallDesc = CallDesc {
-        wire: 2259u32,
-        call: 1981u32,
+        wire: 2301u32,
+        call: 2016u32,
         name: "cusparseSpVecSetValues",
         form: None,
         library: "cusparse",
@@ -91699,8 +92337,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense: CallDesc = CallDesc {
-        wire: 2260u32,
-        call: 1982u32,
+        wire: 2302u32,
+        call: 2017u32,
         name: "cusparseSparseToDense",
         form: None,
         library: "cusparse",
@@ -91736,8 +92374,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSparseToDense_bufferSize: CallDesc = CallDesc {
-        wire: 2261u32,
-        call: 1983u32,
+        wire: 2303u32,
+        call: 2018u32,
         name: "cusparseSparseToDense_bufferSize",
         form: None,
         library: "cusparse",
@@ -91778,8 +92416,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage: CallDesc = CallDesc {
-        wire: 2262u32,
-        call: 1984u32,
+        wire: 2304u32,
+        call: 2019u32,
         name: "cusparseSpruneCsr2csrByPercentage",
         form: None,
         library: "cusparse",
@@ -91837,8 +92475,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrByPercentage_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2263u32,
-        call: 1985u32,
+        wire: 2305u32,
+        call: 2020u32,
         name: "cusparseSpruneCsr2csrByPercentage_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -91901,8 +92539,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseSpruneCsr2csrNnzByPercentage: CallDesc = CallDesc {
-        wire: 2264u32,
-        call: 1986u32,
+        wire: 2306u32,
+        call: 2021u32,
         name: "cusparseSpruneCsr2csrNnzByPercentage",
         form: None,
         library: "cusparse",
@@ -91963,8 +92601,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2265u32,
-        call: 1987u32,
+        wire: 2307u32,
+        call: 2022u32,
         name: "cusparseXbsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -91996,8 +92634,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2266u32,
-        call: 1988u32,
+        wire: 2308u32,
+        call: 2023u32,
         name: "cusparseXbsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92029,8 +92667,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2267u32,
-        call: 1989u32,
+        wire: 2309u32,
+        call: 2024u32,
         name: "cusparseXbsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92062,8 +92700,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXbsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2268u32,
-        call: 1990u32,
+        wire: 2310u32,
+        call: 2025u32,
         name: "cusparseXbsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92095,8 +92733,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoo2csr: CallDesc = CallDesc {
-        wire: 2269u32,
-        call: 1991u32,
+        wire: 2311u32,
+        call: 2026u32,
         name: "cusparseXcoo2csr",
         form: None,
         library: "cusparse",
@@ -92133,8 +92771,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByColumn: CallDesc = CallDesc {
-        wire: 2270u32,
-        call: 1992u32,
+        wire: 2312u32,
+        call: 2027u32,
         name: "cusparseXcoosortByColumn",
         form: None,
         library: "cusparse",
@@ -92173,8 +92811,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosortByRow: CallDesc = CallDesc {
-        wire: 2271u32,
-        call: 1993u32,
+        wire: 2313u32,
+        call: 2028u32,
         name: "cusparseXcoosortByRow",
         form: None,
         library: "cusparse",
@@ -92213,8 +92851,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcoosort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2272u32,
-        call: 1994u32,
+        wire: 2314u32,
+        call: 2029u32,
         name: "cusparseXcoosort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -92257,8 +92895,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2bsrNnz: CallDesc = CallDesc {
-        wire: 2273u32,
-        call: 1995u32,
+        wire: 2315u32,
+        call: 2030u32,
         name: "cusparseXcsr2bsrNnz",
         form: None,
         library: "cusparse",
@@ -92313,8 +92951,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2coo: CallDesc = CallDesc {
-        wire: 2274u32,
-        call: 1996u32,
+        wire: 2316u32,
+        call: 2031u32,
         name: "cusparseXcsr2coo",
         form: None,
         library: "cusparse",
@@ -92351,8 +92989,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2275u32,
-        call: 1997u32,
+        wire: 2317u32,
+        call: 2032u32,
         name: "cusparseXcsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -92412,8 +93050,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgeam2Nnz: CallDesc = CallDesc {
-        wire: 2276u32,
-        call: 1998u32,
+        wire: 2318u32,
+        call: 2033u32,
         name: "cusparseXcsrgeam2Nnz",
         form: None,
         library: "cusparse",
@@ -92475,8 +93113,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrgemm2Nnz: CallDesc = CallDesc {
-        wire: 2277u32,
-        call: 1999u32,
+        wire: 2319u32,
+        call: 2034u32,
         name: "cusparseXcsrgemm2Nnz",
         form: None,
         library: "cusparse",
@@ -92556,8 +93194,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsric02_zeroPivot: CallDesc = CallDesc {
-        wire: 2278u32,
-        call: 2000u32,
+        wire: 2320u32,
+        call: 2035u32,
         name: "cusparseXcsric02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92589,8 +93227,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrilu02_zeroPivot: CallDesc = CallDesc {
-        wire: 2279u32,
-        call: 2001u32,
+        wire: 2321u32,
+        call: 2036u32,
         name: "cusparseXcsrilu02_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92622,8 +93260,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsm2_zeroPivot: CallDesc = CallDesc {
-        wire: 2280u32,
-        call: 2002u32,
+        wire: 2322u32,
+        call: 2037u32,
         name: "cusparseXcsrsm2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92655,8 +93293,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort: CallDesc = CallDesc {
-        wire: 2281u32,
-        call: 2003u32,
+        wire: 2323u32,
+        call: 2038u32,
         name: "cusparseXcsrsort",
         form: None,
         library: "cusparse",
@@ -92699,8 +93337,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsort_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2282u32,
-        call: 2004u32,
+        wire: 2324u32,
+        call: 2039u32,
         name: "cusparseXcsrsort_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -92743,8 +93381,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXcsrsv2_zeroPivot: CallDesc = CallDesc {
-        wire: 2283u32,
-        call: 2005u32,
+        wire: 2325u32,
+        call: 2040u32,
         name: "cusparseXcsrsv2_zeroPivot",
         form: None,
         library: "cusparse",
@@ -92776,8 +93414,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2csr: CallDesc = CallDesc {
-        wire: 2284u32,
-        call: 2006u32,
+        wire: 2326u32,
+        call: 2041u32,
         name: "cusparseXgebsr2csr",
         form: None,
         library: "cusparse",
@@ -92832,8 +93470,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseXgebsr2gebsrNnz: CallDesc = CallDesc {
-        wire: 2285u32,
-        call: 2007u32,
+        wire: 2327u32,
+        call: 2042u32,
         name: "cusparseXgebsr2gebsrNnz",
         form: None,
         library: "cusparse",
@@ -92905,8 +93543,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsr2csr: CallDesc = CallDesc {
-        wire: 2286u32,
-        call: 2008u32,
+        wire: 2328u32,
+        call: 2043u32,
         name: "cusparseZbsr2csr",
         form: None,
         library: "cusparse",
@@ -92959,8 +93597,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02: CallDesc = CallDesc {
-        wire: 2287u32,
-        call: 2009u32,
+        wire: 2329u32,
+        call: 2044u32,
         name: "cusparseZbsric02",
         form: None,
         library: "cusparse",
@@ -93015,8 +93653,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2288u32,
-        call: 2010u32,
+        wire: 2330u32,
+        call: 2045u32,
         name: "cusparseZbsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93072,8 +93710,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02: CallDesc = CallDesc {
-        wire: 2289u32,
-        call: 2011u32,
+        wire: 2331u32,
+        call: 2046u32,
         name: "cusparseZbsrilu02",
         form: None,
         library: "cusparse",
@@ -93128,8 +93766,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2290u32,
-        call: 2012u32,
+        wire: 2332u32,
+        call: 2047u32,
         name: "cusparseZbsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -93184,8 +93822,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2291u32,
-        call: 2013u32,
+        wire: 2333u32,
+        call: 2048u32,
         name: "cusparseZbsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -93241,8 +93879,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmm: CallDesc = CallDesc {
-        wire: 2292u32,
-        call: 2014u32,
+        wire: 2334u32,
+        call: 2049u32,
         name: "cusparseZbsrmm",
         form: None,
         library: "cusparse",
@@ -93324,8 +93962,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrmv: CallDesc = CallDesc {
-        wire: 2293u32,
-        call: 2015u32,
+        wire: 2335u32,
+        call: 2050u32,
         name: "cusparseZbsrmv",
         form: None,
         library: "cusparse",
@@ -93391,8 +94029,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2294u32,
-        call: 2016u32,
+        wire: 2336u32,
+        call: 2051u32,
         name: "cusparseZbsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -93459,8 +94097,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_bufferSize: CallDesc = CallDesc {
-        wire: 2295u32,
-        call: 2017u32,
+        wire: 2337u32,
+        call: 2052u32,
         name: "cusparseZbsrsm2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93528,8 +94166,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsm2_solve: CallDesc = CallDesc {
-        wire: 2296u32,
-        call: 2018u32,
+        wire: 2338u32,
+        call: 2053u32,
         name: "cusparseZbsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -93611,8 +94249,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2297u32,
-        call: 2019u32,
+        wire: 2339u32,
+        call: 2054u32,
         name: "cusparseZbsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -93671,8 +94309,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2298u32,
-        call: 2020u32,
+        wire: 2340u32,
+        call: 2055u32,
         name: "cusparseZbsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -93732,8 +94370,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrsv2_solve: CallDesc = CallDesc {
-        wire: 2299u32,
-        call: 2021u32,
+        wire: 2341u32,
+        call: 2056u32,
         name: "cusparseZbsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -93799,8 +94437,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZbsrxmv: CallDesc = CallDesc {
-        wire: 2300u32,
-        call: 2022u32,
+        wire: 2342u32,
+        call: 2057u32,
         name: "cusparseZbsrxmv",
         form: None,
         library: "cusparse",
@@ -93872,8 +94510,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2bsr: CallDesc = CallDesc {
-        wire: 2301u32,
-        call: 2023u32,
+        wire: 2343u32,
+        call: 2058u32,
         name: "cusparseZcsr2bsr",
         form: None,
         library: "cusparse",
@@ -93926,8 +94564,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2csru: CallDesc = CallDesc {
-        wire: 2302u32,
-        call: 2024u32,
+        wire: 2344u32,
+        call: 2059u32,
         name: "cusparseZcsr2csru",
         form: None,
         library: "cusparse",
@@ -93974,8 +94612,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr: CallDesc = CallDesc {
-        wire: 2303u32,
-        call: 2025u32,
+        wire: 2345u32,
+        call: 2060u32,
         name: "cusparseZcsr2gebsr",
         form: None,
         library: "cusparse",
@@ -94033,8 +94671,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2304u32,
-        call: 2026u32,
+        wire: 2346u32,
+        call: 2061u32,
         name: "cusparseZcsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -94090,8 +94728,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2: CallDesc = CallDesc {
-        wire: 2305u32,
-        call: 2027u32,
+        wire: 2347u32,
+        call: 2062u32,
         name: "cusparseZcsrgeam2",
         form: None,
         library: "cusparse",
@@ -94162,8 +94800,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgeam2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2306u32,
-        call: 2028u32,
+        wire: 2348u32,
+        call: 2063u32,
         name: "cusparseZcsrgeam2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94239,8 +94877,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2: CallDesc = CallDesc {
-        wire: 2307u32,
-        call: 2029u32,
+        wire: 2349u32,
+        call: 2064u32,
         name: "cusparseZcsrgemm2",
         form: None,
         library: "cusparse",
@@ -94330,8 +94968,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrgemm2_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2308u32,
-        call: 2030u32,
+        wire: 2350u32,
+        call: 2065u32,
         name: "cusparseZcsrgemm2_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -94416,8 +95054,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_analysis: CallDesc = CallDesc {
-        wire: 2309u32,
-        call: 2031u32,
+        wire: 2351u32,
+        call: 2066u32,
         name: "cusparseZcsric02_analysis",
         form: None,
         library: "cusparse",
@@ -94464,8 +95102,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsric02_bufferSize: CallDesc = CallDesc {
-        wire: 2310u32,
-        call: 2032u32,
+        wire: 2352u32,
+        call: 2067u32,
         name: "cusparseZcsric02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94513,8 +95151,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_analysis: CallDesc = CallDesc {
-        wire: 2311u32,
-        call: 2033u32,
+        wire: 2353u32,
+        call: 2068u32,
         name: "cusparseZcsrilu02_analysis",
         form: None,
         library: "cusparse",
@@ -94561,8 +95199,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrilu02_bufferSize: CallDesc = CallDesc {
-        wire: 2312u32,
-        call: 2034u32,
+        wire: 2354u32,
+        call: 2069u32,
         name: "cusparseZcsrilu02_bufferSize",
         form: None,
         library: "cusparse",
@@ -94610,8 +95248,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_analysis: CallDesc = CallDesc {
-        wire: 2313u32,
-        call: 2035u32,
+        wire: 2355u32,
+        call: 2070u32,
         name: "cusparseZcsrsm2_analysis",
         form: None,
         library: "cusparse",
@@ -94684,8 +95322,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsm2_solve: CallDesc = CallDesc {
-        wire: 2314u32,
-        call: 2036u32,
+        wire: 2356u32,
+        call: 2071u32,
         name: "cusparseZcsrsm2_solve",
         form: None,
         library: "cusparse",
@@ -94758,8 +95396,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_analysis: CallDesc = CallDesc {
-        wire: 2315u32,
-        call: 2037u32,
+        wire: 2357u32,
+        call: 2072u32,
         name: "cusparseZcsrsv2_analysis",
         form: None,
         library: "cusparse",
@@ -94810,8 +95448,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_bufferSize: CallDesc = CallDesc {
-        wire: 2316u32,
-        call: 2038u32,
+        wire: 2358u32,
+        call: 2073u32,
         name: "cusparseZcsrsv2_bufferSize",
         form: None,
         library: "cusparse",
@@ -94863,8 +95501,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsrsv2_solve: CallDesc = CallDesc {
-        wire: 2317u32,
-        call: 2039u32,
+        wire: 2359u32,
+        call: 2074u32,
         name: "cusparseZcsrsv2_solve",
         form: None,
         library: "cusparse",
@@ -94922,8 +95560,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr: CallDesc = CallDesc {
-        wire: 2318u32,
-        call: 2040u32,
+        wire: 2360u32,
+        call: 2075u32,
         name: "cusparseZcsru2csr",
         form: None,
         library: "cusparse",
@@ -94970,8 +95608,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZcsru2csr_bufferSizeExt: CallDesc = CallDesc {
-        wire: 2319u32,
-        call: 2041u32,
+        wire: 2361u32,
+        call: 2076u32,
         name: "cusparseZcsru2csr_bufferSizeExt",
         form: None,
         library: "cusparse",
@@ -95019,8 +95657,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2csr: CallDesc = CallDesc {
-        wire: 2320u32,
-        call: 2042u32,
+        wire: 2362u32,
+        call: 2077u32,
         name: "cusparseZgebsr2csr",
         form: None,
         library: "cusparse",
@@ -95077,8 +95715,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsc_bufferSize: CallDesc = CallDesc {
-        wire: 2321u32,
-        call: 2043u32,
+        wire: 2363u32,
+        call: 2078u32,
         name: "cusparseZgebsr2gebsc_bufferSize",
         form: None,
         library: "cusparse",
@@ -95130,8 +95768,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr: CallDesc = CallDesc {
-        wire: 2322u32,
-        call: 2044u32,
+        wire: 2364u32,
+        call: 2079u32,
         name: "cusparseZgebsr2gebsr",
         form: None,
         library: "cusparse",
@@ -95201,8 +95839,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgebsr2gebsr_bufferSize: CallDesc = CallDesc {
-        wire: 2323u32,
-        call: 2045u32,
+        wire: 2365u32,
+        call: 2080u32,
         name: "cusparseZgebsr2gebsr_bufferSize",
         form: None,
         library: "cusparse",
@@ -95270,8 +95908,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2: CallDesc = CallDesc {
-        wire: 2324u32,
-        call: 2046u32,
+        wire: 2366u32,
+        call: 2081u32,
         name: "cusparseZgtsv2",
         form: None,
         library: "cusparse",
@@ -95326,8 +95964,8 @@ pub mod cusparse {
         only_waits: false,
     };
     pub static cusparseZgtsv2_nopivot: CallDesc = CallDesc {
-        wire: 2325u32,
-        call: 2047u32,
+        wire: 2367u32,
+        call: 2082u32,
         name: "cusparseZgtsv2_nopivot",
         form: None,
         library: "cusparse",
@@ -95385,8 +96023,8 @@ pub mod cusparse {
 pub mod cusparselt {
     use chidori_protocol::desc::*;
     pub static cusparseLtDestroy__cu126: CallDesc = CallDesc {
-        wire: 2653u32,
-        call: 2373u32,
+        wire: 2695u32,
+        call: 2408u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -95411,8 +96049,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu128: CallDesc = CallDesc {
-        wire: 2654u32,
-        call: 2373u32,
+        wire: 2696u32,
+        call: 2408u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -95437,8 +96075,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtDestroy__cu130: CallDesc = CallDesc {
-        wire: 2655u32,
-        call: 2373u32,
+        wire: 2697u32,
+        call: 2408u32,
         name: "cusparseLtDestroy",
         form: None,
         library: "cusparselt",
@@ -95463,8 +96101,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu126: CallDesc = CallDesc {
-        wire: 2656u32,
-        call: 2374u32,
+        wire: 2698u32,
+        call: 2409u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -95489,8 +96127,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu128: CallDesc = CallDesc {
-        wire: 2657u32,
-        call: 2374u32,
+        wire: 2699u32,
+        call: 2409u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -95515,8 +96153,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatDescriptorDestroy__cu130: CallDesc = CallDesc {
-        wire: 2658u32,
-        call: 2374u32,
+        wire: 2700u32,
+        call: 2409u32,
         name: "cusparseLtMatDescriptorDestroy",
         form: None,
         library: "cusparselt",
@@ -95541,8 +96179,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulAlgSelectionDestroy: CallDesc = CallDesc {
-        wire: 2659u32,
-        call: 2375u32,
+        wire: 2701u32,
+        call: 2410u32,
         name: "cusparseLtMatmulAlgSelectionDestroy",
         form: None,
         library: "cusparselt",
@@ -95567,8 +96205,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu126: CallDesc = CallDesc {
-        wire: 2660u32,
-        call: 2376u32,
+        wire: 2702u32,
+        call: 2411u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -95593,8 +96231,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu128: CallDesc = CallDesc {
-        wire: 2661u32,
-        call: 2376u32,
+        wire: 2703u32,
+        call: 2411u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -95619,8 +96257,8 @@ pub mod cusparselt {
         only_waits: false,
     };
     pub static cusparseLtMatmulPlanDestroy__cu130: CallDesc = CallDesc {
-        wire: 2662u32,
-        call: 2376u32,
+        wire: 2704u32,
+        call: 2411u32,
         name: "cusparseLtMatmulPlanDestroy",
         form: None,
         library: "cusparselt",
@@ -95667,102 +96305,120 @@ pub mod driver {
     static LEN_cuGraphAddEventRecordNode_17: Len = Len::Param(3u8);
     static LEN_cuGraphAddEventWaitNode_18: Len = Len::Param(3u8);
     static LEN_cuGraphAddMemFreeNode_19: Len = Len::Param(3u8);
-    static LEN_cuGraphAddMemsetNode_20: Len = Len::Param(3u8);
-    static LEN_cuGraphInstantiate_21: Len = Len::Param(4u8);
-    static LEN_cuGraphInstantiate_v2_22: Len = Len::Param(4u8);
-    static LEN_cuGraphRemoveDependencies_23: Len = Len::Param(3u8);
+    static LEN_cuGraphAddMemcpyNode_20: Len = Len::Param(3u8);
+    static LEN_cuGraphAddMemsetNode_21: Len = Len::Param(3u8);
+    static LEN_cuGraphInstantiate_22: Len = Len::Param(4u8);
+    static LEN_cuGraphInstantiate_v2_23: Len = Len::Param(4u8);
     static LEN_cuGraphRemoveDependencies_24: Len = Len::Param(3u8);
-    static LEN_cuGraphRemoveDependencies_v2_25: Len = Len::Param(4u8);
+    static LEN_cuGraphRemoveDependencies_25: Len = Len::Param(3u8);
     static LEN_cuGraphRemoveDependencies_v2_26: Len = Len::Param(4u8);
     static LEN_cuGraphRemoveDependencies_v2_27: Len = Len::Param(4u8);
-    static LEN_cuMemDiscardAndPrefetchBatchAsync_28: Len = Len::Param(2u8);
+    static LEN_cuGraphRemoveDependencies_v2_28: Len = Len::Param(4u8);
     static LEN_cuMemDiscardAndPrefetchBatchAsync_29: Len = Len::Param(2u8);
-    static LEN_cuMemDiscardAndPrefetchBatchAsync_30: Len = Len::Param(5u8);
+    static LEN_cuMemDiscardAndPrefetchBatchAsync_30: Len = Len::Param(2u8);
     static LEN_cuMemDiscardAndPrefetchBatchAsync_31: Len = Len::Param(5u8);
-    static LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_32: Len = Len::Param(2u8);
+    static LEN_cuMemDiscardAndPrefetchBatchAsync_32: Len = Len::Param(5u8);
     static LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_33: Len = Len::Param(2u8);
-    static LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_34: Len = Len::Param(5u8);
+    static LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_34: Len = Len::Param(2u8);
     static LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_35: Len = Len::Param(5u8);
-    static LEN_cuMemDiscardBatchAsync_36: Len = Len::Param(2u8);
+    static LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_36: Len = Len::Param(5u8);
     static LEN_cuMemDiscardBatchAsync_37: Len = Len::Param(2u8);
-    static LEN_cuMemDiscardBatchAsync_ptsz_38: Len = Len::Param(2u8);
+    static LEN_cuMemDiscardBatchAsync_38: Len = Len::Param(2u8);
     static LEN_cuMemDiscardBatchAsync_ptsz_39: Len = Len::Param(2u8);
-    static LEN_cuMemPoolGetAttribute_40: Len = Len::Table(
+    static LEN_cuMemDiscardBatchAsync_ptsz_40: Len = Len::Param(2u8);
+    static LEN_cuMemPoolGetAttribute_41: Len = Len::Table(
         1u8,
         &[8u32, 4u32, 4u32, 4u32, 8u32, 8u32, 8u32, 8u32, 8u32],
     );
-    static LEN_cuMemPoolSetAccess_41: Len = Len::Param(2u8);
-    static LEN_cuMemPoolSetAttribute_42: Len = Len::Table(
+    static LEN_cuMemPoolSetAccess_42: Len = Len::Param(2u8);
+    static LEN_cuMemPoolSetAttribute_43: Len = Len::Table(
         1u8,
         &[8u32, 4u32, 4u32, 4u32, 8u32, 8u32, 8u32, 8u32, 8u32],
     );
-    static LEN_cuMemPrefetchBatchAsync_43: Len = Len::Param(2u8);
     static LEN_cuMemPrefetchBatchAsync_44: Len = Len::Param(2u8);
-    static LEN_cuMemPrefetchBatchAsync_45: Len = Len::Param(5u8);
+    static LEN_cuMemPrefetchBatchAsync_45: Len = Len::Param(2u8);
     static LEN_cuMemPrefetchBatchAsync_46: Len = Len::Param(5u8);
-    static LEN_cuMemPrefetchBatchAsync_ptsz_47: Len = Len::Param(2u8);
+    static LEN_cuMemPrefetchBatchAsync_47: Len = Len::Param(5u8);
     static LEN_cuMemPrefetchBatchAsync_ptsz_48: Len = Len::Param(2u8);
-    static LEN_cuMemPrefetchBatchAsync_ptsz_49: Len = Len::Param(5u8);
+    static LEN_cuMemPrefetchBatchAsync_ptsz_49: Len = Len::Param(2u8);
     static LEN_cuMemPrefetchBatchAsync_ptsz_50: Len = Len::Param(5u8);
-    static LEN_cuMemRangeGetAttribute_51: Len = Len::Param(1u8);
-    static LEN_cuMemSetAccess_52: Len = Len::Param(3u8);
-    static LEN_cuMemcpyDtoHAsync_v2__call_53: Len = Len::Param(2u8);
-    static LEN_cuMemcpyDtoHAsync_v2_ptsz__call_54: Len = Len::Param(2u8);
-    static LEN_cuMemcpyDtoH_v2__call_55: Len = Len::Param(2u8);
-    static LEN_cuMemcpyDtoH_v2_ptds__call_56: Len = Len::Param(2u8);
-    static LEN_cuMemcpyHtoDAsync_v2__call_57: Len = Len::Param(2u8);
-    static LEN_cuMemcpyHtoDAsync_v2_ptsz__call_58: Len = Len::Param(2u8);
-    static LEN_cuMemcpyHtoD_v2__call_59: Len = Len::Param(2u8);
-    static LEN_cuMemcpyHtoD_v2_ptds__call_60: Len = Len::Param(2u8);
-    static LEN_cuPointerSetAttribute_61: Len = Len::Lit(4u64);
-    static LEN_cuStreamBatchMemOp__cu118_62: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp__cu131_63: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_ptsz__cu118_64: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_ptsz__cu131_65: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_v2__cu118_66: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_v2__cu131_67: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_v2_ptsz__cu118_68: Len = Len::Param(1u8);
-    static LEN_cuStreamBatchMemOp_v2_ptsz__cu131_69: Len = Len::Param(1u8);
-    static LEN_cuTensorMapEncodeIm2col_70: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2col_71: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2col_72: Len = Len::Lit(1u64);
-    static LEN_cuTensorMapEncodeIm2col_73: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeIm2col_71,
-        &LEN_cuTensorMapEncodeIm2col_72,
+    static LEN_cuMemPrefetchBatchAsync_ptsz_51: Len = Len::Param(5u8);
+    static LEN_cuMemRangeGetAttribute_52: Len = Len::Param(1u8);
+    static LEN_cuMemSetAccess_53: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoH_54: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoHAsync_55: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoHAsync_v2_56: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoHAsync_v2_ptsz_57: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoH_v2_58: Len = Len::Param(3u8);
+    static LEN_cuMemcpyAtoH_v2_ptds_59: Len = Len::Param(3u8);
+    static LEN_cuMemcpyDtoHAsync_v2__call_60: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoHAsync_v2_ptsz__call_61: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoH_v2__call_62: Len = Len::Param(2u8);
+    static LEN_cuMemcpyDtoH_v2_ptds__call_63: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoA_64: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoAAsync_65: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoAAsync_v2_66: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoAAsync_v2_ptsz_67: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoA_v2_68: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoA_v2_ptds_69: Len = Len::Param(3u8);
+    static LEN_cuMemcpyHtoDAsync_v2__call_70: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoDAsync_v2_ptsz__call_71: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoD_v2__call_72: Len = Len::Param(2u8);
+    static LEN_cuMemcpyHtoD_v2_ptds__call_73: Len = Len::Param(2u8);
+    static LEN_cuParamSetv_74: Len = Len::Param(3u8);
+    static LEN_cuPointerSetAttribute_75: Len = Len::Lit(4u64);
+    static LEN_cuStreamBatchMemOp__cu118_76: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp__cu131_77: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_ptsz__cu118_78: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_ptsz__cu131_79: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_v2__cu118_80: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_v2__cu131_81: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_v2_ptsz__cu118_82: Len = Len::Param(1u8);
+    static LEN_cuStreamBatchMemOp_v2_ptsz__cu131_83: Len = Len::Param(1u8);
+    static LEN_cuStreamUpdateCaptureDependencies_v2_84: Len = Len::Param(3u8);
+    static LEN_cuStreamUpdateCaptureDependencies_v2_85: Len = Len::Param(3u8);
+    static LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_86: Len = Len::Param(3u8);
+    static LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_87: Len = Len::Param(3u8);
+    static LEN_cuTensorMapEncodeIm2col_88: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_89: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_90: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeIm2col_91: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_89,
+        &LEN_cuTensorMapEncodeIm2col_90,
     );
-    static LEN_cuTensorMapEncodeIm2col_74: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2col_75: Len = Len::Lit(2u64);
-    static LEN_cuTensorMapEncodeIm2col_76: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeIm2col_74,
-        &LEN_cuTensorMapEncodeIm2col_75,
+    static LEN_cuTensorMapEncodeIm2col_92: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_93: Len = Len::Lit(2u64);
+    static LEN_cuTensorMapEncodeIm2col_94: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_92,
+        &LEN_cuTensorMapEncodeIm2col_93,
     );
-    static LEN_cuTensorMapEncodeIm2col_77: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2col_78: Len = Len::Lit(2u64);
-    static LEN_cuTensorMapEncodeIm2col_79: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeIm2col_77,
-        &LEN_cuTensorMapEncodeIm2col_78,
+    static LEN_cuTensorMapEncodeIm2col_95: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2col_96: Len = Len::Lit(2u64);
+    static LEN_cuTensorMapEncodeIm2col_97: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2col_95,
+        &LEN_cuTensorMapEncodeIm2col_96,
     );
-    static LEN_cuTensorMapEncodeIm2col_80: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2colWide_81: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2colWide_82: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeIm2colWide_83: Len = Len::Lit(1u64);
-    static LEN_cuTensorMapEncodeIm2colWide_84: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeIm2colWide_82,
-        &LEN_cuTensorMapEncodeIm2colWide_83,
+    static LEN_cuTensorMapEncodeIm2col_98: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_99: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_100: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeIm2colWide_101: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeIm2colWide_102: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeIm2colWide_100,
+        &LEN_cuTensorMapEncodeIm2colWide_101,
     );
-    static LEN_cuTensorMapEncodeIm2colWide_85: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeTiled_86: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeTiled_87: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeTiled_88: Len = Len::Lit(1u64);
-    static LEN_cuTensorMapEncodeTiled_89: Len = Len::Sub(
-        &LEN_cuTensorMapEncodeTiled_87,
-        &LEN_cuTensorMapEncodeTiled_88,
+    static LEN_cuTensorMapEncodeIm2colWide_103: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_104: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_105: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_106: Len = Len::Lit(1u64);
+    static LEN_cuTensorMapEncodeTiled_107: Len = Len::Sub(
+        &LEN_cuTensorMapEncodeTiled_105,
+        &LEN_cuTensorMapEncodeTiled_106,
     );
-    static LEN_cuTensorMapEncodeTiled_90: Len = Len::Param(2u8);
-    static LEN_cuTensorMapEncodeTiled_91: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_108: Len = Len::Param(2u8);
+    static LEN_cuTensorMapEncodeTiled_109: Len = Len::Param(2u8);
     pub static cuArray3DCreate: CallDesc = CallDesc {
-        wire: 303u32,
-        call: 248u32,
+        wire: 318u32,
+        call: 257u32,
         name: "cuArray3DCreate",
         form: None,
         library: "driver",
@@ -95791,8 +96447,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DCreate_v2: CallDesc = CallDesc {
-        wire: 304u32,
-        call: 249u32,
+        wire: 319u32,
+        call: 258u32,
         name: "cuArray3DCreate_v2",
         form: None,
         library: "driver",
@@ -95821,8 +96477,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DGetDescriptor: CallDesc = CallDesc {
-        wire: 305u32,
-        call: 250u32,
+        wire: 320u32,
+        call: 259u32,
         name: "cuArray3DGetDescriptor",
         form: None,
         library: "driver",
@@ -95851,8 +96507,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArray3DGetDescriptor_v2: CallDesc = CallDesc {
-        wire: 306u32,
-        call: 251u32,
+        wire: 321u32,
+        call: 260u32,
         name: "cuArray3DGetDescriptor_v2",
         form: None,
         library: "driver",
@@ -95881,8 +96537,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayCreate: CallDesc = CallDesc {
-        wire: 307u32,
-        call: 252u32,
+        wire: 322u32,
+        call: 261u32,
         name: "cuArrayCreate",
         form: None,
         library: "driver",
@@ -95911,8 +96567,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayCreate_v2: CallDesc = CallDesc {
-        wire: 308u32,
-        call: 253u32,
+        wire: 323u32,
+        call: 262u32,
         name: "cuArrayCreate_v2",
         form: None,
         library: "driver",
@@ -95941,8 +96597,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayDestroy: CallDesc = CallDesc {
-        wire: 309u32,
-        call: 254u32,
+        wire: 324u32,
+        call: 263u32,
         name: "cuArrayDestroy",
         form: None,
         library: "driver",
@@ -95965,8 +96621,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetDescriptor: CallDesc = CallDesc {
-        wire: 310u32,
-        call: 255u32,
+        wire: 325u32,
+        call: 264u32,
         name: "cuArrayGetDescriptor",
         form: None,
         library: "driver",
@@ -95995,8 +96651,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetDescriptor_v2: CallDesc = CallDesc {
-        wire: 311u32,
-        call: 256u32,
+        wire: 326u32,
+        call: 265u32,
         name: "cuArrayGetDescriptor_v2",
         form: None,
         library: "driver",
@@ -96025,8 +96681,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 312u32,
-        call: 257u32,
+        wire: 327u32,
+        call: 266u32,
         name: "cuArrayGetMemoryRequirements",
         form: None,
         library: "driver",
@@ -96059,8 +96715,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetPlane: CallDesc = CallDesc {
-        wire: 313u32,
-        call: 258u32,
+        wire: 328u32,
+        call: 267u32,
         name: "cuArrayGetPlane",
         form: None,
         library: "driver",
@@ -96091,8 +96747,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 314u32,
-        call: 259u32,
+        wire: 329u32,
+        call: 268u32,
         name: "cuArrayGetSparseProperties",
         form: None,
         library: "driver",
@@ -96121,8 +96777,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCheckpointProcessGetRestoreThreadId: CallDesc = CallDesc {
-        wire: 315u32,
-        call: 260u32,
+        wire: 330u32,
+        call: 269u32,
         name: "cuCheckpointProcessGetRestoreThreadId",
         form: None,
         library: "driver",
@@ -96151,8 +96807,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCheckpointProcessGetState: CallDesc = CallDesc {
-        wire: 316u32,
-        call: 261u32,
+        wire: 331u32,
+        call: 270u32,
         name: "cuCheckpointProcessGetState",
         form: None,
         library: "driver",
@@ -96181,8 +96837,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxAttach: CallDesc = CallDesc {
-        wire: 317u32,
-        call: 262u32,
+        wire: 332u32,
+        call: 271u32,
         name: "cuCtxAttach",
         form: None,
         library: "driver",
@@ -96209,8 +96865,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxCreate: CallDesc = CallDesc {
-        wire: 318u32,
-        call: 263u32,
+        wire: 333u32,
+        call: 272u32,
         name: "cuCtxCreate",
         form: None,
         library: "driver",
@@ -96241,8 +96897,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxCreate_v2: CallDesc = CallDesc {
-        wire: 319u32,
-        call: 264u32,
+        wire: 334u32,
+        call: 273u32,
         name: "cuCtxCreate_v2",
         form: None,
         library: "driver",
@@ -96273,8 +96929,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDestroy: CallDesc = CallDesc {
-        wire: 320u32,
-        call: 265u32,
+        wire: 335u32,
+        call: 274u32,
         name: "cuCtxDestroy",
         form: None,
         library: "driver",
@@ -96297,8 +96953,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDestroy_v2__call: CallDesc = CallDesc {
-        wire: 321u32,
-        call: 266u32,
+        wire: 336u32,
+        call: 275u32,
         name: "cuCtxDestroy_v2",
         form: Some("call"),
         library: "driver",
@@ -96321,8 +96977,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDetach: CallDesc = CallDesc {
-        wire: 322u32,
-        call: 267u32,
+        wire: 337u32,
+        call: 276u32,
         name: "cuCtxDetach",
         form: None,
         library: "driver",
@@ -96345,8 +97001,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxDisablePeerAccess: CallDesc = CallDesc {
-        wire: 323u32,
-        call: 268u32,
+        wire: 338u32,
+        call: 277u32,
         name: "cuCtxDisablePeerAccess",
         form: None,
         library: "driver",
@@ -96369,8 +97025,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxEnablePeerAccess: CallDesc = CallDesc {
-        wire: 324u32,
-        call: 269u32,
+        wire: 339u32,
+        call: 278u32,
         name: "cuCtxEnablePeerAccess",
         form: None,
         library: "driver",
@@ -96397,8 +97053,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxFromGreenCtx: CallDesc = CallDesc {
-        wire: 325u32,
-        call: 270u32,
+        wire: 340u32,
+        call: 279u32,
         name: "cuCtxFromGreenCtx",
         form: None,
         library: "driver",
@@ -96425,8 +97081,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetApiVersion: CallDesc = CallDesc {
-        wire: 326u32,
-        call: 271u32,
+        wire: 341u32,
+        call: 280u32,
         name: "cuCtxGetApiVersion",
         form: None,
         library: "driver",
@@ -96455,8 +97111,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetCacheConfig: CallDesc = CallDesc {
-        wire: 327u32,
-        call: 272u32,
+        wire: 342u32,
+        call: 281u32,
         name: "cuCtxGetCacheConfig",
         form: None,
         library: "driver",
@@ -96481,8 +97137,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetCurrent__call: CallDesc = CallDesc {
-        wire: 328u32,
-        call: 273u32,
+        wire: 343u32,
+        call: 282u32,
         name: "cuCtxGetCurrent",
         form: Some("call"),
         library: "driver",
@@ -96505,8 +97161,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 329u32,
-        call: 274u32,
+        wire: 344u32,
+        call: 283u32,
         name: "cuCtxGetDevResource",
         form: None,
         library: "driver",
@@ -96539,8 +97195,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 330u32,
-        call: 274u32,
+        wire: 345u32,
+        call: 283u32,
         name: "cuCtxGetDevResource",
         form: None,
         library: "driver",
@@ -96573,8 +97229,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevice: CallDesc = CallDesc {
-        wire: 331u32,
-        call: 275u32,
+        wire: 346u32,
+        call: 284u32,
         name: "cuCtxGetDevice",
         form: None,
         library: "driver",
@@ -96599,8 +97255,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetDevice_v2: CallDesc = CallDesc {
-        wire: 332u32,
-        call: 276u32,
+        wire: 347u32,
+        call: 285u32,
         name: "cuCtxGetDevice_v2",
         form: None,
         library: "driver",
@@ -96629,8 +97285,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetExecAffinity: CallDesc = CallDesc {
-        wire: 333u32,
-        call: 277u32,
+        wire: 348u32,
+        call: 286u32,
         name: "cuCtxGetExecAffinity",
         form: None,
         library: "driver",
@@ -96659,8 +97315,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetFlags: CallDesc = CallDesc {
-        wire: 334u32,
-        call: 278u32,
+        wire: 349u32,
+        call: 287u32,
         name: "cuCtxGetFlags",
         form: None,
         library: "driver",
@@ -96685,8 +97341,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetId: CallDesc = CallDesc {
-        wire: 335u32,
-        call: 279u32,
+        wire: 350u32,
+        call: 288u32,
         name: "cuCtxGetId",
         form: None,
         library: "driver",
@@ -96715,8 +97371,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetLimit: CallDesc = CallDesc {
-        wire: 336u32,
-        call: 280u32,
+        wire: 351u32,
+        call: 289u32,
         name: "cuCtxGetLimit",
         form: None,
         library: "driver",
@@ -96745,8 +97401,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetSharedMemConfig: CallDesc = CallDesc {
-        wire: 337u32,
-        call: 281u32,
+        wire: 352u32,
+        call: 290u32,
         name: "cuCtxGetSharedMemConfig",
         form: None,
         library: "driver",
@@ -96771,8 +97427,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxGetStreamPriorityRange: CallDesc = CallDesc {
-        wire: 338u32,
-        call: 282u32,
+        wire: 353u32,
+        call: 291u32,
         name: "cuCtxGetStreamPriorityRange",
         form: None,
         library: "driver",
@@ -96803,8 +97459,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPopCurrent: CallDesc = CallDesc {
-        wire: 339u32,
-        call: 283u32,
+        wire: 354u32,
+        call: 292u32,
         name: "cuCtxPopCurrent",
         form: None,
         library: "driver",
@@ -96827,8 +97483,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPopCurrent_v2__call: CallDesc = CallDesc {
-        wire: 340u32,
-        call: 284u32,
+        wire: 355u32,
+        call: 293u32,
         name: "cuCtxPopCurrent_v2",
         form: Some("call"),
         library: "driver",
@@ -96851,8 +97507,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPushCurrent: CallDesc = CallDesc {
-        wire: 341u32,
-        call: 285u32,
+        wire: 356u32,
+        call: 294u32,
         name: "cuCtxPushCurrent",
         form: None,
         library: "driver",
@@ -96875,8 +97531,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxPushCurrent_v2__call: CallDesc = CallDesc {
-        wire: 342u32,
-        call: 286u32,
+        wire: 357u32,
+        call: 295u32,
         name: "cuCtxPushCurrent_v2",
         form: Some("call"),
         library: "driver",
@@ -96899,8 +97555,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxRecordEvent: CallDesc = CallDesc {
-        wire: 343u32,
-        call: 287u32,
+        wire: 358u32,
+        call: 296u32,
         name: "cuCtxRecordEvent",
         form: None,
         library: "driver",
@@ -96927,8 +97583,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxResetPersistingL2Cache: CallDesc = CallDesc {
-        wire: 344u32,
-        call: 288u32,
+        wire: 359u32,
+        call: 297u32,
         name: "cuCtxResetPersistingL2Cache",
         form: None,
         library: "driver",
@@ -96946,8 +97602,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetCacheConfig: CallDesc = CallDesc {
-        wire: 345u32,
-        call: 289u32,
+        wire: 360u32,
+        call: 298u32,
         name: "cuCtxSetCacheConfig",
         form: None,
         library: "driver",
@@ -96970,8 +97626,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetCurrent__call: CallDesc = CallDesc {
-        wire: 346u32,
-        call: 290u32,
+        wire: 361u32,
+        call: 299u32,
         name: "cuCtxSetCurrent",
         form: Some("call"),
         library: "driver",
@@ -96994,8 +97650,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetFlags: CallDesc = CallDesc {
-        wire: 347u32,
-        call: 291u32,
+        wire: 362u32,
+        call: 300u32,
         name: "cuCtxSetFlags",
         form: None,
         library: "driver",
@@ -97018,8 +97674,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetLimit: CallDesc = CallDesc {
-        wire: 348u32,
-        call: 292u32,
+        wire: 363u32,
+        call: 301u32,
         name: "cuCtxSetLimit",
         form: None,
         library: "driver",
@@ -97046,8 +97702,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 349u32,
-        call: 293u32,
+        wire: 364u32,
+        call: 302u32,
         name: "cuCtxSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -97070,8 +97726,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxSynchronize: CallDesc = CallDesc {
-        wire: 350u32,
-        call: 294u32,
+        wire: 365u32,
+        call: 303u32,
         name: "cuCtxSynchronize",
         form: None,
         library: "driver",
@@ -97089,8 +97745,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuCtxSynchronize_v2: CallDesc = CallDesc {
-        wire: 351u32,
-        call: 295u32,
+        wire: 366u32,
+        call: 304u32,
         name: "cuCtxSynchronize_v2",
         form: None,
         library: "driver",
@@ -97113,8 +97769,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuCtxWaitEvent: CallDesc = CallDesc {
-        wire: 352u32,
-        call: 296u32,
+        wire: 367u32,
+        call: 305u32,
         name: "cuCtxWaitEvent",
         form: None,
         library: "driver",
@@ -97141,8 +97797,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDestroyExternalMemory: CallDesc = CallDesc {
-        wire: 353u32,
-        call: 297u32,
+        wire: 368u32,
+        call: 306u32,
         name: "cuDestroyExternalMemory",
         form: None,
         library: "driver",
@@ -97165,8 +97821,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDestroyExternalSemaphore: CallDesc = CallDesc {
-        wire: 354u32,
-        call: 298u32,
+        wire: 369u32,
+        call: 307u32,
         name: "cuDestroyExternalSemaphore",
         form: None,
         library: "driver",
@@ -97189,8 +97845,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevResourceGenerateDesc__cu126: CallDesc = CallDesc {
-        wire: 355u32,
-        call: 299u32,
+        wire: 370u32,
+        call: 308u32,
         name: "cuDevResourceGenerateDesc",
         form: None,
         library: "driver",
@@ -97223,8 +97879,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevResourceGenerateDesc__cu131: CallDesc = CallDesc {
-        wire: 356u32,
-        call: 299u32,
+        wire: 371u32,
+        call: 308u32,
         name: "cuDevResourceGenerateDesc",
         form: None,
         library: "driver",
@@ -97257,8 +97913,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceCanAccessPeer: CallDesc = CallDesc {
-        wire: 357u32,
-        call: 300u32,
+        wire: 372u32,
+        call: 309u32,
         name: "cuDeviceCanAccessPeer",
         form: None,
         library: "driver",
@@ -97291,8 +97947,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetByPCIBusId: CallDesc = CallDesc {
-        wire: 358u32,
-        call: 301u32,
+        wire: 373u32,
+        call: 310u32,
         name: "cuDeviceGetByPCIBusId",
         form: None,
         library: "driver",
@@ -97318,8 +97974,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 359u32,
-        call: 302u32,
+        wire: 374u32,
+        call: 311u32,
         name: "cuDeviceGetDefaultMemPool",
         form: None,
         library: "driver",
@@ -97346,8 +98002,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 360u32,
-        call: 303u32,
+        wire: 375u32,
+        call: 312u32,
         name: "cuDeviceGetDevResource",
         form: None,
         library: "driver",
@@ -97380,8 +98036,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 361u32,
-        call: 303u32,
+        wire: 376u32,
+        call: 312u32,
         name: "cuDeviceGetDevResource",
         form: None,
         library: "driver",
@@ -97414,8 +98070,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetExecAffinitySupport: CallDesc = CallDesc {
-        wire: 362u32,
-        call: 304u32,
+        wire: 377u32,
+        call: 313u32,
         name: "cuDeviceGetExecAffinitySupport",
         form: None,
         library: "driver",
@@ -97448,8 +98104,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetGraphMemAttribute: CallDesc = CallDesc {
-        wire: 363u32,
-        call: 305u32,
+        wire: 378u32,
+        call: 314u32,
         name: "cuDeviceGetGraphMemAttribute",
         form: None,
         library: "driver",
@@ -97482,8 +98138,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetHostAtomicCapabilities: CallDesc = CallDesc {
-        wire: 364u32,
-        call: 306u32,
+        wire: 379u32,
+        call: 315u32,
         name: "cuDeviceGetHostAtomicCapabilities",
         form: None,
         library: "driver",
@@ -97522,8 +98178,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetLuid: CallDesc = CallDesc {
-        wire: 365u32,
-        call: 307u32,
+        wire: 380u32,
+        call: 316u32,
         name: "cuDeviceGetLuid",
         form: None,
         library: "driver",
@@ -97558,8 +98214,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetMemPool: CallDesc = CallDesc {
-        wire: 366u32,
-        call: 308u32,
+        wire: 381u32,
+        call: 317u32,
         name: "cuDeviceGetMemPool",
         form: None,
         library: "driver",
@@ -97586,8 +98242,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetP2PAtomicCapabilities: CallDesc = CallDesc {
-        wire: 367u32,
-        call: 309u32,
+        wire: 382u32,
+        call: 318u32,
         name: "cuDeviceGetP2PAtomicCapabilities",
         form: None,
         library: "driver",
@@ -97630,8 +98286,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetP2PAttribute: CallDesc = CallDesc {
-        wire: 368u32,
-        call: 310u32,
+        wire: 383u32,
+        call: 319u32,
         name: "cuDeviceGetP2PAttribute",
         form: None,
         library: "driver",
@@ -97668,8 +98324,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetPCIBusId: CallDesc = CallDesc {
-        wire: 369u32,
-        call: 311u32,
+        wire: 384u32,
+        call: 320u32,
         name: "cuDeviceGetPCIBusId",
         form: None,
         library: "driver",
@@ -97702,8 +98358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetProperties: CallDesc = CallDesc {
-        wire: 370u32,
-        call: 312u32,
+        wire: 385u32,
+        call: 321u32,
         name: "cuDeviceGetProperties",
         form: None,
         library: "driver",
@@ -97732,8 +98388,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGetTexture1DLinearMaxWidth: CallDesc = CallDesc {
-        wire: 371u32,
-        call: 313u32,
+        wire: 386u32,
+        call: 322u32,
         name: "cuDeviceGetTexture1DLinearMaxWidth",
         form: None,
         library: "driver",
@@ -97770,8 +98426,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceGraphMemTrim: CallDesc = CallDesc {
-        wire: 372u32,
-        call: 314u32,
+        wire: 387u32,
+        call: 323u32,
         name: "cuDeviceGraphMemTrim",
         form: None,
         library: "driver",
@@ -97794,8 +98450,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxGetState__call: CallDesc = CallDesc {
-        wire: 373u32,
-        call: 315u32,
+        wire: 388u32,
+        call: 324u32,
         name: "cuDevicePrimaryCtxGetState",
         form: Some("call"),
         library: "driver",
@@ -97830,8 +98486,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRelease: CallDesc = CallDesc {
-        wire: 374u32,
-        call: 316u32,
+        wire: 389u32,
+        call: 325u32,
         name: "cuDevicePrimaryCtxRelease",
         form: None,
         library: "driver",
@@ -97854,8 +98510,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRelease_v2: CallDesc = CallDesc {
-        wire: 375u32,
-        call: 317u32,
+        wire: 390u32,
+        call: 326u32,
         name: "cuDevicePrimaryCtxRelease_v2",
         form: None,
         library: "driver",
@@ -97878,8 +98534,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxReset__call: CallDesc = CallDesc {
-        wire: 376u32,
-        call: 318u32,
+        wire: 391u32,
+        call: 327u32,
         name: "cuDevicePrimaryCtxReset",
         form: Some("call"),
         library: "driver",
@@ -97902,8 +98558,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxReset_v2__call: CallDesc = CallDesc {
-        wire: 377u32,
-        call: 319u32,
+        wire: 392u32,
+        call: 328u32,
         name: "cuDevicePrimaryCtxReset_v2",
         form: Some("call"),
         library: "driver",
@@ -97926,8 +98582,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxRetain: CallDesc = CallDesc {
-        wire: 378u32,
-        call: 320u32,
+        wire: 393u32,
+        call: 329u32,
         name: "cuDevicePrimaryCtxRetain",
         form: None,
         library: "driver",
@@ -97954,8 +98610,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxSetFlags__call: CallDesc = CallDesc {
-        wire: 379u32,
-        call: 321u32,
+        wire: 394u32,
+        call: 330u32,
         name: "cuDevicePrimaryCtxSetFlags",
         form: Some("call"),
         library: "driver",
@@ -97982,8 +98638,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDevicePrimaryCtxSetFlags_v2__call: CallDesc = CallDesc {
-        wire: 380u32,
-        call: 322u32,
+        wire: 395u32,
+        call: 331u32,
         name: "cuDevicePrimaryCtxSetFlags_v2",
         form: Some("call"),
         library: "driver",
@@ -98010,8 +98666,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceSetGraphMemAttribute: CallDesc = CallDesc {
-        wire: 381u32,
-        call: 323u32,
+        wire: 396u32,
+        call: 332u32,
         name: "cuDeviceSetGraphMemAttribute",
         form: None,
         library: "driver",
@@ -98044,8 +98700,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceSetMemPool: CallDesc = CallDesc {
-        wire: 382u32,
-        call: 324u32,
+        wire: 397u32,
+        call: 333u32,
         name: "cuDeviceSetMemPool",
         form: None,
         library: "driver",
@@ -98072,8 +98728,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceTotalMem: CallDesc = CallDesc {
-        wire: 383u32,
-        call: 325u32,
+        wire: 398u32,
+        call: 334u32,
         name: "cuDeviceTotalMem",
         form: None,
         library: "driver",
@@ -98102,8 +98758,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuDeviceUnregisterAsyncNotification: CallDesc = CallDesc {
-        wire: 384u32,
-        call: 326u32,
+        wire: 399u32,
+        call: 335u32,
         name: "cuDeviceUnregisterAsyncNotification",
         form: None,
         library: "driver",
@@ -98130,8 +98786,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventCreate: CallDesc = CallDesc {
-        wire: 385u32,
-        call: 327u32,
+        wire: 400u32,
+        call: 336u32,
         name: "cuEventCreate",
         form: None,
         library: "driver",
@@ -98158,8 +98814,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventDestroy: CallDesc = CallDesc {
-        wire: 386u32,
-        call: 328u32,
+        wire: 401u32,
+        call: 337u32,
         name: "cuEventDestroy",
         form: None,
         library: "driver",
@@ -98182,8 +98838,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventDestroy_v2: CallDesc = CallDesc {
-        wire: 387u32,
-        call: 329u32,
+        wire: 402u32,
+        call: 338u32,
         name: "cuEventDestroy_v2",
         form: None,
         library: "driver",
@@ -98206,8 +98862,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventElapsedTime: CallDesc = CallDesc {
-        wire: 388u32,
-        call: 330u32,
+        wire: 403u32,
+        call: 339u32,
         name: "cuEventElapsedTime",
         form: None,
         library: "driver",
@@ -98240,8 +98896,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventElapsedTime_v2: CallDesc = CallDesc {
-        wire: 389u32,
-        call: 331u32,
+        wire: 404u32,
+        call: 340u32,
         name: "cuEventElapsedTime_v2",
         form: None,
         library: "driver",
@@ -98274,8 +98930,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventQuery: CallDesc = CallDesc {
-        wire: 390u32,
-        call: 332u32,
+        wire: 405u32,
+        call: 341u32,
         name: "cuEventQuery",
         form: None,
         library: "driver",
@@ -98298,8 +98954,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecord: CallDesc = CallDesc {
-        wire: 391u32,
-        call: 333u32,
+        wire: 406u32,
+        call: 342u32,
         name: "cuEventRecord",
         form: None,
         library: "driver",
@@ -98326,8 +98982,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecordWithFlags: CallDesc = CallDesc {
-        wire: 392u32,
-        call: 334u32,
+        wire: 407u32,
+        call: 343u32,
         name: "cuEventRecordWithFlags",
         form: None,
         library: "driver",
@@ -98358,8 +99014,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecordWithFlags_ptsz: CallDesc = CallDesc {
-        wire: 393u32,
-        call: 335u32,
+        wire: 408u32,
+        call: 344u32,
         name: "cuEventRecordWithFlags_ptsz",
         form: None,
         library: "driver",
@@ -98390,8 +99046,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventRecord_ptsz: CallDesc = CallDesc {
-        wire: 394u32,
-        call: 336u32,
+        wire: 409u32,
+        call: 345u32,
         name: "cuEventRecord_ptsz",
         form: None,
         library: "driver",
@@ -98418,8 +99074,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuEventSynchronize: CallDesc = CallDesc {
-        wire: 395u32,
-        call: 337u32,
+        wire: 410u32,
+        call: 346u32,
         name: "cuEventSynchronize",
         form: None,
         library: "driver",
@@ -98442,8 +99098,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuExternalMemoryGetMappedBuffer: CallDesc = CallDesc {
-        wire: 396u32,
-        call: 338u32,
+        wire: 411u32,
+        call: 347u32,
         name: "cuExternalMemoryGetMappedBuffer",
         form: None,
         library: "driver",
@@ -98478,8 +99134,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuExternalMemoryGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 397u32,
-        call: 339u32,
+        wire: 412u32,
+        call: 348u32,
         name: "cuExternalMemoryGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -98512,8 +99168,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFlushGPUDirectRDMAWrites: CallDesc = CallDesc {
-        wire: 398u32,
-        call: 340u32,
+        wire: 413u32,
+        call: 349u32,
         name: "cuFlushGPUDirectRDMAWrites",
         form: None,
         library: "driver",
@@ -98540,8 +99196,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetAttribute: CallDesc = CallDesc {
-        wire: 399u32,
-        call: 341u32,
+        wire: 414u32,
+        call: 350u32,
         name: "cuFuncGetAttribute",
         form: None,
         library: "driver",
@@ -98574,8 +99230,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetModule: CallDesc = CallDesc {
-        wire: 400u32,
-        call: 342u32,
+        wire: 415u32,
+        call: 351u32,
         name: "cuFuncGetModule",
         form: None,
         library: "driver",
@@ -98602,8 +99258,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncGetParamInfo: CallDesc = CallDesc {
-        wire: 401u32,
-        call: 343u32,
+        wire: 416u32,
+        call: 352u32,
         name: "cuFuncGetParamInfo",
         form: None,
         library: "driver",
@@ -98642,8 +99298,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncIsLoaded: CallDesc = CallDesc {
-        wire: 402u32,
-        call: 344u32,
+        wire: 417u32,
+        call: 353u32,
         name: "cuFuncIsLoaded",
         form: None,
         library: "driver",
@@ -98672,8 +99328,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncLoad: CallDesc = CallDesc {
-        wire: 403u32,
-        call: 345u32,
+        wire: 418u32,
+        call: 354u32,
         name: "cuFuncLoad",
         form: None,
         library: "driver",
@@ -98696,8 +99352,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetAttribute__call: CallDesc = CallDesc {
-        wire: 404u32,
-        call: 346u32,
+        wire: 419u32,
+        call: 355u32,
         name: "cuFuncSetAttribute",
         form: Some("call"),
         library: "driver",
@@ -98728,8 +99384,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetBlockShape: CallDesc = CallDesc {
-        wire: 405u32,
-        call: 347u32,
+        wire: 420u32,
+        call: 356u32,
         name: "cuFuncSetBlockShape",
         form: None,
         library: "driver",
@@ -98764,8 +99420,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetCacheConfig: CallDesc = CallDesc {
-        wire: 406u32,
-        call: 348u32,
+        wire: 421u32,
+        call: 357u32,
         name: "cuFuncSetCacheConfig",
         form: None,
         library: "driver",
@@ -98792,8 +99448,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetSharedMemConfig: CallDesc = CallDesc {
-        wire: 407u32,
-        call: 349u32,
+        wire: 422u32,
+        call: 358u32,
         name: "cuFuncSetSharedMemConfig",
         form: None,
         library: "driver",
@@ -98820,8 +99476,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuFuncSetSharedSize: CallDesc = CallDesc {
-        wire: 408u32,
-        call: 350u32,
+        wire: 423u32,
+        call: 359u32,
         name: "cuFuncSetSharedSize",
         form: None,
         library: "driver",
@@ -98848,8 +99504,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddChildGraphNode: CallDesc = CallDesc {
-        wire: 409u32,
-        call: 351u32,
+        wire: 424u32,
+        call: 360u32,
         name: "cuGraphAddChildGraphNode",
         form: None,
         library: "driver",
@@ -98888,8 +99544,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddDependencies: CallDesc = CallDesc {
-        wire: 410u32,
-        call: 352u32,
+        wire: 425u32,
+        call: 361u32,
         name: "cuGraphAddDependencies",
         form: None,
         library: "driver",
@@ -98924,8 +99580,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddDependencies_v2: CallDesc = CallDesc {
-        wire: 411u32,
-        call: 353u32,
+        wire: 426u32,
+        call: 362u32,
         name: "cuGraphAddDependencies_v2",
         form: None,
         library: "driver",
@@ -98966,8 +99622,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEmptyNode: CallDesc = CallDesc {
-        wire: 412u32,
-        call: 354u32,
+        wire: 427u32,
+        call: 363u32,
         name: "cuGraphAddEmptyNode",
         form: None,
         library: "driver",
@@ -99002,8 +99658,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEventRecordNode: CallDesc = CallDesc {
-        wire: 413u32,
-        call: 355u32,
+        wire: 428u32,
+        call: 364u32,
         name: "cuGraphAddEventRecordNode",
         form: None,
         library: "driver",
@@ -99042,8 +99698,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddEventWaitNode: CallDesc = CallDesc {
-        wire: 414u32,
-        call: 356u32,
+        wire: 429u32,
+        call: 365u32,
         name: "cuGraphAddEventWaitNode",
         form: None,
         library: "driver",
@@ -99082,8 +99738,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphAddMemFreeNode: CallDesc = CallDesc {
-        wire: 415u32,
-        call: 357u32,
+        wire: 430u32,
+        call: 366u32,
         name: "cuGraphAddMemFreeNode",
         form: None,
         library: "driver",
@@ -99121,9 +99777,55 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuGraphAddMemcpyNode: CallDesc = CallDesc {
+        wire: 431u32,
+        call: 367u32,
+        name: "cuGraphAddMemcpyNode",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 11u16,
+                named: false,
+            },
+            Wire::Handle {
+                kind: 12u16,
+                destroy: false,
+            },
+            Wire::Handles {
+                kind: 11u16,
+                len: &LEN_cuGraphAddMemcpyNode_20,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 200u32,
+                len: None,
+                record: Some("CUDA_MEMCPY3D_st"),
+            },
+            Wire::Handle {
+                kind: 2u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuGraphAddMemsetNode: CallDesc = CallDesc {
-        wire: 416u32,
-        call: 358u32,
+        wire: 432u32,
+        call: 368u32,
         name: "cuGraphAddMemsetNode",
         form: None,
         library: "driver",
@@ -99140,7 +99842,7 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuGraphAddMemsetNode_20,
+                len: &LEN_cuGraphAddMemsetNode_21,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -99168,8 +99870,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphChildGraphNodeGetGraph: CallDesc = CallDesc {
-        wire: 417u32,
-        call: 359u32,
+        wire: 433u32,
+        call: 369u32,
         name: "cuGraphChildGraphNodeGetGraph",
         form: None,
         library: "driver",
@@ -99196,8 +99898,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphClone: CallDesc = CallDesc {
-        wire: 418u32,
-        call: 360u32,
+        wire: 434u32,
+        call: 370u32,
         name: "cuGraphClone",
         form: None,
         library: "driver",
@@ -99224,8 +99926,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphConditionalHandleCreate: CallDesc = CallDesc {
-        wire: 419u32,
-        call: 361u32,
+        wire: 435u32,
+        call: 371u32,
         name: "cuGraphConditionalHandleCreate",
         form: None,
         library: "driver",
@@ -99266,8 +99968,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphCreate: CallDesc = CallDesc {
-        wire: 420u32,
-        call: 362u32,
+        wire: 436u32,
+        call: 372u32,
         name: "cuGraphCreate",
         form: None,
         library: "driver",
@@ -99294,8 +99996,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphDestroy: CallDesc = CallDesc {
-        wire: 421u32,
-        call: 363u32,
+        wire: 437u32,
+        call: 373u32,
         name: "cuGraphDestroy",
         form: None,
         library: "driver",
@@ -99318,8 +100020,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphDestroyNode: CallDesc = CallDesc {
-        wire: 422u32,
-        call: 364u32,
+        wire: 438u32,
+        call: 374u32,
         name: "cuGraphDestroyNode",
         form: None,
         library: "driver",
@@ -99342,8 +100044,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventRecordNodeGetEvent: CallDesc = CallDesc {
-        wire: 423u32,
-        call: 365u32,
+        wire: 439u32,
+        call: 375u32,
         name: "cuGraphEventRecordNodeGetEvent",
         form: None,
         library: "driver",
@@ -99370,8 +100072,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 424u32,
-        call: 366u32,
+        wire: 440u32,
+        call: 376u32,
         name: "cuGraphEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -99398,8 +100100,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventWaitNodeGetEvent: CallDesc = CallDesc {
-        wire: 425u32,
-        call: 367u32,
+        wire: 441u32,
+        call: 377u32,
         name: "cuGraphEventWaitNodeGetEvent",
         form: None,
         library: "driver",
@@ -99426,8 +100128,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 426u32,
-        call: 368u32,
+        wire: 442u32,
+        call: 378u32,
         name: "cuGraphEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -99454,8 +100156,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecChildGraphNodeSetParams: CallDesc = CallDesc {
-        wire: 427u32,
-        call: 369u32,
+        wire: 443u32,
+        call: 379u32,
         name: "cuGraphExecChildGraphNodeSetParams",
         form: None,
         library: "driver",
@@ -99486,8 +100188,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecDestroy: CallDesc = CallDesc {
-        wire: 428u32,
-        call: 370u32,
+        wire: 444u32,
+        call: 380u32,
         name: "cuGraphExecDestroy",
         form: None,
         library: "driver",
@@ -99510,8 +100212,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecEventRecordNodeSetEvent: CallDesc = CallDesc {
-        wire: 429u32,
-        call: 371u32,
+        wire: 445u32,
+        call: 381u32,
         name: "cuGraphExecEventRecordNodeSetEvent",
         form: None,
         library: "driver",
@@ -99542,8 +100244,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecEventWaitNodeSetEvent: CallDesc = CallDesc {
-        wire: 430u32,
-        call: 372u32,
+        wire: 446u32,
+        call: 382u32,
         name: "cuGraphExecEventWaitNodeSetEvent",
         form: None,
         library: "driver",
@@ -99574,8 +100276,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecGetFlags: CallDesc = CallDesc {
-        wire: 431u32,
-        call: 373u32,
+        wire: 447u32,
+        call: 383u32,
         name: "cuGraphExecGetFlags",
         form: None,
         library: "driver",
@@ -99604,8 +100306,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecGetId: CallDesc = CallDesc {
-        wire: 432u32,
-        call: 374u32,
+        wire: 448u32,
+        call: 384u32,
         name: "cuGraphExecGetId",
         form: None,
         library: "driver",
@@ -99633,9 +100335,47 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuGraphExecMemcpyNodeSetParams: CallDesc = CallDesc {
+        wire: 449u32,
+        call: 385u32,
+        name: "cuGraphExecMemcpyNodeSetParams",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 10u16,
+                destroy: false,
+            },
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 200u32,
+                len: None,
+                record: Some("CUDA_MEMCPY3D_st"),
+            },
+            Wire::Handle {
+                kind: 2u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuGraphExecMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 433u32,
-        call: 375u32,
+        wire: 450u32,
+        call: 386u32,
         name: "cuGraphExecMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -99672,8 +100412,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecUpdate: CallDesc = CallDesc {
-        wire: 434u32,
-        call: 376u32,
+        wire: 451u32,
+        call: 387u32,
         name: "cuGraphExecUpdate",
         form: None,
         library: "driver",
@@ -99710,8 +100450,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphExecUpdate_v2: CallDesc = CallDesc {
-        wire: 435u32,
-        call: 377u32,
+        wire: 452u32,
+        call: 388u32,
         name: "cuGraphExecUpdate_v2",
         form: None,
         library: "driver",
@@ -99744,8 +100484,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetEdges: CallDesc = CallDesc {
-        wire: 436u32,
-        call: 378u32,
+        wire: 453u32,
+        call: 389u32,
         name: "cuGraphGetEdges",
         form: None,
         library: "driver",
@@ -99782,8 +100522,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetId: CallDesc = CallDesc {
-        wire: 437u32,
-        call: 379u32,
+        wire: 454u32,
+        call: 390u32,
         name: "cuGraphGetId",
         form: None,
         library: "driver",
@@ -99812,8 +100552,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetNodes: CallDesc = CallDesc {
-        wire: 438u32,
-        call: 380u32,
+        wire: 455u32,
+        call: 391u32,
         name: "cuGraphGetNodes",
         form: None,
         library: "driver",
@@ -99846,8 +100586,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphGetRootNodes: CallDesc = CallDesc {
-        wire: 439u32,
-        call: 381u32,
+        wire: 456u32,
+        call: 392u32,
         name: "cuGraphGetRootNodes",
         form: None,
         library: "driver",
@@ -99880,8 +100620,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiate: CallDesc = CallDesc {
-        wire: 440u32,
-        call: 382u32,
+        wire: 457u32,
+        call: 393u32,
         name: "cuGraphInstantiate",
         form: None,
         library: "driver",
@@ -99903,7 +100643,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuGraphInstantiate_21),
+                len: Some(&LEN_cuGraphInstantiate_22),
                 record: None,
             },
             Wire::Val {
@@ -99922,8 +100662,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphInstantiateWithFlags: CallDesc = CallDesc {
-        wire: 441u32,
-        call: 383u32,
+        wire: 458u32,
+        call: 394u32,
         name: "cuGraphInstantiateWithFlags",
         form: None,
         library: "driver",
@@ -99953,9 +100693,77 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuGraphInstantiateWithParams: CallDesc = CallDesc {
+        wire: 459u32,
+        call: 395u32,
+        name: "cuGraphInstantiateWithParams",
+        form: None,
+        library: "driver",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 10u16,
+                named: false,
+            },
+            Wire::Handle {
+                kind: 12u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 32u32,
+                len: None,
+                record: Some("CUDA_GRAPH_INSTANTIATE_PARAMS_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuGraphInstantiateWithParams_ptsz: CallDesc = CallDesc {
+        wire: 460u32,
+        call: 396u32,
+        name: "cuGraphInstantiateWithParams_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 10u16,
+                named: false,
+            },
+            Wire::Handle {
+                kind: 12u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::InOut,
+                elem: 32u32,
+                len: None,
+                record: Some("CUDA_GRAPH_INSTANTIATE_PARAMS_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuGraphInstantiate_v2: CallDesc = CallDesc {
-        wire: 442u32,
-        call: 384u32,
+        wire: 461u32,
+        call: 397u32,
         name: "cuGraphInstantiate_v2",
         form: None,
         library: "driver",
@@ -99977,7 +100785,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuGraphInstantiate_v2_22),
+                len: Some(&LEN_cuGraphInstantiate_v2_23),
                 record: None,
             },
             Wire::Val {
@@ -99996,8 +100804,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeCopyAttributes: CallDesc = CallDesc {
-        wire: 443u32,
-        call: 385u32,
+        wire: 462u32,
+        call: 398u32,
         name: "cuGraphKernelNodeCopyAttributes",
         form: None,
         library: "driver",
@@ -100024,8 +100832,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 444u32,
-        call: 386u32,
+        wire: 463u32,
+        call: 399u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -100058,8 +100866,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 445u32,
-        call: 386u32,
+        wire: 464u32,
+        call: 399u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -100092,8 +100900,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 446u32,
-        call: 386u32,
+        wire: 465u32,
+        call: 399u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -100126,8 +100934,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 447u32,
-        call: 386u32,
+        wire: 466u32,
+        call: 399u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -100160,8 +100968,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 448u32,
-        call: 386u32,
+        wire: 467u32,
+        call: 399u32,
         name: "cuGraphKernelNodeGetAttribute",
         form: None,
         library: "driver",
@@ -100194,8 +101002,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 449u32,
-        call: 387u32,
+        wire: 468u32,
+        call: 400u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -100228,8 +101036,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 450u32,
-        call: 387u32,
+        wire: 469u32,
+        call: 400u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -100262,8 +101070,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 451u32,
-        call: 387u32,
+        wire: 470u32,
+        call: 400u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -100296,8 +101104,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 452u32,
-        call: 387u32,
+        wire: 471u32,
+        call: 400u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -100330,8 +101138,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphKernelNodeSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 453u32,
-        call: 387u32,
+        wire: 472u32,
+        call: 400u32,
         name: "cuGraphKernelNodeSetAttribute",
         form: None,
         library: "driver",
@@ -100364,8 +101172,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphLaunch: CallDesc = CallDesc {
-        wire: 454u32,
-        call: 388u32,
+        wire: 473u32,
+        call: 401u32,
         name: "cuGraphLaunch",
         form: None,
         library: "driver",
@@ -100392,8 +101200,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphLaunch_ptsz: CallDesc = CallDesc {
-        wire: 455u32,
-        call: 389u32,
+        wire: 474u32,
+        call: 402u32,
         name: "cuGraphLaunch_ptsz",
         form: None,
         library: "driver",
@@ -100420,8 +101228,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemFreeNodeGetParams: CallDesc = CallDesc {
-        wire: 456u32,
-        call: 390u32,
+        wire: 475u32,
+        call: 403u32,
         name: "cuGraphMemFreeNodeGetParams",
         form: None,
         library: "driver",
@@ -100449,9 +101257,69 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuGraphMemcpyNodeGetParams: CallDesc = CallDesc {
+        wire: 476u32,
+        call: 404u32,
+        name: "cuGraphMemcpyNodeGetParams",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 200u32,
+                len: None,
+                record: Some("CUDA_MEMCPY3D_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuGraphMemcpyNodeSetParams: CallDesc = CallDesc {
+        wire: 477u32,
+        call: 405u32,
+        name: "cuGraphMemcpyNodeSetParams",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 11u16,
+                destroy: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 200u32,
+                len: None,
+                record: Some("CUDA_MEMCPY3D_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuGraphMemsetNodeGetParams: CallDesc = CallDesc {
-        wire: 457u32,
-        call: 391u32,
+        wire: 478u32,
+        call: 406u32,
         name: "cuGraphMemsetNodeGetParams",
         form: None,
         library: "driver",
@@ -100480,8 +101348,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphMemsetNodeSetParams: CallDesc = CallDesc {
-        wire: 458u32,
-        call: 392u32,
+        wire: 479u32,
+        call: 407u32,
         name: "cuGraphMemsetNodeSetParams",
         form: None,
         library: "driver",
@@ -100510,8 +101378,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeFindInClone: CallDesc = CallDesc {
-        wire: 459u32,
-        call: 393u32,
+        wire: 480u32,
+        call: 408u32,
         name: "cuGraphNodeFindInClone",
         form: None,
         library: "driver",
@@ -100542,8 +101410,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetContainingGraph: CallDesc = CallDesc {
-        wire: 460u32,
-        call: 394u32,
+        wire: 481u32,
+        call: 409u32,
         name: "cuGraphNodeGetContainingGraph",
         form: None,
         library: "driver",
@@ -100570,8 +101438,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetDependencies: CallDesc = CallDesc {
-        wire: 461u32,
-        call: 395u32,
+        wire: 482u32,
+        call: 410u32,
         name: "cuGraphNodeGetDependencies",
         form: None,
         library: "driver",
@@ -100604,8 +101472,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetDependentNodes: CallDesc = CallDesc {
-        wire: 462u32,
-        call: 396u32,
+        wire: 483u32,
+        call: 411u32,
         name: "cuGraphNodeGetDependentNodes",
         form: None,
         library: "driver",
@@ -100638,8 +101506,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetEnabled: CallDesc = CallDesc {
-        wire: 463u32,
-        call: 397u32,
+        wire: 484u32,
+        call: 412u32,
         name: "cuGraphNodeGetEnabled",
         form: None,
         library: "driver",
@@ -100672,8 +101540,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetLocalId: CallDesc = CallDesc {
-        wire: 464u32,
-        call: 398u32,
+        wire: 485u32,
+        call: 413u32,
         name: "cuGraphNodeGetLocalId",
         form: None,
         library: "driver",
@@ -100702,8 +101570,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetToolsId: CallDesc = CallDesc {
-        wire: 465u32,
-        call: 399u32,
+        wire: 486u32,
+        call: 414u32,
         name: "cuGraphNodeGetToolsId",
         form: None,
         library: "driver",
@@ -100732,8 +101600,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeGetType: CallDesc = CallDesc {
-        wire: 466u32,
-        call: 400u32,
+        wire: 487u32,
+        call: 415u32,
         name: "cuGraphNodeGetType",
         form: None,
         library: "driver",
@@ -100762,8 +101630,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphNodeSetEnabled: CallDesc = CallDesc {
-        wire: 467u32,
-        call: 401u32,
+        wire: 488u32,
+        call: 416u32,
         name: "cuGraphNodeSetEnabled",
         form: None,
         library: "driver",
@@ -100794,8 +101662,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphReleaseUserObject: CallDesc = CallDesc {
-        wire: 468u32,
-        call: 402u32,
+        wire: 489u32,
+        call: 417u32,
         name: "cuGraphReleaseUserObject",
         form: None,
         library: "driver",
@@ -100826,8 +101694,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRemoveDependencies: CallDesc = CallDesc {
-        wire: 469u32,
-        call: 403u32,
+        wire: 490u32,
+        call: 418u32,
         name: "cuGraphRemoveDependencies",
         form: None,
         library: "driver",
@@ -100840,11 +101708,11 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuGraphRemoveDependencies_23,
+                len: &LEN_cuGraphRemoveDependencies_24,
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuGraphRemoveDependencies_24,
+                len: &LEN_cuGraphRemoveDependencies_25,
             },
             Wire::Val {
                 bytes: 8u8,
@@ -100862,8 +101730,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRemoveDependencies_v2: CallDesc = CallDesc {
-        wire: 470u32,
-        call: 404u32,
+        wire: 491u32,
+        call: 419u32,
         name: "cuGraphRemoveDependencies_v2",
         form: None,
         library: "driver",
@@ -100876,16 +101744,16 @@ pub mod driver {
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuGraphRemoveDependencies_v2_25,
+                len: &LEN_cuGraphRemoveDependencies_v2_26,
             },
             Wire::Handles {
                 kind: 11u16,
-                len: &LEN_cuGraphRemoveDependencies_v2_26,
+                len: &LEN_cuGraphRemoveDependencies_v2_27,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuGraphRemoveDependencies_v2_27),
+                len: Some(&LEN_cuGraphRemoveDependencies_v2_28),
                 record: Some("CUgraphEdgeData_st"),
             },
             Wire::Val {
@@ -100904,8 +101772,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphRetainUserObject: CallDesc = CallDesc {
-        wire: 471u32,
-        call: 405u32,
+        wire: 492u32,
+        call: 420u32,
         name: "cuGraphRetainUserObject",
         form: None,
         library: "driver",
@@ -100940,8 +101808,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphUpload: CallDesc = CallDesc {
-        wire: 472u32,
-        call: 406u32,
+        wire: 493u32,
+        call: 421u32,
         name: "cuGraphUpload",
         form: None,
         library: "driver",
@@ -100968,8 +101836,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphUpload_ptsz: CallDesc = CallDesc {
-        wire: 473u32,
-        call: 407u32,
+        wire: 494u32,
+        call: 422u32,
         name: "cuGraphUpload_ptsz",
         form: None,
         library: "driver",
@@ -100996,8 +101864,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsMapResources: CallDesc = CallDesc {
-        wire: 474u32,
-        call: 408u32,
+        wire: 495u32,
+        call: 423u32,
         name: "cuGraphicsMapResources",
         form: None,
         library: "driver",
@@ -101028,8 +101896,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsMapResources_ptsz: CallDesc = CallDesc {
-        wire: 475u32,
-        call: 409u32,
+        wire: 496u32,
+        call: 424u32,
         name: "cuGraphicsMapResources_ptsz",
         form: None,
         library: "driver",
@@ -101060,8 +101928,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceGetMappedMipmappedArray: CallDesc = CallDesc {
-        wire: 476u32,
-        call: 410u32,
+        wire: 497u32,
+        call: 425u32,
         name: "cuGraphicsResourceGetMappedMipmappedArray",
         form: None,
         library: "driver",
@@ -101088,8 +101956,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceSetMapFlags: CallDesc = CallDesc {
-        wire: 477u32,
-        call: 411u32,
+        wire: 498u32,
+        call: 426u32,
         name: "cuGraphicsResourceSetMapFlags",
         form: None,
         library: "driver",
@@ -101116,8 +101984,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsResourceSetMapFlags_v2: CallDesc = CallDesc {
-        wire: 478u32,
-        call: 412u32,
+        wire: 499u32,
+        call: 427u32,
         name: "cuGraphicsResourceSetMapFlags_v2",
         form: None,
         library: "driver",
@@ -101144,8 +102012,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsSubResourceGetMappedArray: CallDesc = CallDesc {
-        wire: 479u32,
-        call: 413u32,
+        wire: 500u32,
+        call: 428u32,
         name: "cuGraphicsSubResourceGetMappedArray",
         form: None,
         library: "driver",
@@ -101180,8 +102048,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnmapResources: CallDesc = CallDesc {
-        wire: 480u32,
-        call: 414u32,
+        wire: 501u32,
+        call: 429u32,
         name: "cuGraphicsUnmapResources",
         form: None,
         library: "driver",
@@ -101212,8 +102080,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnmapResources_ptsz: CallDesc = CallDesc {
-        wire: 481u32,
-        call: 415u32,
+        wire: 502u32,
+        call: 430u32,
         name: "cuGraphicsUnmapResources_ptsz",
         form: None,
         library: "driver",
@@ -101244,8 +102112,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGraphicsUnregisterResource: CallDesc = CallDesc {
-        wire: 482u32,
-        call: 416u32,
+        wire: 503u32,
+        call: 431u32,
         name: "cuGraphicsUnregisterResource",
         form: None,
         library: "driver",
@@ -101268,8 +102136,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxCreate: CallDesc = CallDesc {
-        wire: 483u32,
-        call: 417u32,
+        wire: 504u32,
+        call: 432u32,
         name: "cuGreenCtxCreate",
         form: None,
         library: "driver",
@@ -101304,8 +102172,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxDestroy: CallDesc = CallDesc {
-        wire: 484u32,
-        call: 418u32,
+        wire: 505u32,
+        call: 433u32,
         name: "cuGreenCtxDestroy",
         form: None,
         library: "driver",
@@ -101328,8 +102196,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetDevResource__cu126: CallDesc = CallDesc {
-        wire: 485u32,
-        call: 419u32,
+        wire: 506u32,
+        call: 434u32,
         name: "cuGreenCtxGetDevResource",
         form: None,
         library: "driver",
@@ -101362,8 +102230,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetDevResource__cu131: CallDesc = CallDesc {
-        wire: 486u32,
-        call: 419u32,
+        wire: 507u32,
+        call: 434u32,
         name: "cuGreenCtxGetDevResource",
         form: None,
         library: "driver",
@@ -101396,8 +102264,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxGetId: CallDesc = CallDesc {
-        wire: 487u32,
-        call: 420u32,
+        wire: 508u32,
+        call: 435u32,
         name: "cuGreenCtxGetId",
         form: None,
         library: "driver",
@@ -101426,8 +102294,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxRecordEvent: CallDesc = CallDesc {
-        wire: 488u32,
-        call: 421u32,
+        wire: 509u32,
+        call: 436u32,
         name: "cuGreenCtxRecordEvent",
         form: None,
         library: "driver",
@@ -101454,8 +102322,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxStreamCreate: CallDesc = CallDesc {
-        wire: 489u32,
-        call: 422u32,
+        wire: 510u32,
+        call: 437u32,
         name: "cuGreenCtxStreamCreate",
         form: None,
         library: "driver",
@@ -101490,8 +102358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuGreenCtxWaitEvent: CallDesc = CallDesc {
-        wire: 490u32,
-        call: 423u32,
+        wire: 511u32,
+        call: 438u32,
         name: "cuGreenCtxWaitEvent",
         form: None,
         library: "driver",
@@ -101518,8 +102386,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuInit: CallDesc = CallDesc {
-        wire: 491u32,
-        call: 424u32,
+        wire: 512u32,
+        call: 439u32,
         name: "cuInit",
         form: None,
         library: "driver",
@@ -101542,8 +102410,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcCloseMemHandle: CallDesc = CallDesc {
-        wire: 492u32,
-        call: 425u32,
+        wire: 513u32,
+        call: 440u32,
         name: "cuIpcCloseMemHandle",
         form: None,
         library: "driver",
@@ -101566,8 +102434,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenEventHandle: CallDesc = CallDesc {
-        wire: 493u32,
-        call: 426u32,
+        wire: 514u32,
+        call: 441u32,
         name: "cuIpcOpenEventHandle",
         form: None,
         library: "driver",
@@ -101591,8 +102459,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenMemHandle: CallDesc = CallDesc {
-        wire: 494u32,
-        call: 427u32,
+        wire: 515u32,
+        call: 442u32,
         name: "cuIpcOpenMemHandle",
         form: None,
         library: "driver",
@@ -101622,8 +102490,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuIpcOpenMemHandle_v2: CallDesc = CallDesc {
-        wire: 495u32,
-        call: 428u32,
+        wire: 516u32,
+        call: 443u32,
         name: "cuIpcOpenMemHandle_v2",
         form: None,
         library: "driver",
@@ -101653,8 +102521,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetAttribute: CallDesc = CallDesc {
-        wire: 496u32,
-        call: 429u32,
+        wire: 517u32,
+        call: 444u32,
         name: "cuKernelGetAttribute",
         form: None,
         library: "driver",
@@ -101691,8 +102559,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetFunction: CallDesc = CallDesc {
-        wire: 497u32,
-        call: 430u32,
+        wire: 518u32,
+        call: 445u32,
         name: "cuKernelGetFunction",
         form: None,
         library: "driver",
@@ -101719,8 +102587,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetLibrary: CallDesc = CallDesc {
-        wire: 498u32,
-        call: 431u32,
+        wire: 519u32,
+        call: 446u32,
         name: "cuKernelGetLibrary",
         form: None,
         library: "driver",
@@ -101747,8 +102615,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelGetParamInfo: CallDesc = CallDesc {
-        wire: 499u32,
-        call: 432u32,
+        wire: 520u32,
+        call: 447u32,
         name: "cuKernelGetParamInfo",
         form: None,
         library: "driver",
@@ -101787,8 +102655,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelSetAttribute: CallDesc = CallDesc {
-        wire: 500u32,
-        call: 433u32,
+        wire: 521u32,
+        call: 448u32,
         name: "cuKernelSetAttribute",
         form: None,
         library: "driver",
@@ -101823,8 +102691,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuKernelSetCacheConfig: CallDesc = CallDesc {
-        wire: 501u32,
-        call: 434u32,
+        wire: 522u32,
+        call: 449u32,
         name: "cuKernelSetCacheConfig",
         form: None,
         library: "driver",
@@ -101855,8 +102723,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunch: CallDesc = CallDesc {
-        wire: 502u32,
-        call: 435u32,
+        wire: 523u32,
+        call: 450u32,
         name: "cuLaunch",
         form: None,
         library: "driver",
@@ -101879,8 +102747,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchGrid: CallDesc = CallDesc {
-        wire: 503u32,
-        call: 436u32,
+        wire: 524u32,
+        call: 451u32,
         name: "cuLaunchGrid",
         form: None,
         library: "driver",
@@ -101911,8 +102779,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchGridAsync: CallDesc = CallDesc {
-        wire: 504u32,
-        call: 437u32,
+        wire: 525u32,
+        call: 452u32,
         name: "cuLaunchGridAsync",
         form: None,
         library: "driver",
@@ -101947,8 +102815,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchHostFunc__host: CallDesc = CallDesc {
-        wire: 505u32,
-        call: 438u32,
+        wire: 526u32,
+        call: 453u32,
         name: "cuLaunchHostFunc",
         form: Some("host"),
         library: "driver",
@@ -101979,8 +102847,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLaunchHostFunc_ptsz__host: CallDesc = CallDesc {
-        wire: 506u32,
-        call: 439u32,
+        wire: 527u32,
+        call: 454u32,
         name: "cuLaunchHostFunc_ptsz",
         form: Some("host"),
         library: "driver",
@@ -102011,8 +102879,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryEnumerateKernels: CallDesc = CallDesc {
-        wire: 507u32,
-        call: 440u32,
+        wire: 528u32,
+        call: 455u32,
         name: "cuLibraryEnumerateKernels",
         form: None,
         library: "driver",
@@ -102043,8 +102911,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetGlobal: CallDesc = CallDesc {
-        wire: 508u32,
-        call: 441u32,
+        wire: 529u32,
+        call: 456u32,
         name: "cuLibraryGetGlobal",
         form: None,
         library: "driver",
@@ -102080,8 +102948,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetKernel: CallDesc = CallDesc {
-        wire: 509u32,
-        call: 442u32,
+        wire: 530u32,
+        call: 457u32,
         name: "cuLibraryGetKernel",
         form: None,
         library: "driver",
@@ -102109,8 +102977,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetKernelCount: CallDesc = CallDesc {
-        wire: 510u32,
-        call: 443u32,
+        wire: 531u32,
+        call: 458u32,
         name: "cuLibraryGetKernelCount",
         form: None,
         library: "driver",
@@ -102139,8 +103007,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetManaged: CallDesc = CallDesc {
-        wire: 511u32,
-        call: 444u32,
+        wire: 532u32,
+        call: 459u32,
         name: "cuLibraryGetManaged",
         form: None,
         library: "driver",
@@ -102176,8 +103044,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryGetModule: CallDesc = CallDesc {
-        wire: 512u32,
-        call: 445u32,
+        wire: 533u32,
+        call: 460u32,
         name: "cuLibraryGetModule",
         form: None,
         library: "driver",
@@ -102204,8 +103072,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLibraryUnload: CallDesc = CallDesc {
-        wire: 513u32,
-        call: 446u32,
+        wire: 534u32,
+        call: 461u32,
         name: "cuLibraryUnload",
         form: None,
         library: "driver",
@@ -102228,8 +103096,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLinkDestroy: CallDesc = CallDesc {
-        wire: 514u32,
-        call: 447u32,
+        wire: 535u32,
+        call: 462u32,
         name: "cuLinkDestroy",
         form: None,
         library: "driver",
@@ -102252,8 +103120,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLogsCurrent: CallDesc = CallDesc {
-        wire: 515u32,
-        call: 448u32,
+        wire: 536u32,
+        call: 463u32,
         name: "cuLogsCurrent",
         form: None,
         library: "driver",
@@ -102282,8 +103150,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuLogsUnregisterCallback: CallDesc = CallDesc {
-        wire: 516u32,
-        call: 449u32,
+        wire: 537u32,
+        call: 464u32,
         name: "cuLogsUnregisterCallback",
         form: None,
         library: "driver",
@@ -102306,8 +103174,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAddressFree: CallDesc = CallDesc {
-        wire: 517u32,
-        call: 450u32,
+        wire: 538u32,
+        call: 465u32,
         name: "cuMemAddressFree",
         form: None,
         library: "driver",
@@ -102334,8 +103202,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAddressReserve: CallDesc = CallDesc {
-        wire: 518u32,
-        call: 451u32,
+        wire: 539u32,
+        call: 466u32,
         name: "cuMemAddressReserve",
         form: None,
         library: "driver",
@@ -102376,8 +103244,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAdvise: CallDesc = CallDesc {
-        wire: 519u32,
-        call: 452u32,
+        wire: 540u32,
+        call: 467u32,
         name: "cuMemAdvise",
         form: None,
         library: "driver",
@@ -102412,8 +103280,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAdvise_v2: CallDesc = CallDesc {
-        wire: 520u32,
-        call: 453u32,
+        wire: 541u32,
+        call: 468u32,
         name: "cuMemAdvise_v2",
         form: None,
         library: "driver",
@@ -102445,8 +103313,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemAlloc_v2__call: CallDesc = CallDesc {
-        wire: 521u32,
-        call: 454u32,
+        wire: 542u32,
+        call: 469u32,
         name: "cuMemAlloc_v2",
         form: Some("call"),
         library: "driver",
@@ -102474,9 +103342,49 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuMemCreate: CallDesc = CallDesc {
+        wire: 543u32,
+        call: 470u32,
+        name: "cuMemCreate",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 32u32,
+                len: None,
+                record: Some("CUmemAllocationProp_st"),
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuMemDiscardAndPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 522u32,
-        call: 455u32,
+        wire: 544u32,
+        call: 471u32,
         name: "cuMemDiscardAndPrefetchBatchAsync",
         form: None,
         library: "driver",
@@ -102486,13 +103394,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_28),
+                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_29),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_29),
+                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_30),
                 record: None,
             },
             Wire::Val {
@@ -102502,13 +103410,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_30),
+                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_31),
                 record: Some("CUmemLocation_st"),
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_31),
+                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_32),
                 record: None,
             },
             Wire::Val {
@@ -102535,8 +103443,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardAndPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 523u32,
-        call: 456u32,
+        wire: 545u32,
+        call: 472u32,
         name: "cuMemDiscardAndPrefetchBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -102546,13 +103454,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_32),
+                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_33),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_33),
+                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_34),
                 record: None,
             },
             Wire::Val {
@@ -102562,13 +103470,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_34),
+                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_35),
                 record: Some("CUmemLocation_st"),
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_35),
+                len: Some(&LEN_cuMemDiscardAndPrefetchBatchAsync_ptsz_36),
                 record: None,
             },
             Wire::Val {
@@ -102595,8 +103503,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardBatchAsync: CallDesc = CallDesc {
-        wire: 524u32,
-        call: 457u32,
+        wire: 546u32,
+        call: 473u32,
         name: "cuMemDiscardBatchAsync",
         form: None,
         library: "driver",
@@ -102606,13 +103514,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardBatchAsync_36),
+                len: Some(&LEN_cuMemDiscardBatchAsync_37),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardBatchAsync_37),
+                len: Some(&LEN_cuMemDiscardBatchAsync_38),
                 record: None,
             },
             Wire::Val {
@@ -102639,8 +103547,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemDiscardBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 525u32,
-        call: 458u32,
+        wire: 547u32,
+        call: 474u32,
         name: "cuMemDiscardBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -102650,13 +103558,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardBatchAsync_ptsz_38),
+                len: Some(&LEN_cuMemDiscardBatchAsync_ptsz_39),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemDiscardBatchAsync_ptsz_39),
+                len: Some(&LEN_cuMemDiscardBatchAsync_ptsz_40),
                 record: None,
             },
             Wire::Val {
@@ -102683,8 +103591,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFree: CallDesc = CallDesc {
-        wire: 526u32,
-        call: 459u32,
+        wire: 548u32,
+        call: 475u32,
         name: "cuMemFree",
         form: None,
         library: "driver",
@@ -102707,8 +103615,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFreeAsync: CallDesc = CallDesc {
-        wire: 527u32,
-        call: 460u32,
+        wire: 549u32,
+        call: 476u32,
         name: "cuMemFreeAsync",
         form: None,
         library: "driver",
@@ -102735,8 +103643,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFreeAsync_ptsz: CallDesc = CallDesc {
-        wire: 528u32,
-        call: 461u32,
+        wire: 550u32,
+        call: 477u32,
         name: "cuMemFreeAsync_ptsz",
         form: None,
         library: "driver",
@@ -102763,8 +103671,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemFree_v2__call: CallDesc = CallDesc {
-        wire: 529u32,
-        call: 462u32,
+        wire: 551u32,
+        call: 478u32,
         name: "cuMemFree_v2",
         form: Some("call"),
         library: "driver",
@@ -102787,8 +103695,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetAccess: CallDesc = CallDesc {
-        wire: 530u32,
-        call: 463u32,
+        wire: 552u32,
+        call: 479u32,
         name: "cuMemGetAccess",
         form: None,
         library: "driver",
@@ -102822,9 +103730,45 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuMemGetAllocationGranularity: CallDesc = CallDesc {
+        wire: 553u32,
+        call: 480u32,
+        name: "cuMemGetAllocationGranularity",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 32u32,
+                len: None,
+                record: Some("CUmemAllocationProp_st"),
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuMemGetAllocationPropertiesFromHandle: CallDesc = CallDesc {
-        wire: 531u32,
-        call: 464u32,
+        wire: 554u32,
+        call: 481u32,
         name: "cuMemGetAllocationPropertiesFromHandle",
         form: None,
         library: "driver",
@@ -102853,8 +103797,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetDefaultMemPool: CallDesc = CallDesc {
-        wire: 532u32,
-        call: 465u32,
+        wire: 555u32,
+        call: 482u32,
         name: "cuMemGetDefaultMemPool",
         form: None,
         library: "driver",
@@ -102887,8 +103831,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetInfo: CallDesc = CallDesc {
-        wire: 533u32,
-        call: 466u32,
+        wire: 556u32,
+        call: 483u32,
         name: "cuMemGetInfo",
         form: None,
         library: "driver",
@@ -102919,8 +103863,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetInfo_v2: CallDesc = CallDesc {
-        wire: 534u32,
-        call: 467u32,
+        wire: 557u32,
+        call: 484u32,
         name: "cuMemGetInfo_v2",
         form: None,
         library: "driver",
@@ -102951,8 +103895,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemGetMemPool: CallDesc = CallDesc {
-        wire: 535u32,
-        call: 468u32,
+        wire: 558u32,
+        call: 485u32,
         name: "cuMemGetMemPool",
         form: None,
         library: "driver",
@@ -102985,8 +103929,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemMap: CallDesc = CallDesc {
-        wire: 536u32,
-        call: 469u32,
+        wire: 559u32,
+        call: 486u32,
         name: "cuMemMap",
         form: None,
         library: "driver",
@@ -103024,9 +103968,69 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuMemPoolCreate__cu118: CallDesc = CallDesc {
+        wire: 560u32,
+        call: 487u32,
+        name: "cuMemPoolCreate",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 19u16,
+                named: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 88u32,
+                len: None,
+                record: Some("CUmemPoolProps_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemPoolCreate__cu126: CallDesc = CallDesc {
+        wire: 561u32,
+        call: 487u32,
+        name: "cuMemPoolCreate",
+        form: None,
+        library: "driver",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::OutHandle {
+                kind: 19u16,
+                named: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 88u32,
+                len: None,
+                record: Some("CUmemPoolProps_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuMemPoolDestroy: CallDesc = CallDesc {
-        wire: 537u32,
-        call: 470u32,
+        wire: 562u32,
+        call: 488u32,
         name: "cuMemPoolDestroy",
         form: None,
         library: "driver",
@@ -103049,8 +104053,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolGetAccess: CallDesc = CallDesc {
-        wire: 538u32,
-        call: 471u32,
+        wire: 563u32,
+        call: 489u32,
         name: "cuMemPoolGetAccess",
         form: None,
         library: "driver",
@@ -103085,8 +104089,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolGetAttribute: CallDesc = CallDesc {
-        wire: 539u32,
-        call: 472u32,
+        wire: 564u32,
+        call: 490u32,
         name: "cuMemPoolGetAttribute",
         form: None,
         library: "driver",
@@ -103104,7 +104108,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemPoolGetAttribute_40),
+                len: Some(&LEN_cuMemPoolGetAttribute_41),
                 record: None,
             },
         ],
@@ -103119,8 +104123,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolSetAccess: CallDesc = CallDesc {
-        wire: 540u32,
-        call: 473u32,
+        wire: 565u32,
+        call: 491u32,
         name: "cuMemPoolSetAccess",
         form: None,
         library: "driver",
@@ -103134,7 +104138,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 12u32,
-                len: Some(&LEN_cuMemPoolSetAccess_41),
+                len: Some(&LEN_cuMemPoolSetAccess_42),
                 record: Some("CUmemAccessDesc_st"),
             },
             Wire::Val {
@@ -103153,8 +104157,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolSetAttribute: CallDesc = CallDesc {
-        wire: 541u32,
-        call: 474u32,
+        wire: 566u32,
+        call: 492u32,
         name: "cuMemPoolSetAttribute",
         form: None,
         library: "driver",
@@ -103172,7 +104176,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemPoolSetAttribute_42),
+                len: Some(&LEN_cuMemPoolSetAttribute_43),
                 record: None,
             },
         ],
@@ -103187,8 +104191,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPoolTrimTo: CallDesc = CallDesc {
-        wire: 542u32,
-        call: 475u32,
+        wire: 567u32,
+        call: 493u32,
         name: "cuMemPoolTrimTo",
         form: None,
         library: "driver",
@@ -103215,8 +104219,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync: CallDesc = CallDesc {
-        wire: 543u32,
-        call: 476u32,
+        wire: 568u32,
+        call: 494u32,
         name: "cuMemPrefetchAsync",
         form: None,
         library: "driver",
@@ -103251,8 +104255,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_ptsz: CallDesc = CallDesc {
-        wire: 544u32,
-        call: 477u32,
+        wire: 569u32,
+        call: 495u32,
         name: "cuMemPrefetchAsync_ptsz",
         form: None,
         library: "driver",
@@ -103287,8 +104291,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_v2: CallDesc = CallDesc {
-        wire: 545u32,
-        call: 478u32,
+        wire: 570u32,
+        call: 496u32,
         name: "cuMemPrefetchAsync_v2",
         form: None,
         library: "driver",
@@ -103324,8 +104328,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 546u32,
-        call: 479u32,
+        wire: 571u32,
+        call: 497u32,
         name: "cuMemPrefetchAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -103361,8 +104365,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchBatchAsync: CallDesc = CallDesc {
-        wire: 547u32,
-        call: 480u32,
+        wire: 572u32,
+        call: 498u32,
         name: "cuMemPrefetchBatchAsync",
         form: None,
         library: "driver",
@@ -103372,13 +104376,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemPrefetchBatchAsync_43),
+                len: Some(&LEN_cuMemPrefetchBatchAsync_44),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemPrefetchBatchAsync_44),
+                len: Some(&LEN_cuMemPrefetchBatchAsync_45),
                 record: None,
             },
             Wire::Val {
@@ -103388,13 +104392,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemPrefetchBatchAsync_45),
+                len: Some(&LEN_cuMemPrefetchBatchAsync_46),
                 record: Some("CUmemLocation_st"),
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemPrefetchBatchAsync_46),
+                len: Some(&LEN_cuMemPrefetchBatchAsync_47),
                 record: None,
             },
             Wire::Val {
@@ -103421,8 +104425,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemPrefetchBatchAsync_ptsz: CallDesc = CallDesc {
-        wire: 548u32,
-        call: 481u32,
+        wire: 573u32,
+        call: 499u32,
         name: "cuMemPrefetchBatchAsync_ptsz",
         form: None,
         library: "driver",
@@ -103432,13 +104436,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_47),
+                len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_48),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_48),
+                len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_49),
                 record: None,
             },
             Wire::Val {
@@ -103448,13 +104452,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_49),
+                len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_50),
                 record: Some("CUmemLocation_st"),
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_50),
+                len: Some(&LEN_cuMemPrefetchBatchAsync_ptsz_51),
                 record: None,
             },
             Wire::Val {
@@ -103481,8 +104485,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRangeGetAttribute: CallDesc = CallDesc {
-        wire: 549u32,
-        call: 482u32,
+        wire: 574u32,
+        call: 500u32,
         name: "cuMemRangeGetAttribute",
         form: None,
         library: "driver",
@@ -103492,7 +104496,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemRangeGetAttribute_51),
+                len: Some(&LEN_cuMemRangeGetAttribute_52),
                 record: None,
             },
             Wire::Val {
@@ -103523,8 +104527,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRelease: CallDesc = CallDesc {
-        wire: 550u32,
-        call: 483u32,
+        wire: 575u32,
+        call: 501u32,
         name: "cuMemRelease",
         form: None,
         library: "driver",
@@ -103547,8 +104551,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemRetainAllocationHandle: CallDesc = CallDesc {
-        wire: 551u32,
-        call: 484u32,
+        wire: 576u32,
+        call: 502u32,
         name: "cuMemRetainAllocationHandle",
         form: None,
         library: "driver",
@@ -103574,8 +104578,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemSetAccess: CallDesc = CallDesc {
-        wire: 552u32,
-        call: 485u32,
+        wire: 577u32,
+        call: 503u32,
         name: "cuMemSetAccess",
         form: None,
         library: "driver",
@@ -103593,7 +104597,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 12u32,
-                len: Some(&LEN_cuMemSetAccess_52),
+                len: Some(&LEN_cuMemSetAccess_53),
                 record: Some("CUmemAccessDesc_st"),
             },
             Wire::Val {
@@ -103612,8 +104616,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemSetMemPool: CallDesc = CallDesc {
-        wire: 553u32,
-        call: 486u32,
+        wire: 578u32,
+        call: 504u32,
         name: "cuMemSetMemPool",
         form: None,
         library: "driver",
@@ -103646,8 +104650,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemUnmap: CallDesc = CallDesc {
-        wire: 554u32,
-        call: 487u32,
+        wire: 579u32,
+        call: 505u32,
         name: "cuMemUnmap",
         form: None,
         library: "driver",
@@ -103674,8 +104678,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy: CallDesc = CallDesc {
-        wire: 555u32,
-        call: 488u32,
+        wire: 580u32,
+        call: 506u32,
         name: "cuMemcpy",
         form: None,
         library: "driver",
@@ -103706,8 +104710,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAsync: CallDesc = CallDesc {
-        wire: 556u32,
-        call: 489u32,
+        wire: 581u32,
+        call: 507u32,
         name: "cuMemcpyAsync",
         form: None,
         library: "driver",
@@ -103742,8 +104746,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAsync_ptsz: CallDesc = CallDesc {
-        wire: 557u32,
-        call: 490u32,
+        wire: 582u32,
+        call: 508u32,
         name: "cuMemcpyAsync_ptsz",
         form: None,
         library: "driver",
@@ -103778,8 +104782,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA: CallDesc = CallDesc {
-        wire: 558u32,
-        call: 491u32,
+        wire: 583u32,
+        call: 509u32,
         name: "cuMemcpyAtoA",
         form: None,
         library: "driver",
@@ -103818,8 +104822,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2: CallDesc = CallDesc {
-        wire: 559u32,
-        call: 492u32,
+        wire: 584u32,
+        call: 510u32,
         name: "cuMemcpyAtoA_v2",
         form: None,
         library: "driver",
@@ -103858,8 +104862,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 560u32,
-        call: 493u32,
+        wire: 585u32,
+        call: 511u32,
         name: "cuMemcpyAtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -103898,8 +104902,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD: CallDesc = CallDesc {
-        wire: 561u32,
-        call: 494u32,
+        wire: 586u32,
+        call: 512u32,
         name: "cuMemcpyAtoD",
         form: None,
         library: "driver",
@@ -103934,8 +104938,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2: CallDesc = CallDesc {
-        wire: 562u32,
-        call: 495u32,
+        wire: 587u32,
+        call: 513u32,
         name: "cuMemcpyAtoD_v2",
         form: None,
         library: "driver",
@@ -103970,8 +104974,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyAtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 563u32,
-        call: 496u32,
+        wire: 588u32,
+        call: 514u32,
         name: "cuMemcpyAtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -104005,9 +105009,249 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuMemcpyAtoH: CallDesc = CallDesc {
+        wire: 589u32,
+        call: 515u32,
+        name: "cuMemcpyAtoH",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAtoH_54),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAtoHAsync: CallDesc = CallDesc {
+        wire: 590u32,
+        call: 516u32,
+        name: "cuMemcpyAtoHAsync",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAtoHAsync_55),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAtoHAsync_v2: CallDesc = CallDesc {
+        wire: 591u32,
+        call: 517u32,
+        name: "cuMemcpyAtoHAsync_v2",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAtoHAsync_v2_56),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAtoHAsync_v2_ptsz: CallDesc = CallDesc {
+        wire: 592u32,
+        call: 518u32,
+        name: "cuMemcpyAtoHAsync_v2_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAtoHAsync_v2_ptsz_57),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAtoH_v2: CallDesc = CallDesc {
+        wire: 593u32,
+        call: 519u32,
+        name: "cuMemcpyAtoH_v2",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAtoH_v2_58),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyAtoH_v2_ptds: CallDesc = CallDesc {
+        wire: 594u32,
+        call: 520u32,
+        name: "cuMemcpyAtoH_v2_ptds",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyAtoH_v2_ptds_59),
+                record: None,
+            },
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuMemcpyDtoA: CallDesc = CallDesc {
-        wire: 564u32,
-        call: 497u32,
+        wire: 595u32,
+        call: 521u32,
         name: "cuMemcpyDtoA",
         form: None,
         library: "driver",
@@ -104042,8 +105286,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2: CallDesc = CallDesc {
-        wire: 565u32,
-        call: 498u32,
+        wire: 596u32,
+        call: 522u32,
         name: "cuMemcpyDtoA_v2",
         form: None,
         library: "driver",
@@ -104078,8 +105322,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoA_v2_ptds: CallDesc = CallDesc {
-        wire: 566u32,
-        call: 499u32,
+        wire: 597u32,
+        call: 523u32,
         name: "cuMemcpyDtoA_v2_ptds",
         form: None,
         library: "driver",
@@ -104114,8 +105358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD: CallDesc = CallDesc {
-        wire: 567u32,
-        call: 500u32,
+        wire: 598u32,
+        call: 524u32,
         name: "cuMemcpyDtoD",
         form: None,
         library: "driver",
@@ -104146,8 +105390,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync: CallDesc = CallDesc {
-        wire: 568u32,
-        call: 501u32,
+        wire: 599u32,
+        call: 525u32,
         name: "cuMemcpyDtoDAsync",
         form: None,
         library: "driver",
@@ -104182,8 +105426,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2: CallDesc = CallDesc {
-        wire: 569u32,
-        call: 502u32,
+        wire: 600u32,
+        call: 526u32,
         name: "cuMemcpyDtoDAsync_v2",
         form: None,
         library: "driver",
@@ -104218,8 +105462,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoDAsync_v2_ptsz: CallDesc = CallDesc {
-        wire: 570u32,
-        call: 503u32,
+        wire: 601u32,
+        call: 527u32,
         name: "cuMemcpyDtoDAsync_v2_ptsz",
         form: None,
         library: "driver",
@@ -104254,8 +105498,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2: CallDesc = CallDesc {
-        wire: 571u32,
-        call: 504u32,
+        wire: 602u32,
+        call: 528u32,
         name: "cuMemcpyDtoD_v2",
         form: None,
         library: "driver",
@@ -104286,8 +105530,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoD_v2_ptds: CallDesc = CallDesc {
-        wire: 572u32,
-        call: 505u32,
+        wire: 603u32,
+        call: 529u32,
         name: "cuMemcpyDtoD_v2_ptds",
         form: None,
         library: "driver",
@@ -104318,8 +105562,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2__call: CallDesc = CallDesc {
-        wire: 573u32,
-        call: 506u32,
+        wire: 604u32,
+        call: 530u32,
         name: "cuMemcpyDtoHAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -104329,7 +105573,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyDtoHAsync_v2__call_53),
+                len: Some(&LEN_cuMemcpyDtoHAsync_v2__call_60),
                 record: None,
             },
             Wire::Val {
@@ -104356,8 +105600,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoHAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 574u32,
-        call: 507u32,
+        wire: 605u32,
+        call: 531u32,
         name: "cuMemcpyDtoHAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -104367,7 +105611,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyDtoHAsync_v2_ptsz__call_54),
+                len: Some(&LEN_cuMemcpyDtoHAsync_v2_ptsz__call_61),
                 record: None,
             },
             Wire::Val {
@@ -104394,8 +105638,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2__call: CallDesc = CallDesc {
-        wire: 575u32,
-        call: 508u32,
+        wire: 606u32,
+        call: 532u32,
         name: "cuMemcpyDtoH_v2",
         form: Some("call"),
         library: "driver",
@@ -104405,7 +105649,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyDtoH_v2__call_55),
+                len: Some(&LEN_cuMemcpyDtoH_v2__call_62),
                 record: None,
             },
             Wire::Val {
@@ -104428,8 +105672,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyDtoH_v2_ptds__call: CallDesc = CallDesc {
-        wire: 576u32,
-        call: 509u32,
+        wire: 607u32,
+        call: 533u32,
         name: "cuMemcpyDtoH_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -104439,7 +105683,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::Out,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyDtoH_v2_ptds__call_56),
+                len: Some(&LEN_cuMemcpyDtoH_v2_ptds__call_63),
                 record: None,
             },
             Wire::Val {
@@ -104461,9 +105705,249 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuMemcpyHtoA: CallDesc = CallDesc {
+        wire: 608u32,
+        call: 534u32,
+        name: "cuMemcpyHtoA",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoA_64),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyHtoAAsync: CallDesc = CallDesc {
+        wire: 609u32,
+        call: 535u32,
+        name: "cuMemcpyHtoAAsync",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoAAsync_65),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyHtoAAsync_v2: CallDesc = CallDesc {
+        wire: 610u32,
+        call: 536u32,
+        name: "cuMemcpyHtoAAsync_v2",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoAAsync_v2_66),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyHtoAAsync_v2_ptsz: CallDesc = CallDesc {
+        wire: 611u32,
+        call: 537u32,
+        name: "cuMemcpyHtoAAsync_v2_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoAAsync_v2_ptsz_67),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyHtoA_v2: CallDesc = CallDesc {
+        wire: 612u32,
+        call: 538u32,
+        name: "cuMemcpyHtoA_v2",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoA_v2_68),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuMemcpyHtoA_v2_ptds: CallDesc = CallDesc {
+        wire: 613u32,
+        call: 539u32,
+        name: "cuMemcpyHtoA_v2_ptds",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Async,
+        params: &[
+            Wire::Handle {
+                kind: 0u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuMemcpyHtoA_v2_ptds_69),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuMemcpyHtoDAsync_v2__call: CallDesc = CallDesc {
-        wire: 577u32,
-        call: 510u32,
+        wire: 614u32,
+        call: 540u32,
         name: "cuMemcpyHtoDAsync_v2",
         form: Some("call"),
         library: "driver",
@@ -104477,7 +105961,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoDAsync_v2__call_57),
+                len: Some(&LEN_cuMemcpyHtoDAsync_v2__call_70),
                 record: None,
             },
             Wire::Val {
@@ -104500,8 +105984,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoDAsync_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 578u32,
-        call: 511u32,
+        wire: 615u32,
+        call: 541u32,
         name: "cuMemcpyHtoDAsync_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -104515,7 +105999,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoDAsync_v2_ptsz__call_58),
+                len: Some(&LEN_cuMemcpyHtoDAsync_v2_ptsz__call_71),
                 record: None,
             },
             Wire::Val {
@@ -104538,8 +106022,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2__call: CallDesc = CallDesc {
-        wire: 579u32,
-        call: 512u32,
+        wire: 616u32,
+        call: 542u32,
         name: "cuMemcpyHtoD_v2",
         form: Some("call"),
         library: "driver",
@@ -104553,7 +106037,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoD_v2__call_59),
+                len: Some(&LEN_cuMemcpyHtoD_v2__call_72),
                 record: None,
             },
             Wire::Val {
@@ -104572,8 +106056,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyHtoD_v2_ptds__call: CallDesc = CallDesc {
-        wire: 580u32,
-        call: 513u32,
+        wire: 617u32,
+        call: 543u32,
         name: "cuMemcpyHtoD_v2_ptds",
         form: Some("call"),
         library: "driver",
@@ -104587,7 +106071,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuMemcpyHtoD_v2_ptds__call_60),
+                len: Some(&LEN_cuMemcpyHtoD_v2_ptds__call_73),
                 record: None,
             },
             Wire::Val {
@@ -104606,8 +106090,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer: CallDesc = CallDesc {
-        wire: 581u32,
-        call: 514u32,
+        wire: 618u32,
+        call: 544u32,
         name: "cuMemcpyPeer",
         form: None,
         library: "driver",
@@ -104646,8 +106130,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync: CallDesc = CallDesc {
-        wire: 582u32,
-        call: 515u32,
+        wire: 619u32,
+        call: 545u32,
         name: "cuMemcpyPeerAsync",
         form: None,
         library: "driver",
@@ -104690,8 +106174,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeerAsync_ptsz: CallDesc = CallDesc {
-        wire: 583u32,
-        call: 516u32,
+        wire: 620u32,
+        call: 546u32,
         name: "cuMemcpyPeerAsync_ptsz",
         form: None,
         library: "driver",
@@ -104734,8 +106218,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpyPeer_ptds: CallDesc = CallDesc {
-        wire: 584u32,
-        call: 517u32,
+        wire: 621u32,
+        call: 547u32,
         name: "cuMemcpyPeer_ptds",
         form: None,
         library: "driver",
@@ -104774,8 +106258,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemcpy_ptds: CallDesc = CallDesc {
-        wire: 585u32,
-        call: 518u32,
+        wire: 622u32,
+        call: 548u32,
         name: "cuMemcpy_ptds",
         form: None,
         library: "driver",
@@ -104806,8 +106290,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16: CallDesc = CallDesc {
-        wire: 586u32,
-        call: 519u32,
+        wire: 623u32,
+        call: 549u32,
         name: "cuMemsetD16",
         form: None,
         library: "driver",
@@ -104838,8 +106322,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async: CallDesc = CallDesc {
-        wire: 587u32,
-        call: 520u32,
+        wire: 624u32,
+        call: 550u32,
         name: "cuMemsetD16Async",
         form: None,
         library: "driver",
@@ -104874,8 +106358,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16Async_ptsz: CallDesc = CallDesc {
-        wire: 588u32,
-        call: 521u32,
+        wire: 625u32,
+        call: 551u32,
         name: "cuMemsetD16Async_ptsz",
         form: None,
         library: "driver",
@@ -104910,8 +106394,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2: CallDesc = CallDesc {
-        wire: 589u32,
-        call: 522u32,
+        wire: 626u32,
+        call: 552u32,
         name: "cuMemsetD16_v2",
         form: None,
         library: "driver",
@@ -104942,8 +106426,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD16_v2_ptds: CallDesc = CallDesc {
-        wire: 590u32,
-        call: 523u32,
+        wire: 627u32,
+        call: 553u32,
         name: "cuMemsetD16_v2_ptds",
         form: None,
         library: "driver",
@@ -104974,8 +106458,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16: CallDesc = CallDesc {
-        wire: 591u32,
-        call: 524u32,
+        wire: 628u32,
+        call: 554u32,
         name: "cuMemsetD2D16",
         form: None,
         library: "driver",
@@ -105014,8 +106498,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async: CallDesc = CallDesc {
-        wire: 592u32,
-        call: 525u32,
+        wire: 629u32,
+        call: 555u32,
         name: "cuMemsetD2D16Async",
         form: None,
         library: "driver",
@@ -105058,8 +106542,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16Async_ptsz: CallDesc = CallDesc {
-        wire: 593u32,
-        call: 526u32,
+        wire: 630u32,
+        call: 556u32,
         name: "cuMemsetD2D16Async_ptsz",
         form: None,
         library: "driver",
@@ -105102,8 +106586,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2: CallDesc = CallDesc {
-        wire: 594u32,
-        call: 527u32,
+        wire: 631u32,
+        call: 557u32,
         name: "cuMemsetD2D16_v2",
         form: None,
         library: "driver",
@@ -105142,8 +106626,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D16_v2_ptds: CallDesc = CallDesc {
-        wire: 595u32,
-        call: 528u32,
+        wire: 632u32,
+        call: 558u32,
         name: "cuMemsetD2D16_v2_ptds",
         form: None,
         library: "driver",
@@ -105182,8 +106666,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32: CallDesc = CallDesc {
-        wire: 596u32,
-        call: 529u32,
+        wire: 633u32,
+        call: 559u32,
         name: "cuMemsetD2D32",
         form: None,
         library: "driver",
@@ -105222,8 +106706,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async: CallDesc = CallDesc {
-        wire: 597u32,
-        call: 530u32,
+        wire: 634u32,
+        call: 560u32,
         name: "cuMemsetD2D32Async",
         form: None,
         library: "driver",
@@ -105266,8 +106750,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32Async_ptsz: CallDesc = CallDesc {
-        wire: 598u32,
-        call: 531u32,
+        wire: 635u32,
+        call: 561u32,
         name: "cuMemsetD2D32Async_ptsz",
         form: None,
         library: "driver",
@@ -105310,8 +106794,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2: CallDesc = CallDesc {
-        wire: 599u32,
-        call: 532u32,
+        wire: 636u32,
+        call: 562u32,
         name: "cuMemsetD2D32_v2",
         form: None,
         library: "driver",
@@ -105350,8 +106834,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D32_v2_ptds: CallDesc = CallDesc {
-        wire: 600u32,
-        call: 533u32,
+        wire: 637u32,
+        call: 563u32,
         name: "cuMemsetD2D32_v2_ptds",
         form: None,
         library: "driver",
@@ -105390,8 +106874,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8: CallDesc = CallDesc {
-        wire: 601u32,
-        call: 534u32,
+        wire: 638u32,
+        call: 564u32,
         name: "cuMemsetD2D8",
         form: None,
         library: "driver",
@@ -105430,8 +106914,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async: CallDesc = CallDesc {
-        wire: 602u32,
-        call: 535u32,
+        wire: 639u32,
+        call: 565u32,
         name: "cuMemsetD2D8Async",
         form: None,
         library: "driver",
@@ -105474,8 +106958,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8Async_ptsz: CallDesc = CallDesc {
-        wire: 603u32,
-        call: 536u32,
+        wire: 640u32,
+        call: 566u32,
         name: "cuMemsetD2D8Async_ptsz",
         form: None,
         library: "driver",
@@ -105518,8 +107002,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2: CallDesc = CallDesc {
-        wire: 604u32,
-        call: 537u32,
+        wire: 641u32,
+        call: 567u32,
         name: "cuMemsetD2D8_v2",
         form: None,
         library: "driver",
@@ -105558,8 +107042,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD2D8_v2_ptds: CallDesc = CallDesc {
-        wire: 605u32,
-        call: 538u32,
+        wire: 642u32,
+        call: 568u32,
         name: "cuMemsetD2D8_v2_ptds",
         form: None,
         library: "driver",
@@ -105598,8 +107082,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32: CallDesc = CallDesc {
-        wire: 606u32,
-        call: 539u32,
+        wire: 643u32,
+        call: 569u32,
         name: "cuMemsetD32",
         form: None,
         library: "driver",
@@ -105630,8 +107114,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async: CallDesc = CallDesc {
-        wire: 607u32,
-        call: 540u32,
+        wire: 644u32,
+        call: 570u32,
         name: "cuMemsetD32Async",
         form: None,
         library: "driver",
@@ -105666,8 +107150,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32Async_ptsz: CallDesc = CallDesc {
-        wire: 608u32,
-        call: 541u32,
+        wire: 645u32,
+        call: 571u32,
         name: "cuMemsetD32Async_ptsz",
         form: None,
         library: "driver",
@@ -105702,8 +107186,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2: CallDesc = CallDesc {
-        wire: 609u32,
-        call: 542u32,
+        wire: 646u32,
+        call: 572u32,
         name: "cuMemsetD32_v2",
         form: None,
         library: "driver",
@@ -105734,8 +107218,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD32_v2_ptds: CallDesc = CallDesc {
-        wire: 610u32,
-        call: 543u32,
+        wire: 647u32,
+        call: 573u32,
         name: "cuMemsetD32_v2_ptds",
         form: None,
         library: "driver",
@@ -105766,8 +107250,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8: CallDesc = CallDesc {
-        wire: 611u32,
-        call: 544u32,
+        wire: 648u32,
+        call: 574u32,
         name: "cuMemsetD8",
         form: None,
         library: "driver",
@@ -105798,8 +107282,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async: CallDesc = CallDesc {
-        wire: 612u32,
-        call: 545u32,
+        wire: 649u32,
+        call: 575u32,
         name: "cuMemsetD8Async",
         form: None,
         library: "driver",
@@ -105834,8 +107318,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8Async_ptsz: CallDesc = CallDesc {
-        wire: 613u32,
-        call: 546u32,
+        wire: 650u32,
+        call: 576u32,
         name: "cuMemsetD8Async_ptsz",
         form: None,
         library: "driver",
@@ -105870,8 +107354,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2: CallDesc = CallDesc {
-        wire: 614u32,
-        call: 547u32,
+        wire: 651u32,
+        call: 577u32,
         name: "cuMemsetD8_v2",
         form: None,
         library: "driver",
@@ -105902,8 +107386,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMemsetD8_v2_ptds: CallDesc = CallDesc {
-        wire: 615u32,
-        call: 548u32,
+        wire: 652u32,
+        call: 578u32,
         name: "cuMemsetD8_v2_ptds",
         form: None,
         library: "driver",
@@ -105934,8 +107418,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayCreate: CallDesc = CallDesc {
-        wire: 616u32,
-        call: 549u32,
+        wire: 653u32,
+        call: 579u32,
         name: "cuMipmappedArrayCreate",
         form: None,
         library: "driver",
@@ -105968,8 +107452,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayDestroy: CallDesc = CallDesc {
-        wire: 617u32,
-        call: 550u32,
+        wire: 654u32,
+        call: 580u32,
         name: "cuMipmappedArrayDestroy",
         form: None,
         library: "driver",
@@ -105992,8 +107476,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetLevel: CallDesc = CallDesc {
-        wire: 618u32,
-        call: 551u32,
+        wire: 655u32,
+        call: 581u32,
         name: "cuMipmappedArrayGetLevel",
         form: None,
         library: "driver",
@@ -106024,8 +107508,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetMemoryRequirements: CallDesc = CallDesc {
-        wire: 619u32,
-        call: 552u32,
+        wire: 656u32,
+        call: 582u32,
         name: "cuMipmappedArrayGetMemoryRequirements",
         form: None,
         library: "driver",
@@ -106058,8 +107542,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMipmappedArrayGetSparseProperties: CallDesc = CallDesc {
-        wire: 620u32,
-        call: 553u32,
+        wire: 657u32,
+        call: 583u32,
         name: "cuMipmappedArrayGetSparseProperties",
         form: None,
         library: "driver",
@@ -106088,8 +107572,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleEnumerateFunctions: CallDesc = CallDesc {
-        wire: 621u32,
-        call: 554u32,
+        wire: 658u32,
+        call: 584u32,
         name: "cuModuleEnumerateFunctions",
         form: None,
         library: "driver",
@@ -106120,8 +107604,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunction: CallDesc = CallDesc {
-        wire: 622u32,
-        call: 555u32,
+        wire: 659u32,
+        call: 585u32,
         name: "cuModuleGetFunction",
         form: None,
         library: "driver",
@@ -106149,8 +107633,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetFunctionCount: CallDesc = CallDesc {
-        wire: 623u32,
-        call: 556u32,
+        wire: 660u32,
+        call: 586u32,
         name: "cuModuleGetFunctionCount",
         form: None,
         library: "driver",
@@ -106179,8 +107663,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal: CallDesc = CallDesc {
-        wire: 624u32,
-        call: 557u32,
+        wire: 661u32,
+        call: 587u32,
         name: "cuModuleGetGlobal",
         form: None,
         library: "driver",
@@ -106216,8 +107700,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetGlobal_v2: CallDesc = CallDesc {
-        wire: 625u32,
-        call: 558u32,
+        wire: 662u32,
+        call: 588u32,
         name: "cuModuleGetGlobal_v2",
         form: None,
         library: "driver",
@@ -106253,8 +107737,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetLoadingMode: CallDesc = CallDesc {
-        wire: 626u32,
-        call: 559u32,
+        wire: 663u32,
+        call: 589u32,
         name: "cuModuleGetLoadingMode",
         form: None,
         library: "driver",
@@ -106279,8 +107763,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetSurfRef: CallDesc = CallDesc {
-        wire: 627u32,
-        call: 560u32,
+        wire: 664u32,
+        call: 590u32,
         name: "cuModuleGetSurfRef",
         form: None,
         library: "driver",
@@ -106308,8 +107792,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuModuleGetTexRef: CallDesc = CallDesc {
-        wire: 628u32,
-        call: 561u32,
+        wire: 665u32,
+        call: 591u32,
         name: "cuModuleGetTexRef",
         form: None,
         library: "driver",
@@ -106337,8 +107821,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastAddDevice: CallDesc = CallDesc {
-        wire: 629u32,
-        call: 562u32,
+        wire: 666u32,
+        call: 592u32,
         name: "cuMulticastAddDevice",
         form: None,
         library: "driver",
@@ -106365,8 +107849,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr: CallDesc = CallDesc {
-        wire: 630u32,
-        call: 563u32,
+        wire: 667u32,
+        call: 593u32,
         name: "cuMulticastBindAddr",
         form: None,
         library: "driver",
@@ -106405,8 +107889,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindAddr_v2: CallDesc = CallDesc {
-        wire: 631u32,
-        call: 564u32,
+        wire: 668u32,
+        call: 594u32,
         name: "cuMulticastBindAddr_v2",
         form: None,
         library: "driver",
@@ -106449,8 +107933,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem: CallDesc = CallDesc {
-        wire: 632u32,
-        call: 565u32,
+        wire: 669u32,
+        call: 595u32,
         name: "cuMulticastBindMem",
         form: None,
         library: "driver",
@@ -106493,8 +107977,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastBindMem_v2: CallDesc = CallDesc {
-        wire: 633u32,
-        call: 566u32,
+        wire: 670u32,
+        call: 596u32,
         name: "cuMulticastBindMem_v2",
         form: None,
         library: "driver",
@@ -106541,8 +108025,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastCreate: CallDesc = CallDesc {
-        wire: 634u32,
-        call: 567u32,
+        wire: 671u32,
+        call: 597u32,
         name: "cuMulticastCreate",
         form: None,
         library: "driver",
@@ -106573,8 +108057,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastGetGranularity: CallDesc = CallDesc {
-        wire: 635u32,
-        call: 568u32,
+        wire: 672u32,
+        call: 598u32,
         name: "cuMulticastGetGranularity",
         form: None,
         library: "driver",
@@ -106609,8 +108093,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuMulticastUnbind: CallDesc = CallDesc {
-        wire: 636u32,
-        call: 569u32,
+        wire: 673u32,
+        call: 599u32,
         name: "cuMulticastUnbind",
         form: None,
         library: "driver",
@@ -106645,8 +108129,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyAvailableDynamicSMemPerBlock: CallDesc = CallDesc {
-        wire: 637u32,
-        call: 570u32,
+        wire: 674u32,
+        call: 600u32,
         name: "cuOccupancyAvailableDynamicSMemPerBlock",
         form: None,
         library: "driver",
@@ -106683,8 +108167,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessor: CallDesc = CallDesc {
-        wire: 638u32,
-        call: 571u32,
+        wire: 675u32,
+        call: 601u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
         form: None,
         library: "driver",
@@ -106721,8 +108205,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: CallDesc = CallDesc {
-        wire: 639u32,
-        call: 572u32,
+        wire: 676u32,
+        call: 602u32,
         name: "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
         form: None,
         library: "driver",
@@ -106763,8 +108247,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetSize: CallDesc = CallDesc {
-        wire: 640u32,
-        call: 573u32,
+        wire: 677u32,
+        call: 603u32,
         name: "cuParamSetSize",
         form: None,
         library: "driver",
@@ -106791,8 +108275,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetTexRef: CallDesc = CallDesc {
-        wire: 641u32,
-        call: 574u32,
+        wire: 678u32,
+        call: 604u32,
         name: "cuParamSetTexRef",
         form: None,
         library: "driver",
@@ -106823,8 +108307,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSetf: CallDesc = CallDesc {
-        wire: 642u32,
-        call: 575u32,
+        wire: 679u32,
+        call: 605u32,
         name: "cuParamSetf",
         form: None,
         library: "driver",
@@ -106855,8 +108339,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuParamSeti: CallDesc = CallDesc {
-        wire: 643u32,
-        call: 576u32,
+        wire: 680u32,
+        call: 606u32,
         name: "cuParamSeti",
         form: None,
         library: "driver",
@@ -106886,9 +108370,47 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuParamSetv: CallDesc = CallDesc {
+        wire: 681u32,
+        call: 607u32,
+        name: "cuParamSetv",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 9u16,
+                destroy: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 1u32,
+                len: Some(&LEN_cuParamSetv_74),
+                record: None,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuPointerSetAttribute: CallDesc = CallDesc {
-        wire: 644u32,
-        call: 577u32,
+        wire: 682u32,
+        call: 608u32,
         name: "cuPointerSetAttribute",
         form: None,
         library: "driver",
@@ -106898,7 +108420,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 1u32,
-                len: Some(&LEN_cuPointerSetAttribute_61),
+                len: Some(&LEN_cuPointerSetAttribute_75),
                 record: None,
             },
             Wire::Val {
@@ -106921,8 +108443,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync: CallDesc = CallDesc {
-        wire: 645u32,
-        call: 578u32,
+        wire: 683u32,
+        call: 609u32,
         name: "cuStreamAttachMemAsync",
         form: None,
         library: "driver",
@@ -106957,8 +108479,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamAttachMemAsync_ptsz: CallDesc = CallDesc {
-        wire: 646u32,
-        call: 579u32,
+        wire: 684u32,
+        call: 610u32,
         name: "cuStreamAttachMemAsync_ptsz",
         form: None,
         library: "driver",
@@ -106993,8 +108515,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu118: CallDesc = CallDesc {
-        wire: 647u32,
-        call: 580u32,
+        wire: 685u32,
+        call: 611u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -107012,7 +108534,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp__cu118_62),
+                len: Some(&LEN_cuStreamBatchMemOp__cu118_76),
                 record: Some("CUstreamBatchMemOpParams_union"),
             },
             Wire::Val {
@@ -107031,8 +108553,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp__cu131: CallDesc = CallDesc {
-        wire: 648u32,
-        call: 580u32,
+        wire: 686u32,
+        call: 611u32,
         name: "cuStreamBatchMemOp",
         form: None,
         library: "driver",
@@ -107050,7 +108572,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp__cu131_63),
+                len: Some(&LEN_cuStreamBatchMemOp__cu131_77),
                 record: Some("CUstreamBatchMemOpParams_union"),
             },
             Wire::Val {
@@ -107069,8 +108591,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu118: CallDesc = CallDesc {
-        wire: 649u32,
-        call: 581u32,
+        wire: 687u32,
+        call: 612u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -107088,7 +108610,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu118_64),
+                len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu118_78),
                 record: Some("CUstreamBatchMemOpParams_union"),
             },
             Wire::Val {
@@ -107107,8 +108629,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_ptsz__cu131: CallDesc = CallDesc {
-        wire: 650u32,
-        call: 581u32,
+        wire: 688u32,
+        call: 612u32,
         name: "cuStreamBatchMemOp_ptsz",
         form: None,
         library: "driver",
@@ -107126,7 +108648,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu131_65),
+                len: Some(&LEN_cuStreamBatchMemOp_ptsz__cu131_79),
                 record: Some("CUstreamBatchMemOpParams_union"),
             },
             Wire::Val {
@@ -107145,8 +108667,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu118: CallDesc = CallDesc {
-        wire: 651u32,
-        call: 582u32,
+        wire: 689u32,
+        call: 613u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -107164,7 +108686,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_v2__cu118_66),
+                len: Some(&LEN_cuStreamBatchMemOp_v2__cu118_80),
                 record: Some("CUstreamBatchMemOpParams_union"),
             },
             Wire::Val {
@@ -107183,8 +108705,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2__cu131: CallDesc = CallDesc {
-        wire: 652u32,
-        call: 582u32,
+        wire: 690u32,
+        call: 613u32,
         name: "cuStreamBatchMemOp_v2",
         form: None,
         library: "driver",
@@ -107202,7 +108724,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_v2__cu131_67),
+                len: Some(&LEN_cuStreamBatchMemOp_v2__cu131_81),
                 record: Some("CUstreamBatchMemOpParams_union"),
             },
             Wire::Val {
@@ -107221,8 +108743,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu118: CallDesc = CallDesc {
-        wire: 653u32,
-        call: 583u32,
+        wire: 691u32,
+        call: 614u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -107240,7 +108762,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu118_68),
+                len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu118_82),
                 record: Some("CUstreamBatchMemOpParams_union"),
             },
             Wire::Val {
@@ -107259,8 +108781,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBatchMemOp_v2_ptsz__cu131: CallDesc = CallDesc {
-        wire: 654u32,
-        call: 583u32,
+        wire: 692u32,
+        call: 614u32,
         name: "cuStreamBatchMemOp_v2_ptsz",
         form: None,
         library: "driver",
@@ -107278,7 +108800,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 48u32,
-                len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu131_69),
+                len: Some(&LEN_cuStreamBatchMemOp_v2_ptsz__cu131_83),
                 record: Some("CUstreamBatchMemOpParams_union"),
             },
             Wire::Val {
@@ -107297,8 +108819,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture__call: CallDesc = CallDesc {
-        wire: 655u32,
-        call: 584u32,
+        wire: 693u32,
+        call: 615u32,
         name: "cuStreamBeginCapture",
         form: Some("call"),
         library: "driver",
@@ -107321,8 +108843,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 656u32,
-        call: 585u32,
+        wire: 694u32,
+        call: 616u32,
         name: "cuStreamBeginCapture_ptsz",
         form: Some("call"),
         library: "driver",
@@ -107345,8 +108867,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2__call: CallDesc = CallDesc {
-        wire: 657u32,
-        call: 586u32,
+        wire: 695u32,
+        call: 617u32,
         name: "cuStreamBeginCapture_v2",
         form: Some("call"),
         library: "driver",
@@ -107373,8 +108895,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamBeginCapture_v2_ptsz__call: CallDesc = CallDesc {
-        wire: 658u32,
-        call: 587u32,
+        wire: 696u32,
+        call: 618u32,
         name: "cuStreamBeginCapture_v2_ptsz",
         form: Some("call"),
         library: "driver",
@@ -107401,8 +108923,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes: CallDesc = CallDesc {
-        wire: 659u32,
-        call: 588u32,
+        wire: 697u32,
+        call: 619u32,
         name: "cuStreamCopyAttributes",
         form: None,
         library: "driver",
@@ -107429,8 +108951,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCopyAttributes_ptsz: CallDesc = CallDesc {
-        wire: 660u32,
-        call: 589u32,
+        wire: 698u32,
+        call: 620u32,
         name: "cuStreamCopyAttributes_ptsz",
         form: None,
         library: "driver",
@@ -107457,8 +108979,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreate: CallDesc = CallDesc {
-        wire: 661u32,
-        call: 590u32,
+        wire: 699u32,
+        call: 621u32,
         name: "cuStreamCreate",
         form: None,
         library: "driver",
@@ -107485,8 +109007,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamCreateWithPriority: CallDesc = CallDesc {
-        wire: 662u32,
-        call: 591u32,
+        wire: 700u32,
+        call: 622u32,
         name: "cuStreamCreateWithPriority",
         form: None,
         library: "driver",
@@ -107517,8 +109039,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy: CallDesc = CallDesc {
-        wire: 663u32,
-        call: 592u32,
+        wire: 701u32,
+        call: 623u32,
         name: "cuStreamDestroy",
         form: None,
         library: "driver",
@@ -107541,8 +109063,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamDestroy_v2: CallDesc = CallDesc {
-        wire: 664u32,
-        call: 593u32,
+        wire: 702u32,
+        call: 624u32,
         name: "cuStreamDestroy_v2",
         form: None,
         library: "driver",
@@ -107565,8 +109087,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture__call: CallDesc = CallDesc {
-        wire: 665u32,
-        call: 594u32,
+        wire: 703u32,
+        call: 625u32,
         name: "cuStreamEndCapture",
         form: Some("call"),
         library: "driver",
@@ -107593,8 +109115,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamEndCapture_ptsz__call: CallDesc = CallDesc {
-        wire: 666u32,
-        call: 595u32,
+        wire: 704u32,
+        call: 626u32,
         name: "cuStreamEndCapture_ptsz",
         form: Some("call"),
         library: "driver",
@@ -107621,8 +109143,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu118: CallDesc = CallDesc {
-        wire: 667u32,
-        call: 596u32,
+        wire: 705u32,
+        call: 627u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -107655,8 +109177,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu121: CallDesc = CallDesc {
-        wire: 668u32,
-        call: 596u32,
+        wire: 706u32,
+        call: 627u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -107689,8 +109211,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu126: CallDesc = CallDesc {
-        wire: 669u32,
-        call: 596u32,
+        wire: 707u32,
+        call: 627u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -107723,8 +109245,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu128: CallDesc = CallDesc {
-        wire: 670u32,
-        call: 596u32,
+        wire: 708u32,
+        call: 627u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -107757,8 +109279,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute__cu130: CallDesc = CallDesc {
-        wire: 671u32,
-        call: 596u32,
+        wire: 709u32,
+        call: 627u32,
         name: "cuStreamGetAttribute",
         form: None,
         library: "driver",
@@ -107791,8 +109313,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 672u32,
-        call: 597u32,
+        wire: 710u32,
+        call: 628u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107825,8 +109347,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 673u32,
-        call: 597u32,
+        wire: 711u32,
+        call: 628u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107859,8 +109381,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 674u32,
-        call: 597u32,
+        wire: 712u32,
+        call: 628u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107893,8 +109415,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 675u32,
-        call: 597u32,
+        wire: 713u32,
+        call: 628u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107927,8 +109449,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 676u32,
-        call: 597u32,
+        wire: 714u32,
+        call: 628u32,
         name: "cuStreamGetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -107961,8 +109483,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo: CallDesc = CallDesc {
-        wire: 677u32,
-        call: 598u32,
+        wire: 715u32,
+        call: 629u32,
         name: "cuStreamGetCaptureInfo",
         form: None,
         library: "driver",
@@ -107997,8 +109519,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCaptureInfo_ptsz: CallDesc = CallDesc {
-        wire: 678u32,
-        call: 599u32,
+        wire: 716u32,
+        call: 630u32,
         name: "cuStreamGetCaptureInfo_ptsz",
         form: None,
         library: "driver",
@@ -108033,8 +109555,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx: CallDesc = CallDesc {
-        wire: 679u32,
-        call: 600u32,
+        wire: 717u32,
+        call: 631u32,
         name: "cuStreamGetCtx",
         form: None,
         library: "driver",
@@ -108061,8 +109583,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_ptsz: CallDesc = CallDesc {
-        wire: 680u32,
-        call: 601u32,
+        wire: 718u32,
+        call: 632u32,
         name: "cuStreamGetCtx_ptsz",
         form: None,
         library: "driver",
@@ -108089,8 +109611,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2: CallDesc = CallDesc {
-        wire: 681u32,
-        call: 602u32,
+        wire: 719u32,
+        call: 633u32,
         name: "cuStreamGetCtx_v2",
         form: None,
         library: "driver",
@@ -108121,8 +109643,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetCtx_v2_ptsz: CallDesc = CallDesc {
-        wire: 682u32,
-        call: 603u32,
+        wire: 720u32,
+        call: 634u32,
         name: "cuStreamGetCtx_v2_ptsz",
         form: None,
         library: "driver",
@@ -108153,8 +109675,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice: CallDesc = CallDesc {
-        wire: 683u32,
-        call: 604u32,
+        wire: 721u32,
+        call: 635u32,
         name: "cuStreamGetDevice",
         form: None,
         library: "driver",
@@ -108183,8 +109705,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetDevice_ptsz: CallDesc = CallDesc {
-        wire: 684u32,
-        call: 605u32,
+        wire: 722u32,
+        call: 636u32,
         name: "cuStreamGetDevice_ptsz",
         form: None,
         library: "driver",
@@ -108213,8 +109735,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags: CallDesc = CallDesc {
-        wire: 685u32,
-        call: 606u32,
+        wire: 723u32,
+        call: 637u32,
         name: "cuStreamGetFlags",
         form: None,
         library: "driver",
@@ -108243,8 +109765,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetFlags_ptsz: CallDesc = CallDesc {
-        wire: 686u32,
-        call: 607u32,
+        wire: 724u32,
+        call: 638u32,
         name: "cuStreamGetFlags_ptsz",
         form: None,
         library: "driver",
@@ -108273,8 +109795,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetGreenCtx: CallDesc = CallDesc {
-        wire: 687u32,
-        call: 608u32,
+        wire: 725u32,
+        call: 639u32,
         name: "cuStreamGetGreenCtx",
         form: None,
         library: "driver",
@@ -108301,8 +109823,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId: CallDesc = CallDesc {
-        wire: 688u32,
-        call: 609u32,
+        wire: 726u32,
+        call: 640u32,
         name: "cuStreamGetId",
         form: None,
         library: "driver",
@@ -108331,8 +109853,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetId_ptsz: CallDesc = CallDesc {
-        wire: 689u32,
-        call: 610u32,
+        wire: 727u32,
+        call: 641u32,
         name: "cuStreamGetId_ptsz",
         form: None,
         library: "driver",
@@ -108361,8 +109883,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority: CallDesc = CallDesc {
-        wire: 690u32,
-        call: 611u32,
+        wire: 728u32,
+        call: 642u32,
         name: "cuStreamGetPriority",
         form: None,
         library: "driver",
@@ -108391,8 +109913,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamGetPriority_ptsz: CallDesc = CallDesc {
-        wire: 691u32,
-        call: 612u32,
+        wire: 729u32,
+        call: 643u32,
         name: "cuStreamGetPriority_ptsz",
         form: None,
         library: "driver",
@@ -108421,8 +109943,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing__call: CallDesc = CallDesc {
-        wire: 692u32,
-        call: 613u32,
+        wire: 730u32,
+        call: 644u32,
         name: "cuStreamIsCapturing",
         form: Some("call"),
         library: "driver",
@@ -108451,8 +109973,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamIsCapturing_ptsz__call: CallDesc = CallDesc {
-        wire: 693u32,
-        call: 614u32,
+        wire: 731u32,
+        call: 645u32,
         name: "cuStreamIsCapturing_ptsz",
         form: Some("call"),
         library: "driver",
@@ -108481,8 +110003,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery: CallDesc = CallDesc {
-        wire: 694u32,
-        call: 615u32,
+        wire: 732u32,
+        call: 646u32,
         name: "cuStreamQuery",
         form: None,
         library: "driver",
@@ -108505,8 +110027,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamQuery_ptsz: CallDesc = CallDesc {
-        wire: 695u32,
-        call: 616u32,
+        wire: 733u32,
+        call: 647u32,
         name: "cuStreamQuery_ptsz",
         form: None,
         library: "driver",
@@ -108529,8 +110051,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu118: CallDesc = CallDesc {
-        wire: 696u32,
-        call: 617u32,
+        wire: 734u32,
+        call: 648u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -108563,8 +110085,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu121: CallDesc = CallDesc {
-        wire: 697u32,
-        call: 617u32,
+        wire: 735u32,
+        call: 648u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -108597,8 +110119,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu126: CallDesc = CallDesc {
-        wire: 698u32,
-        call: 617u32,
+        wire: 736u32,
+        call: 648u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -108631,8 +110153,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu128: CallDesc = CallDesc {
-        wire: 699u32,
-        call: 617u32,
+        wire: 737u32,
+        call: 648u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -108665,8 +110187,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute__cu130: CallDesc = CallDesc {
-        wire: 700u32,
-        call: 617u32,
+        wire: 738u32,
+        call: 648u32,
         name: "cuStreamSetAttribute",
         form: None,
         library: "driver",
@@ -108699,8 +110221,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu118: CallDesc = CallDesc {
-        wire: 701u32,
-        call: 618u32,
+        wire: 739u32,
+        call: 649u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -108733,8 +110255,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu121: CallDesc = CallDesc {
-        wire: 702u32,
-        call: 618u32,
+        wire: 740u32,
+        call: 649u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -108767,8 +110289,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu126: CallDesc = CallDesc {
-        wire: 703u32,
-        call: 618u32,
+        wire: 741u32,
+        call: 649u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -108801,8 +110323,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu128: CallDesc = CallDesc {
-        wire: 704u32,
-        call: 618u32,
+        wire: 742u32,
+        call: 649u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -108835,8 +110357,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSetAttribute_ptsz__cu130: CallDesc = CallDesc {
-        wire: 705u32,
-        call: 618u32,
+        wire: 743u32,
+        call: 649u32,
         name: "cuStreamSetAttribute_ptsz",
         form: None,
         library: "driver",
@@ -108869,8 +110391,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamSynchronize: CallDesc = CallDesc {
-        wire: 706u32,
-        call: 619u32,
+        wire: 744u32,
+        call: 650u32,
         name: "cuStreamSynchronize",
         form: None,
         library: "driver",
@@ -108893,8 +110415,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamSynchronize_ptsz: CallDesc = CallDesc {
-        wire: 707u32,
-        call: 620u32,
+        wire: 745u32,
+        call: 651u32,
         name: "cuStreamSynchronize_ptsz",
         form: None,
         library: "driver",
@@ -108917,8 +110439,8 @@ pub mod driver {
         only_waits: true,
     };
     pub static cuStreamUpdateCaptureDependencies: CallDesc = CallDesc {
-        wire: 708u32,
-        call: 621u32,
+        wire: 746u32,
+        call: 652u32,
         name: "cuStreamUpdateCaptureDependencies",
         form: None,
         library: "driver",
@@ -108953,8 +110475,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamUpdateCaptureDependencies_ptsz: CallDesc = CallDesc {
-        wire: 709u32,
-        call: 622u32,
+        wire: 747u32,
+        call: 653u32,
         name: "cuStreamUpdateCaptureDependencies_ptsz",
         form: None,
         library: "driver",
@@ -108988,9 +110510,93 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuStreamUpdateCaptureDependencies_v2: CallDesc = CallDesc {
+        wire: 748u32,
+        call: 654u32,
+        name: "cuStreamUpdateCaptureDependencies_v2",
+        form: None,
+        library: "driver",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Handles {
+                kind: 11u16,
+                len: &LEN_cuStreamUpdateCaptureDependencies_v2_84,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cuStreamUpdateCaptureDependencies_v2_85),
+                record: Some("CUgraphEdgeData_st"),
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
+    pub static cuStreamUpdateCaptureDependencies_v2_ptsz: CallDesc = CallDesc {
+        wire: 749u32,
+        call: 655u32,
+        name: "cuStreamUpdateCaptureDependencies_v2_ptsz",
+        form: None,
+        library: "driver",
+        versions: &["12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Handle {
+                kind: 22u16,
+                destroy: false,
+            },
+            Wire::Handles {
+                kind: 11u16,
+                len: &LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_86,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 8u32,
+                len: Some(&LEN_cuStreamUpdateCaptureDependencies_v2_ptsz_87),
+                record: Some("CUgraphEdgeData_st"),
+            },
+            Wire::Val {
+                bytes: 8u8,
+                float: false,
+            },
+            Wire::Val {
+                bytes: 4u8,
+                float: false,
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuStreamWaitEvent: CallDesc = CallDesc {
-        wire: 710u32,
-        call: 623u32,
+        wire: 750u32,
+        call: 656u32,
         name: "cuStreamWaitEvent",
         form: None,
         library: "driver",
@@ -109021,8 +110627,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitEvent_ptsz: CallDesc = CallDesc {
-        wire: 711u32,
-        call: 624u32,
+        wire: 751u32,
+        call: 657u32,
         name: "cuStreamWaitEvent_ptsz",
         form: None,
         library: "driver",
@@ -109053,8 +110659,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32: CallDesc = CallDesc {
-        wire: 712u32,
-        call: 625u32,
+        wire: 752u32,
+        call: 658u32,
         name: "cuStreamWaitValue32",
         form: None,
         library: "driver",
@@ -109089,8 +110695,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_ptsz: CallDesc = CallDesc {
-        wire: 713u32,
-        call: 626u32,
+        wire: 753u32,
+        call: 659u32,
         name: "cuStreamWaitValue32_ptsz",
         form: None,
         library: "driver",
@@ -109125,8 +110731,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2: CallDesc = CallDesc {
-        wire: 714u32,
-        call: 627u32,
+        wire: 754u32,
+        call: 660u32,
         name: "cuStreamWaitValue32_v2",
         form: None,
         library: "driver",
@@ -109161,8 +110767,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 715u32,
-        call: 628u32,
+        wire: 755u32,
+        call: 661u32,
         name: "cuStreamWaitValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -109197,8 +110803,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64: CallDesc = CallDesc {
-        wire: 716u32,
-        call: 629u32,
+        wire: 756u32,
+        call: 662u32,
         name: "cuStreamWaitValue64",
         form: None,
         library: "driver",
@@ -109233,8 +110839,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_ptsz: CallDesc = CallDesc {
-        wire: 717u32,
-        call: 630u32,
+        wire: 757u32,
+        call: 663u32,
         name: "cuStreamWaitValue64_ptsz",
         form: None,
         library: "driver",
@@ -109269,8 +110875,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2: CallDesc = CallDesc {
-        wire: 718u32,
-        call: 631u32,
+        wire: 758u32,
+        call: 664u32,
         name: "cuStreamWaitValue64_v2",
         form: None,
         library: "driver",
@@ -109305,8 +110911,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWaitValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 719u32,
-        call: 632u32,
+        wire: 759u32,
+        call: 665u32,
         name: "cuStreamWaitValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -109341,8 +110947,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32: CallDesc = CallDesc {
-        wire: 720u32,
-        call: 633u32,
+        wire: 760u32,
+        call: 666u32,
         name: "cuStreamWriteValue32",
         form: None,
         library: "driver",
@@ -109377,8 +110983,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_ptsz: CallDesc = CallDesc {
-        wire: 721u32,
-        call: 634u32,
+        wire: 761u32,
+        call: 667u32,
         name: "cuStreamWriteValue32_ptsz",
         form: None,
         library: "driver",
@@ -109413,8 +111019,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2: CallDesc = CallDesc {
-        wire: 722u32,
-        call: 635u32,
+        wire: 762u32,
+        call: 668u32,
         name: "cuStreamWriteValue32_v2",
         form: None,
         library: "driver",
@@ -109449,8 +111055,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue32_v2_ptsz: CallDesc = CallDesc {
-        wire: 723u32,
-        call: 636u32,
+        wire: 763u32,
+        call: 669u32,
         name: "cuStreamWriteValue32_v2_ptsz",
         form: None,
         library: "driver",
@@ -109485,8 +111091,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64: CallDesc = CallDesc {
-        wire: 724u32,
-        call: 637u32,
+        wire: 764u32,
+        call: 670u32,
         name: "cuStreamWriteValue64",
         form: None,
         library: "driver",
@@ -109521,8 +111127,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_ptsz: CallDesc = CallDesc {
-        wire: 725u32,
-        call: 638u32,
+        wire: 765u32,
+        call: 671u32,
         name: "cuStreamWriteValue64_ptsz",
         form: None,
         library: "driver",
@@ -109557,8 +111163,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2: CallDesc = CallDesc {
-        wire: 726u32,
-        call: 639u32,
+        wire: 766u32,
+        call: 672u32,
         name: "cuStreamWriteValue64_v2",
         form: None,
         library: "driver",
@@ -109593,8 +111199,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuStreamWriteValue64_v2_ptsz: CallDesc = CallDesc {
-        wire: 727u32,
-        call: 640u32,
+        wire: 767u32,
+        call: 673u32,
         name: "cuStreamWriteValue64_v2_ptsz",
         form: None,
         library: "driver",
@@ -109628,9 +111234,41 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuSurfObjectCreate: CallDesc = CallDesc {
+        wire: 768u32,
+        call: 674u32,
+        name: "cuSurfObjectCreate",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 144u32,
+                len: None,
+                record: Some("CUDA_RESOURCE_DESC_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuSurfObjectDestroy: CallDesc = CallDesc {
-        wire: 728u32,
-        call: 641u32,
+        wire: 769u32,
+        call: 675u32,
         name: "cuSurfObjectDestroy",
         form: None,
         library: "driver",
@@ -109653,8 +111291,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 729u32,
-        call: 642u32,
+        wire: 770u32,
+        call: 676u32,
         name: "cuSurfObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -109683,8 +111321,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefGetArray: CallDesc = CallDesc {
-        wire: 730u32,
-        call: 643u32,
+        wire: 771u32,
+        call: 677u32,
         name: "cuSurfRefGetArray",
         form: None,
         library: "driver",
@@ -109711,8 +111349,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuSurfRefSetArray: CallDesc = CallDesc {
-        wire: 731u32,
-        call: 644u32,
+        wire: 772u32,
+        call: 678u32,
         name: "cuSurfRefSetArray",
         form: None,
         library: "driver",
@@ -109743,8 +111381,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeIm2col: CallDesc = CallDesc {
-        wire: 732u32,
-        call: 645u32,
+        wire: 773u32,
+        call: 679u32,
         name: "cuTensorMapEncodeIm2col",
         form: None,
         library: "driver",
@@ -109769,25 +111407,25 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_70),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_88),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_73),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_91),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_76),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_94),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_79),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_97),
                 record: None,
             },
             Wire::Val {
@@ -109801,7 +111439,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2col_80),
+                len: Some(&LEN_cuTensorMapEncodeIm2col_98),
                 record: None,
             },
             Wire::Val {
@@ -109832,8 +111470,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeIm2colWide: CallDesc = CallDesc {
-        wire: 733u32,
-        call: 646u32,
+        wire: 774u32,
+        call: 680u32,
         name: "cuTensorMapEncodeIm2colWide",
         form: None,
         library: "driver",
@@ -109858,13 +111496,13 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2colWide_81),
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_99),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2colWide_84),
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_102),
                 record: None,
             },
             Wire::Val {
@@ -109886,7 +111524,7 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeIm2colWide_85),
+                len: Some(&LEN_cuTensorMapEncodeIm2colWide_103),
                 record: None,
             },
             Wire::Val {
@@ -109921,8 +111559,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapEncodeTiled: CallDesc = CallDesc {
-        wire: 734u32,
-        call: 647u32,
+        wire: 775u32,
+        call: 681u32,
         name: "cuTensorMapEncodeTiled",
         form: None,
         library: "driver",
@@ -109947,25 +111585,25 @@ pub mod driver {
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeTiled_86),
+                len: Some(&LEN_cuTensorMapEncodeTiled_104),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 8u32,
-                len: Some(&LEN_cuTensorMapEncodeTiled_89),
+                len: Some(&LEN_cuTensorMapEncodeTiled_107),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeTiled_90),
+                len: Some(&LEN_cuTensorMapEncodeTiled_108),
                 record: None,
             },
             Wire::Buf {
                 dir: Dir::In,
                 elem: 4u32,
-                len: Some(&LEN_cuTensorMapEncodeTiled_91),
+                len: Some(&LEN_cuTensorMapEncodeTiled_109),
                 record: None,
             },
             Wire::Val {
@@ -109996,8 +111634,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTensorMapReplaceAddress: CallDesc = CallDesc {
-        wire: 735u32,
-        call: 648u32,
+        wire: 776u32,
+        call: 682u32,
         name: "cuTensorMapReplaceAddress",
         form: None,
         library: "driver",
@@ -110022,9 +111660,53 @@ pub mod driver {
         },
         only_waits: false,
     };
+    pub static cuTexObjectCreate: CallDesc = CallDesc {
+        wire: 777u32,
+        call: 683u32,
+        name: "cuTexObjectCreate",
+        form: None,
+        library: "driver",
+        versions: &["11.8", "12.1", "12.6", "12.8", "13.0", "13.1"],
+        class: Class::Sync,
+        params: &[
+            Wire::Buf {
+                dir: Dir::Out,
+                elem: 8u32,
+                len: None,
+                record: None,
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 144u32,
+                len: None,
+                record: Some("CUDA_RESOURCE_DESC_st"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 104u32,
+                len: None,
+                record: Some("CUDA_TEXTURE_DESC_st"),
+            },
+            Wire::Buf {
+                dir: Dir::In,
+                elem: 112u32,
+                len: None,
+                record: Some("CUDA_RESOURCE_VIEW_DESC_st"),
+            },
+        ],
+        ret: Ret::Status,
+        codes: Codes {
+            success: 0i64,
+            not_supported: 801i64,
+            unavailable: 100i64,
+            invalid_handle: 400i64,
+            invalid_value: 1i64,
+        },
+        only_waits: false,
+    };
     pub static cuTexObjectDestroy: CallDesc = CallDesc {
-        wire: 736u32,
-        call: 649u32,
+        wire: 778u32,
+        call: 684u32,
         name: "cuTexObjectDestroy",
         form: None,
         library: "driver",
@@ -110047,8 +111729,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceDesc: CallDesc = CallDesc {
-        wire: 737u32,
-        call: 650u32,
+        wire: 779u32,
+        call: 685u32,
         name: "cuTexObjectGetResourceDesc",
         form: None,
         library: "driver",
@@ -110077,8 +111759,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetResourceViewDesc: CallDesc = CallDesc {
-        wire: 738u32,
-        call: 651u32,
+        wire: 780u32,
+        call: 686u32,
         name: "cuTexObjectGetResourceViewDesc",
         form: None,
         library: "driver",
@@ -110107,8 +111789,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexObjectGetTextureDesc: CallDesc = CallDesc {
-        wire: 739u32,
-        call: 652u32,
+        wire: 781u32,
+        call: 687u32,
         name: "cuTexObjectGetTextureDesc",
         form: None,
         library: "driver",
@@ -110137,8 +111819,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefCreate: CallDesc = CallDesc {
-        wire: 740u32,
-        call: 653u32,
+        wire: 782u32,
+        call: 688u32,
         name: "cuTexRefCreate",
         form: None,
         library: "driver",
@@ -110161,8 +111843,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefDestroy: CallDesc = CallDesc {
-        wire: 741u32,
-        call: 654u32,
+        wire: 783u32,
+        call: 689u32,
         name: "cuTexRefDestroy",
         form: None,
         library: "driver",
@@ -110185,8 +111867,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress: CallDesc = CallDesc {
-        wire: 742u32,
-        call: 655u32,
+        wire: 784u32,
+        call: 690u32,
         name: "cuTexRefGetAddress",
         form: None,
         library: "driver",
@@ -110215,8 +111897,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddressMode: CallDesc = CallDesc {
-        wire: 743u32,
-        call: 656u32,
+        wire: 785u32,
+        call: 691u32,
         name: "cuTexRefGetAddressMode",
         form: None,
         library: "driver",
@@ -110249,8 +111931,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetAddress_v2: CallDesc = CallDesc {
-        wire: 744u32,
-        call: 657u32,
+        wire: 786u32,
+        call: 692u32,
         name: "cuTexRefGetAddress_v2",
         form: None,
         library: "driver",
@@ -110279,8 +111961,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetArray: CallDesc = CallDesc {
-        wire: 745u32,
-        call: 658u32,
+        wire: 787u32,
+        call: 693u32,
         name: "cuTexRefGetArray",
         form: None,
         library: "driver",
@@ -110307,8 +111989,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetBorderColor: CallDesc = CallDesc {
-        wire: 746u32,
-        call: 659u32,
+        wire: 788u32,
+        call: 694u32,
         name: "cuTexRefGetBorderColor",
         form: None,
         library: "driver",
@@ -110337,8 +112019,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFilterMode: CallDesc = CallDesc {
-        wire: 747u32,
-        call: 660u32,
+        wire: 789u32,
+        call: 695u32,
         name: "cuTexRefGetFilterMode",
         form: None,
         library: "driver",
@@ -110367,8 +112049,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFlags: CallDesc = CallDesc {
-        wire: 748u32,
-        call: 661u32,
+        wire: 790u32,
+        call: 696u32,
         name: "cuTexRefGetFlags",
         form: None,
         library: "driver",
@@ -110397,8 +112079,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetFormat: CallDesc = CallDesc {
-        wire: 749u32,
-        call: 662u32,
+        wire: 791u32,
+        call: 697u32,
         name: "cuTexRefGetFormat",
         form: None,
         library: "driver",
@@ -110433,8 +112115,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 750u32,
-        call: 663u32,
+        wire: 792u32,
+        call: 698u32,
         name: "cuTexRefGetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -110463,8 +112145,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 751u32,
-        call: 664u32,
+        wire: 793u32,
+        call: 699u32,
         name: "cuTexRefGetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -110493,8 +112175,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 752u32,
-        call: 665u32,
+        wire: 794u32,
+        call: 700u32,
         name: "cuTexRefGetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -110523,8 +112205,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 753u32,
-        call: 666u32,
+        wire: 795u32,
+        call: 701u32,
         name: "cuTexRefGetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -110559,8 +112241,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefGetMipmappedArray: CallDesc = CallDesc {
-        wire: 754u32,
-        call: 667u32,
+        wire: 796u32,
+        call: 702u32,
         name: "cuTexRefGetMipmappedArray",
         form: None,
         library: "driver",
@@ -110587,8 +112269,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress: CallDesc = CallDesc {
-        wire: 755u32,
-        call: 668u32,
+        wire: 797u32,
+        call: 703u32,
         name: "cuTexRefSetAddress",
         form: None,
         library: "driver",
@@ -110625,8 +112307,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D: CallDesc = CallDesc {
-        wire: 756u32,
-        call: 669u32,
+        wire: 798u32,
+        call: 704u32,
         name: "cuTexRefSetAddress2D",
         form: None,
         library: "driver",
@@ -110663,8 +112345,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v2: CallDesc = CallDesc {
-        wire: 757u32,
-        call: 670u32,
+        wire: 799u32,
+        call: 705u32,
         name: "cuTexRefSetAddress2D_v2",
         form: None,
         library: "driver",
@@ -110701,8 +112383,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress2D_v3: CallDesc = CallDesc {
-        wire: 758u32,
-        call: 671u32,
+        wire: 800u32,
+        call: 706u32,
         name: "cuTexRefSetAddress2D_v3",
         form: None,
         library: "driver",
@@ -110739,8 +112421,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddressMode: CallDesc = CallDesc {
-        wire: 759u32,
-        call: 672u32,
+        wire: 801u32,
+        call: 707u32,
         name: "cuTexRefSetAddressMode",
         form: None,
         library: "driver",
@@ -110771,8 +112453,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetAddress_v2: CallDesc = CallDesc {
-        wire: 760u32,
-        call: 673u32,
+        wire: 802u32,
+        call: 708u32,
         name: "cuTexRefSetAddress_v2",
         form: None,
         library: "driver",
@@ -110809,8 +112491,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetArray: CallDesc = CallDesc {
-        wire: 761u32,
-        call: 674u32,
+        wire: 803u32,
+        call: 709u32,
         name: "cuTexRefSetArray",
         form: None,
         library: "driver",
@@ -110841,8 +112523,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetBorderColor: CallDesc = CallDesc {
-        wire: 762u32,
-        call: 675u32,
+        wire: 804u32,
+        call: 710u32,
         name: "cuTexRefSetBorderColor",
         form: None,
         library: "driver",
@@ -110871,8 +112553,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFilterMode: CallDesc = CallDesc {
-        wire: 763u32,
-        call: 676u32,
+        wire: 805u32,
+        call: 711u32,
         name: "cuTexRefSetFilterMode",
         form: None,
         library: "driver",
@@ -110899,8 +112581,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFlags: CallDesc = CallDesc {
-        wire: 764u32,
-        call: 677u32,
+        wire: 806u32,
+        call: 712u32,
         name: "cuTexRefSetFlags",
         form: None,
         library: "driver",
@@ -110927,8 +112609,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetFormat: CallDesc = CallDesc {
-        wire: 765u32,
-        call: 678u32,
+        wire: 807u32,
+        call: 713u32,
         name: "cuTexRefSetFormat",
         form: None,
         library: "driver",
@@ -110959,8 +112641,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMaxAnisotropy: CallDesc = CallDesc {
-        wire: 766u32,
-        call: 679u32,
+        wire: 808u32,
+        call: 714u32,
         name: "cuTexRefSetMaxAnisotropy",
         form: None,
         library: "driver",
@@ -110987,8 +112669,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapFilterMode: CallDesc = CallDesc {
-        wire: 767u32,
-        call: 680u32,
+        wire: 809u32,
+        call: 715u32,
         name: "cuTexRefSetMipmapFilterMode",
         form: None,
         library: "driver",
@@ -111015,8 +112697,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelBias: CallDesc = CallDesc {
-        wire: 768u32,
-        call: 681u32,
+        wire: 810u32,
+        call: 716u32,
         name: "cuTexRefSetMipmapLevelBias",
         form: None,
         library: "driver",
@@ -111043,8 +112725,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmapLevelClamp: CallDesc = CallDesc {
-        wire: 769u32,
-        call: 682u32,
+        wire: 811u32,
+        call: 717u32,
         name: "cuTexRefSetMipmapLevelClamp",
         form: None,
         library: "driver",
@@ -111075,8 +112757,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuTexRefSetMipmappedArray: CallDesc = CallDesc {
-        wire: 770u32,
-        call: 683u32,
+        wire: 812u32,
+        call: 718u32,
         name: "cuTexRefSetMipmappedArray",
         form: None,
         library: "driver",
@@ -111107,8 +112789,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuThreadExchangeStreamCaptureMode: CallDesc = CallDesc {
-        wire: 771u32,
-        call: 684u32,
+        wire: 813u32,
+        call: 719u32,
         name: "cuThreadExchangeStreamCaptureMode",
         form: None,
         library: "driver",
@@ -111133,8 +112815,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRelease: CallDesc = CallDesc {
-        wire: 772u32,
-        call: 685u32,
+        wire: 814u32,
+        call: 720u32,
         name: "cuUserObjectRelease",
         form: None,
         library: "driver",
@@ -111161,8 +112843,8 @@ pub mod driver {
         only_waits: false,
     };
     pub static cuUserObjectRetain: CallDesc = CallDesc {
-        wire: 773u32,
-        call: 686u32,
+        wire: 815u32,
+        call: 721u32,
         name: "cuUserObjectRetain",
         form: None,
         library: "driver",
@@ -111192,8 +112874,8 @@ pub mod driver {
 pub mod nccl {
     use chidori_protocol::desc::*;
     pub static ncclCommAbort: CallDesc = CallDesc {
-        wire: 2631u32,
-        call: 2353u32,
+        wire: 2673u32,
+        call: 2388u32,
         name: "ncclCommAbort",
         form: None,
         library: "nccl",
@@ -111216,8 +112898,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommDestroy: CallDesc = CallDesc {
-        wire: 2632u32,
-        call: 2354u32,
+        wire: 2674u32,
+        call: 2389u32,
         name: "ncclCommDestroy",
         form: None,
         library: "nccl",
@@ -111240,8 +112922,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommFinalize: CallDesc = CallDesc {
-        wire: 2633u32,
-        call: 2355u32,
+        wire: 2675u32,
+        call: 2390u32,
         name: "ncclCommFinalize",
         form: None,
         library: "nccl",
@@ -111264,8 +112946,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommInitRank: CallDesc = CallDesc {
-        wire: 2634u32,
-        call: 2356u32,
+        wire: 2676u32,
+        call: 2391u32,
         name: "ncclCommInitRank",
         form: None,
         library: "nccl",
@@ -111297,8 +112979,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommRevoke: CallDesc = CallDesc {
-        wire: 2635u32,
-        call: 2357u32,
+        wire: 2677u32,
+        call: 2392u32,
         name: "ncclCommRevoke",
         form: None,
         library: "nccl",
@@ -111325,8 +113007,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2636u32,
-        call: 2358u32,
+        wire: 2678u32,
+        call: 2393u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -111353,8 +113035,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2637u32,
-        call: 2358u32,
+        wire: 2679u32,
+        call: 2393u32,
         name: "ncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -111381,8 +113063,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupEnd: CallDesc = CallDesc {
-        wire: 2638u32,
-        call: 2359u32,
+        wire: 2680u32,
+        call: 2394u32,
         name: "ncclGroupEnd",
         form: None,
         library: "nccl",
@@ -111400,8 +113082,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclGroupStart: CallDesc = CallDesc {
-        wire: 2639u32,
-        call: 2360u32,
+        wire: 2681u32,
+        call: 2395u32,
         name: "ncclGroupStart",
         form: None,
         library: "nccl",
@@ -111419,8 +113101,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2640u32,
-        call: 2361u32,
+        wire: 2682u32,
+        call: 2396u32,
         name: "ncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -111447,8 +113129,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static ncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2641u32,
-        call: 2362u32,
+        wire: 2683u32,
+        call: 2397u32,
         name: "ncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -111466,8 +113148,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommAbort: CallDesc = CallDesc {
-        wire: 2642u32,
-        call: 2363u32,
+        wire: 2684u32,
+        call: 2398u32,
         name: "pncclCommAbort",
         form: None,
         library: "nccl",
@@ -111490,8 +113172,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommDestroy: CallDesc = CallDesc {
-        wire: 2643u32,
-        call: 2364u32,
+        wire: 2685u32,
+        call: 2399u32,
         name: "pncclCommDestroy",
         form: None,
         library: "nccl",
@@ -111514,8 +113196,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommFinalize: CallDesc = CallDesc {
-        wire: 2644u32,
-        call: 2365u32,
+        wire: 2686u32,
+        call: 2400u32,
         name: "pncclCommFinalize",
         form: None,
         library: "nccl",
@@ -111538,8 +113220,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommInitRank: CallDesc = CallDesc {
-        wire: 2645u32,
-        call: 2366u32,
+        wire: 2687u32,
+        call: 2401u32,
         name: "pncclCommInitRank",
         form: None,
         library: "nccl",
@@ -111571,8 +113253,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommRevoke: CallDesc = CallDesc {
-        wire: 2646u32,
-        call: 2367u32,
+        wire: 2688u32,
+        call: 2402u32,
         name: "pncclCommRevoke",
         form: None,
         library: "nccl",
@@ -111599,8 +113281,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu128: CallDesc = CallDesc {
-        wire: 2647u32,
-        call: 2368u32,
+        wire: 2689u32,
+        call: 2403u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -111627,8 +113309,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclCommWindowDeregister__cu131: CallDesc = CallDesc {
-        wire: 2648u32,
-        call: 2368u32,
+        wire: 2690u32,
+        call: 2403u32,
         name: "pncclCommWindowDeregister",
         form: None,
         library: "nccl",
@@ -111655,8 +113337,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupEnd: CallDesc = CallDesc {
-        wire: 2649u32,
-        call: 2369u32,
+        wire: 2691u32,
+        call: 2404u32,
         name: "pncclGroupEnd",
         form: None,
         library: "nccl",
@@ -111674,8 +113356,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclGroupStart: CallDesc = CallDesc {
-        wire: 2650u32,
-        call: 2370u32,
+        wire: 2692u32,
+        call: 2405u32,
         name: "pncclGroupStart",
         form: None,
         library: "nccl",
@@ -111693,8 +113375,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclRedOpDestroy: CallDesc = CallDesc {
-        wire: 2651u32,
-        call: 2371u32,
+        wire: 2693u32,
+        call: 2406u32,
         name: "pncclRedOpDestroy",
         form: None,
         library: "nccl",
@@ -111721,8 +113403,8 @@ pub mod nccl {
         only_waits: false,
     };
     pub static pncclResetDebugInit: CallDesc = CallDesc {
-        wire: 2652u32,
-        call: 2372u32,
+        wire: 2694u32,
+        call: 2407u32,
         name: "pncclResetDebugInit",
         form: None,
         library: "nccl",
@@ -111743,8 +113425,8 @@ pub mod nccl {
 pub mod nvjitlink {
     use chidori_protocol::desc::*;
     pub static __nvJitLinkComplete_12_1: CallDesc = CallDesc {
-        wire: 2600u32,
-        call: 2322u32,
+        wire: 2642u32,
+        call: 2357u32,
         name: "__nvJitLinkComplete_12_1",
         form: None,
         library: "nvjitlink",
@@ -111767,8 +113449,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_6: CallDesc = CallDesc {
-        wire: 2601u32,
-        call: 2323u32,
+        wire: 2643u32,
+        call: 2358u32,
         name: "__nvJitLinkComplete_12_6",
         form: None,
         library: "nvjitlink",
@@ -111791,8 +113473,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_12_8: CallDesc = CallDesc {
-        wire: 2602u32,
-        call: 2324u32,
+        wire: 2644u32,
+        call: 2359u32,
         name: "__nvJitLinkComplete_12_8",
         form: None,
         library: "nvjitlink",
@@ -111815,8 +113497,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_0: CallDesc = CallDesc {
-        wire: 2603u32,
-        call: 2325u32,
+        wire: 2645u32,
+        call: 2360u32,
         name: "__nvJitLinkComplete_13_0",
         form: None,
         library: "nvjitlink",
@@ -111839,8 +113521,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkComplete_13_1: CallDesc = CallDesc {
-        wire: 2604u32,
-        call: 2326u32,
+        wire: 2646u32,
+        call: 2361u32,
         name: "__nvJitLinkComplete_13_1",
         form: None,
         library: "nvjitlink",
@@ -111863,8 +113545,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_1: CallDesc = CallDesc {
-        wire: 2605u32,
-        call: 2327u32,
+        wire: 2647u32,
+        call: 2362u32,
         name: "__nvJitLinkDestroy_12_1",
         form: None,
         library: "nvjitlink",
@@ -111887,8 +113569,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_6: CallDesc = CallDesc {
-        wire: 2606u32,
-        call: 2328u32,
+        wire: 2648u32,
+        call: 2363u32,
         name: "__nvJitLinkDestroy_12_6",
         form: None,
         library: "nvjitlink",
@@ -111911,8 +113593,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_12_8: CallDesc = CallDesc {
-        wire: 2607u32,
-        call: 2329u32,
+        wire: 2649u32,
+        call: 2364u32,
         name: "__nvJitLinkDestroy_12_8",
         form: None,
         library: "nvjitlink",
@@ -111935,8 +113617,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_0: CallDesc = CallDesc {
-        wire: 2608u32,
-        call: 2330u32,
+        wire: 2650u32,
+        call: 2365u32,
         name: "__nvJitLinkDestroy_13_0",
         form: None,
         library: "nvjitlink",
@@ -111959,8 +113641,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkDestroy_13_1: CallDesc = CallDesc {
-        wire: 2609u32,
-        call: 2331u32,
+        wire: 2651u32,
+        call: 2366u32,
         name: "__nvJitLinkDestroy_13_1",
         form: None,
         library: "nvjitlink",
@@ -111983,8 +113665,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_1: CallDesc = CallDesc {
-        wire: 2610u32,
-        call: 2332u32,
+        wire: 2652u32,
+        call: 2367u32,
         name: "__nvJitLinkGetErrorLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -112013,8 +113695,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_6: CallDesc = CallDesc {
-        wire: 2611u32,
-        call: 2333u32,
+        wire: 2653u32,
+        call: 2368u32,
         name: "__nvJitLinkGetErrorLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -112043,8 +113725,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_12_8: CallDesc = CallDesc {
-        wire: 2612u32,
-        call: 2334u32,
+        wire: 2654u32,
+        call: 2369u32,
         name: "__nvJitLinkGetErrorLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -112073,8 +113755,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_0: CallDesc = CallDesc {
-        wire: 2613u32,
-        call: 2335u32,
+        wire: 2655u32,
+        call: 2370u32,
         name: "__nvJitLinkGetErrorLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -112103,8 +113785,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetErrorLogSize_13_1: CallDesc = CallDesc {
-        wire: 2614u32,
-        call: 2336u32,
+        wire: 2656u32,
+        call: 2371u32,
         name: "__nvJitLinkGetErrorLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -112133,8 +113815,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_1: CallDesc = CallDesc {
-        wire: 2615u32,
-        call: 2337u32,
+        wire: 2657u32,
+        call: 2372u32,
         name: "__nvJitLinkGetInfoLogSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -112163,8 +113845,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_6: CallDesc = CallDesc {
-        wire: 2616u32,
-        call: 2338u32,
+        wire: 2658u32,
+        call: 2373u32,
         name: "__nvJitLinkGetInfoLogSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -112193,8 +113875,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_12_8: CallDesc = CallDesc {
-        wire: 2617u32,
-        call: 2339u32,
+        wire: 2659u32,
+        call: 2374u32,
         name: "__nvJitLinkGetInfoLogSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -112223,8 +113905,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_0: CallDesc = CallDesc {
-        wire: 2618u32,
-        call: 2340u32,
+        wire: 2660u32,
+        call: 2375u32,
         name: "__nvJitLinkGetInfoLogSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -112253,8 +113935,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetInfoLogSize_13_1: CallDesc = CallDesc {
-        wire: 2619u32,
-        call: 2341u32,
+        wire: 2661u32,
+        call: 2376u32,
         name: "__nvJitLinkGetInfoLogSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -112283,8 +113965,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_1: CallDesc = CallDesc {
-        wire: 2620u32,
-        call: 2342u32,
+        wire: 2662u32,
+        call: 2377u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -112313,8 +113995,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_6: CallDesc = CallDesc {
-        wire: 2621u32,
-        call: 2343u32,
+        wire: 2663u32,
+        call: 2378u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -112343,8 +114025,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_12_8: CallDesc = CallDesc {
-        wire: 2622u32,
-        call: 2344u32,
+        wire: 2664u32,
+        call: 2379u32,
         name: "__nvJitLinkGetLinkedCubinSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -112373,8 +114055,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_0: CallDesc = CallDesc {
-        wire: 2623u32,
-        call: 2345u32,
+        wire: 2665u32,
+        call: 2380u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -112403,8 +114085,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedCubinSize_13_1: CallDesc = CallDesc {
-        wire: 2624u32,
-        call: 2346u32,
+        wire: 2666u32,
+        call: 2381u32,
         name: "__nvJitLinkGetLinkedCubinSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -112433,8 +114115,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_1: CallDesc = CallDesc {
-        wire: 2625u32,
-        call: 2347u32,
+        wire: 2667u32,
+        call: 2382u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_1",
         form: None,
         library: "nvjitlink",
@@ -112463,8 +114145,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_6: CallDesc = CallDesc {
-        wire: 2626u32,
-        call: 2348u32,
+        wire: 2668u32,
+        call: 2383u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_6",
         form: None,
         library: "nvjitlink",
@@ -112493,8 +114175,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_12_8: CallDesc = CallDesc {
-        wire: 2627u32,
-        call: 2349u32,
+        wire: 2669u32,
+        call: 2384u32,
         name: "__nvJitLinkGetLinkedPtxSize_12_8",
         form: None,
         library: "nvjitlink",
@@ -112523,8 +114205,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_0: CallDesc = CallDesc {
-        wire: 2628u32,
-        call: 2350u32,
+        wire: 2670u32,
+        call: 2385u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_0",
         form: None,
         library: "nvjitlink",
@@ -112553,8 +114235,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static __nvJitLinkGetLinkedPtxSize_13_1: CallDesc = CallDesc {
-        wire: 2629u32,
-        call: 2351u32,
+        wire: 2671u32,
+        call: 2386u32,
         name: "__nvJitLinkGetLinkedPtxSize_13_1",
         form: None,
         library: "nvjitlink",
@@ -112583,8 +114265,8 @@ pub mod nvjitlink {
         only_waits: false,
     };
     pub static nvJitLinkVersion: CallDesc = CallDesc {
-        wire: 2630u32,
-        call: 2352u32,
+        wire: 2672u32,
+        call: 2387u32,
         name: "nvJitLinkVersion",
         form: None,
         library: "nvjitlink",
@@ -112618,8 +114300,8 @@ pub mod nvjitlink {
 pub mod nvml {
     use chidori_protocol::desc::*;
     pub static nvmlComputeInstanceDestroy: CallDesc = CallDesc {
-        wire: 1799u32,
-        call: 1521u32,
+        wire: 1841u32,
+        call: 1556u32,
         name: "nvmlComputeInstanceDestroy",
         form: None,
         library: "nvml",
@@ -112642,8 +114324,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuGetStreamState: CallDesc = CallDesc {
-        wire: 1800u32,
-        call: 1522u32,
+        wire: 1842u32,
+        call: 1557u32,
         name: "nvmlDeviceCcuGetStreamState",
         form: None,
         library: "nvml",
@@ -112672,8 +114354,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCcuSetStreamState: CallDesc = CallDesc {
-        wire: 1801u32,
-        call: 1523u32,
+        wire: 1843u32,
+        call: 1558u32,
         name: "nvmlDeviceCcuSetStreamState",
         form: None,
         library: "nvml",
@@ -112700,8 +114382,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1802u32,
-        call: 1524u32,
+        wire: 1844u32,
+        call: 1559u32,
         name: "nvmlDeviceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -112724,8 +114406,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearCpuAffinity: CallDesc = CallDesc {
-        wire: 1803u32,
-        call: 1525u32,
+        wire: 1845u32,
+        call: 1560u32,
         name: "nvmlDeviceClearCpuAffinity",
         form: None,
         library: "nvml",
@@ -112748,8 +114430,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceClearEccErrorCounts: CallDesc = CallDesc {
-        wire: 1804u32,
-        call: 1526u32,
+        wire: 1846u32,
+        call: 1561u32,
         name: "nvmlDeviceClearEccErrorCounts",
         form: None,
         library: "nvml",
@@ -112776,8 +114458,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstance: CallDesc = CallDesc {
-        wire: 1805u32,
-        call: 1527u32,
+        wire: 1847u32,
+        call: 1562u32,
         name: "nvmlDeviceCreateGpuInstance",
         form: None,
         library: "nvml",
@@ -112808,8 +114490,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceCreateGpuInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1806u32,
-        call: 1528u32,
+        wire: 1848u32,
+        call: 1563u32,
         name: "nvmlDeviceCreateGpuInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -112846,8 +114528,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceFreezeNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1807u32,
-        call: 1529u32,
+        wire: 1849u32,
+        call: 1564u32,
         name: "nvmlDeviceFreezeNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -112882,8 +114564,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAPIRestriction: CallDesc = CallDesc {
-        wire: 1808u32,
-        call: 1530u32,
+        wire: 1850u32,
+        call: 1565u32,
         name: "nvmlDeviceGetAPIRestriction",
         form: None,
         library: "nvml",
@@ -112916,8 +114598,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingBufferSize: CallDesc = CallDesc {
-        wire: 1809u32,
-        call: 1531u32,
+        wire: 1851u32,
+        call: 1566u32,
         name: "nvmlDeviceGetAccountingBufferSize",
         form: None,
         library: "nvml",
@@ -112946,8 +114628,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1810u32,
-        call: 1532u32,
+        wire: 1852u32,
+        call: 1567u32,
         name: "nvmlDeviceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -112976,8 +114658,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAdaptiveClockInfoStatus: CallDesc = CallDesc {
-        wire: 1811u32,
-        call: 1533u32,
+        wire: 1853u32,
+        call: 1568u32,
         name: "nvmlDeviceGetAdaptiveClockInfoStatus",
         form: None,
         library: "nvml",
@@ -113006,8 +114688,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetApplicationsClock: CallDesc = CallDesc {
-        wire: 1812u32,
-        call: 1534u32,
+        wire: 1854u32,
+        call: 1569u32,
         name: "nvmlDeviceGetApplicationsClock",
         form: None,
         library: "nvml",
@@ -113040,8 +114722,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetArchitecture: CallDesc = CallDesc {
-        wire: 1813u32,
-        call: 1535u32,
+        wire: 1855u32,
+        call: 1570u32,
         name: "nvmlDeviceGetArchitecture",
         form: None,
         library: "nvml",
@@ -113070,8 +114752,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1814u32,
-        call: 1536u32,
+        wire: 1856u32,
+        call: 1571u32,
         name: "nvmlDeviceGetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -113106,8 +114788,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBoardId: CallDesc = CallDesc {
-        wire: 1815u32,
-        call: 1537u32,
+        wire: 1857u32,
+        call: 1572u32,
         name: "nvmlDeviceGetBoardId",
         form: None,
         library: "nvml",
@@ -113136,8 +114818,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBrand: CallDesc = CallDesc {
-        wire: 1816u32,
-        call: 1538u32,
+        wire: 1858u32,
+        call: 1573u32,
         name: "nvmlDeviceGetBrand",
         form: None,
         library: "nvml",
@@ -113166,8 +114848,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetBusType: CallDesc = CallDesc {
-        wire: 1817u32,
-        call: 1539u32,
+        wire: 1859u32,
+        call: 1574u32,
         name: "nvmlDeviceGetBusType",
         form: None,
         library: "nvml",
@@ -113196,8 +114878,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClock: CallDesc = CallDesc {
-        wire: 1818u32,
-        call: 1540u32,
+        wire: 1860u32,
+        call: 1575u32,
         name: "nvmlDeviceGetClock",
         form: None,
         library: "nvml",
@@ -113234,8 +114916,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetClockInfo: CallDesc = CallDesc {
-        wire: 1819u32,
-        call: 1541u32,
+        wire: 1861u32,
+        call: 1576u32,
         name: "nvmlDeviceGetClockInfo",
         form: None,
         library: "nvml",
@@ -113268,8 +114950,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeInstanceId: CallDesc = CallDesc {
-        wire: 1820u32,
-        call: 1542u32,
+        wire: 1862u32,
+        call: 1577u32,
         name: "nvmlDeviceGetComputeInstanceId",
         form: None,
         library: "nvml",
@@ -113298,8 +114980,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetComputeMode: CallDesc = CallDesc {
-        wire: 1821u32,
-        call: 1543u32,
+        wire: 1863u32,
+        call: 1578u32,
         name: "nvmlDeviceGetComputeMode",
         form: None,
         library: "nvml",
@@ -113328,8 +115010,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCudaComputeCapability: CallDesc = CallDesc {
-        wire: 1822u32,
-        call: 1544u32,
+        wire: 1864u32,
+        call: 1579u32,
         name: "nvmlDeviceGetCudaComputeCapability",
         form: None,
         library: "nvml",
@@ -113364,8 +115046,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1823u32,
-        call: 1545u32,
+        wire: 1865u32,
+        call: 1580u32,
         name: "nvmlDeviceGetCurrPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -113394,8 +115076,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1824u32,
-        call: 1546u32,
+        wire: 1866u32,
+        call: 1581u32,
         name: "nvmlDeviceGetCurrPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -113424,8 +115106,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksEventReasons: CallDesc = CallDesc {
-        wire: 1825u32,
-        call: 1547u32,
+        wire: 1867u32,
+        call: 1582u32,
         name: "nvmlDeviceGetCurrentClocksEventReasons",
         form: None,
         library: "nvml",
@@ -113454,8 +115136,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetCurrentClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1826u32,
-        call: 1548u32,
+        wire: 1868u32,
+        call: 1583u32,
         name: "nvmlDeviceGetCurrentClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -113484,8 +115166,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDecoderUtilization: CallDesc = CallDesc {
-        wire: 1827u32,
-        call: 1549u32,
+        wire: 1869u32,
+        call: 1584u32,
         name: "nvmlDeviceGetDecoderUtilization",
         form: None,
         library: "nvml",
@@ -113520,8 +115202,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultApplicationsClock: CallDesc = CallDesc {
-        wire: 1828u32,
-        call: 1550u32,
+        wire: 1870u32,
+        call: 1585u32,
         name: "nvmlDeviceGetDefaultApplicationsClock",
         form: None,
         library: "nvml",
@@ -113554,8 +115236,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDefaultEccMode: CallDesc = CallDesc {
-        wire: 1829u32,
-        call: 1551u32,
+        wire: 1871u32,
+        call: 1586u32,
         name: "nvmlDeviceGetDefaultEccMode",
         form: None,
         library: "nvml",
@@ -113584,8 +115266,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDeviceHandleFromMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1830u32,
-        call: 1552u32,
+        wire: 1872u32,
+        call: 1587u32,
         name: "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -113612,8 +115294,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayActive: CallDesc = CallDesc {
-        wire: 1831u32,
-        call: 1553u32,
+        wire: 1873u32,
+        call: 1588u32,
         name: "nvmlDeviceGetDisplayActive",
         form: None,
         library: "nvml",
@@ -113642,8 +115324,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDisplayMode: CallDesc = CallDesc {
-        wire: 1832u32,
-        call: 1554u32,
+        wire: 1874u32,
+        call: 1589u32,
         name: "nvmlDeviceGetDisplayMode",
         form: None,
         library: "nvml",
@@ -113672,8 +115354,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel: CallDesc = CallDesc {
-        wire: 1833u32,
-        call: 1555u32,
+        wire: 1875u32,
+        call: 1590u32,
         name: "nvmlDeviceGetDriverModel",
         form: None,
         library: "nvml",
@@ -113708,8 +115390,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetDriverModel_v2: CallDesc = CallDesc {
-        wire: 1834u32,
-        call: 1556u32,
+        wire: 1876u32,
+        call: 1591u32,
         name: "nvmlDeviceGetDriverModel_v2",
         form: None,
         library: "nvml",
@@ -113744,8 +115426,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEccMode: CallDesc = CallDesc {
-        wire: 1835u32,
-        call: 1557u32,
+        wire: 1877u32,
+        call: 1592u32,
         name: "nvmlDeviceGetEccMode",
         form: None,
         library: "nvml",
@@ -113780,8 +115462,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1836u32,
-        call: 1558u32,
+        wire: 1878u32,
+        call: 1593u32,
         name: "nvmlDeviceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -113814,8 +115496,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEncoderUtilization: CallDesc = CallDesc {
-        wire: 1837u32,
-        call: 1559u32,
+        wire: 1879u32,
+        call: 1594u32,
         name: "nvmlDeviceGetEncoderUtilization",
         form: None,
         library: "nvml",
@@ -113850,8 +115532,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetEnforcedPowerLimit: CallDesc = CallDesc {
-        wire: 1838u32,
-        call: 1560u32,
+        wire: 1880u32,
+        call: 1595u32,
         name: "nvmlDeviceGetEnforcedPowerLimit",
         form: None,
         library: "nvml",
@@ -113880,8 +115562,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanControlPolicy_v2: CallDesc = CallDesc {
-        wire: 1839u32,
-        call: 1561u32,
+        wire: 1881u32,
+        call: 1596u32,
         name: "nvmlDeviceGetFanControlPolicy_v2",
         form: None,
         library: "nvml",
@@ -113914,8 +115596,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed: CallDesc = CallDesc {
-        wire: 1840u32,
-        call: 1562u32,
+        wire: 1882u32,
+        call: 1597u32,
         name: "nvmlDeviceGetFanSpeed",
         form: None,
         library: "nvml",
@@ -113944,8 +115626,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1841u32,
-        call: 1563u32,
+        wire: 1883u32,
+        call: 1598u32,
         name: "nvmlDeviceGetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -113978,8 +115660,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1842u32,
-        call: 1564u32,
+        wire: 1884u32,
+        call: 1599u32,
         name: "nvmlDeviceGetGpcClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -114014,8 +115696,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1843u32,
-        call: 1565u32,
+        wire: 1885u32,
+        call: 1600u32,
         name: "nvmlDeviceGetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -114044,8 +115726,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceById: CallDesc = CallDesc {
-        wire: 1844u32,
-        call: 1566u32,
+        wire: 1886u32,
+        call: 1601u32,
         name: "nvmlDeviceGetGpuInstanceById",
         form: None,
         library: "nvml",
@@ -114076,8 +115758,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1845u32,
-        call: 1567u32,
+        wire: 1887u32,
+        call: 1602u32,
         name: "nvmlDeviceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -114106,8 +115788,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1846u32,
-        call: 1568u32,
+        wire: 1888u32,
+        call: 1603u32,
         name: "nvmlDeviceGetGpuInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -114140,8 +115822,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuInstances: CallDesc = CallDesc {
-        wire: 1847u32,
-        call: 1569u32,
+        wire: 1889u32,
+        call: 1604u32,
         name: "nvmlDeviceGetGpuInstances",
         form: None,
         library: "nvml",
@@ -114178,8 +115860,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1848u32,
-        call: 1570u32,
+        wire: 1890u32,
+        call: 1605u32,
         name: "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -114208,8 +115890,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1849u32,
-        call: 1571u32,
+        wire: 1891u32,
+        call: 1606u32,
         name: "nvmlDeviceGetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -114244,8 +115926,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetGspFirmwareMode: CallDesc = CallDesc {
-        wire: 1850u32,
-        call: 1572u32,
+        wire: 1892u32,
+        call: 1607u32,
         name: "nvmlDeviceGetGspFirmwareMode",
         form: None,
         library: "nvml",
@@ -114280,8 +115962,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1851u32,
-        call: 1573u32,
+        wire: 1893u32,
+        call: 1608u32,
         name: "nvmlDeviceGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -114308,8 +115990,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByIndex_v2: CallDesc = CallDesc {
-        wire: 1852u32,
-        call: 1574u32,
+        wire: 1894u32,
+        call: 1609u32,
         name: "nvmlDeviceGetHandleByIndex_v2",
         form: None,
         library: "nvml",
@@ -114336,8 +116018,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId: CallDesc = CallDesc {
-        wire: 1853u32,
-        call: 1575u32,
+        wire: 1895u32,
+        call: 1610u32,
         name: "nvmlDeviceGetHandleByPciBusId",
         form: None,
         library: "nvml",
@@ -114361,8 +116043,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByPciBusId_v2: CallDesc = CallDesc {
-        wire: 1854u32,
-        call: 1576u32,
+        wire: 1896u32,
+        call: 1611u32,
         name: "nvmlDeviceGetHandleByPciBusId_v2",
         form: None,
         library: "nvml",
@@ -114386,8 +116068,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleBySerial: CallDesc = CallDesc {
-        wire: 1855u32,
-        call: 1577u32,
+        wire: 1897u32,
+        call: 1612u32,
         name: "nvmlDeviceGetHandleBySerial",
         form: None,
         library: "nvml",
@@ -114411,8 +116093,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUID: CallDesc = CallDesc {
-        wire: 1856u32,
-        call: 1578u32,
+        wire: 1898u32,
+        call: 1613u32,
         name: "nvmlDeviceGetHandleByUUID",
         form: None,
         library: "nvml",
@@ -114436,8 +116118,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHandleByUUIDV: CallDesc = CallDesc {
-        wire: 1857u32,
-        call: 1579u32,
+        wire: 1899u32,
+        call: 1614u32,
         name: "nvmlDeviceGetHandleByUUIDV",
         form: None,
         library: "nvml",
@@ -114466,8 +116148,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetHostVgpuMode: CallDesc = CallDesc {
-        wire: 1858u32,
-        call: 1580u32,
+        wire: 1900u32,
+        call: 1615u32,
         name: "nvmlDeviceGetHostVgpuMode",
         form: None,
         library: "nvml",
@@ -114496,8 +116178,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIndex: CallDesc = CallDesc {
-        wire: 1859u32,
-        call: 1581u32,
+        wire: 1901u32,
+        call: 1616u32,
         name: "nvmlDeviceGetIndex",
         form: None,
         library: "nvml",
@@ -114526,8 +116208,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetInforomConfigurationChecksum: CallDesc = CallDesc {
-        wire: 1860u32,
-        call: 1582u32,
+        wire: 1902u32,
+        call: 1617u32,
         name: "nvmlDeviceGetInforomConfigurationChecksum",
         form: None,
         library: "nvml",
@@ -114556,8 +116238,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetIrqNum: CallDesc = CallDesc {
-        wire: 1861u32,
-        call: 1583u32,
+        wire: 1903u32,
+        call: 1618u32,
         name: "nvmlDeviceGetIrqNum",
         form: None,
         library: "nvml",
@@ -114586,8 +116268,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetJpgUtilization: CallDesc = CallDesc {
-        wire: 1862u32,
-        call: 1584u32,
+        wire: 1904u32,
+        call: 1619u32,
         name: "nvmlDeviceGetJpgUtilization",
         form: None,
         library: "nvml",
@@ -114622,8 +116304,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetLastBBXFlushTime: CallDesc = CallDesc {
-        wire: 1863u32,
-        call: 1585u32,
+        wire: 1905u32,
+        call: 1620u32,
         name: "nvmlDeviceGetLastBBXFlushTime",
         form: None,
         library: "nvml",
@@ -114658,8 +116340,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxClockInfo: CallDesc = CallDesc {
-        wire: 1864u32,
-        call: 1586u32,
+        wire: 1906u32,
+        call: 1621u32,
         name: "nvmlDeviceGetMaxClockInfo",
         form: None,
         library: "nvml",
@@ -114692,8 +116374,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxCustomerBoostClock: CallDesc = CallDesc {
-        wire: 1865u32,
-        call: 1587u32,
+        wire: 1907u32,
+        call: 1622u32,
         name: "nvmlDeviceGetMaxCustomerBoostClock",
         form: None,
         library: "nvml",
@@ -114726,8 +116408,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxMigDeviceCount: CallDesc = CallDesc {
-        wire: 1866u32,
-        call: 1588u32,
+        wire: 1908u32,
+        call: 1623u32,
         name: "nvmlDeviceGetMaxMigDeviceCount",
         form: None,
         library: "nvml",
@@ -114756,8 +116438,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkGeneration: CallDesc = CallDesc {
-        wire: 1867u32,
-        call: 1589u32,
+        wire: 1909u32,
+        call: 1624u32,
         name: "nvmlDeviceGetMaxPcieLinkGeneration",
         form: None,
         library: "nvml",
@@ -114786,8 +116468,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMaxPcieLinkWidth: CallDesc = CallDesc {
-        wire: 1868u32,
-        call: 1590u32,
+        wire: 1910u32,
+        call: 1625u32,
         name: "nvmlDeviceGetMaxPcieLinkWidth",
         form: None,
         library: "nvml",
@@ -114816,8 +116498,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkMinMaxVfOffset: CallDesc = CallDesc {
-        wire: 1869u32,
-        call: 1591u32,
+        wire: 1911u32,
+        call: 1626u32,
         name: "nvmlDeviceGetMemClkMinMaxVfOffset",
         form: None,
         library: "nvml",
@@ -114852,8 +116534,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1870u32,
-        call: 1592u32,
+        wire: 1912u32,
+        call: 1627u32,
         name: "nvmlDeviceGetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -114882,8 +116564,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMemoryBusWidth: CallDesc = CallDesc {
-        wire: 1871u32,
-        call: 1593u32,
+        wire: 1913u32,
+        call: 1628u32,
         name: "nvmlDeviceGetMemoryBusWidth",
         form: None,
         library: "nvml",
@@ -114912,8 +116594,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigDeviceHandleByIndex: CallDesc = CallDesc {
-        wire: 1872u32,
-        call: 1594u32,
+        wire: 1914u32,
+        call: 1629u32,
         name: "nvmlDeviceGetMigDeviceHandleByIndex",
         form: None,
         library: "nvml",
@@ -114944,8 +116626,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMigMode: CallDesc = CallDesc {
-        wire: 1873u32,
-        call: 1595u32,
+        wire: 1915u32,
+        call: 1630u32,
         name: "nvmlDeviceGetMigMode",
         form: None,
         library: "nvml",
@@ -114980,8 +116662,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxClockOfPState: CallDesc = CallDesc {
-        wire: 1874u32,
-        call: 1596u32,
+        wire: 1916u32,
+        call: 1631u32,
         name: "nvmlDeviceGetMinMaxClockOfPState",
         form: None,
         library: "nvml",
@@ -115024,8 +116706,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinMaxFanSpeed: CallDesc = CallDesc {
-        wire: 1875u32,
-        call: 1597u32,
+        wire: 1917u32,
+        call: 1632u32,
         name: "nvmlDeviceGetMinMaxFanSpeed",
         form: None,
         library: "nvml",
@@ -115060,8 +116742,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMinorNumber: CallDesc = CallDesc {
-        wire: 1876u32,
-        call: 1598u32,
+        wire: 1918u32,
+        call: 1633u32,
         name: "nvmlDeviceGetMinorNumber",
         form: None,
         library: "nvml",
@@ -115090,8 +116772,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetModuleId: CallDesc = CallDesc {
-        wire: 1877u32,
-        call: 1599u32,
+        wire: 1919u32,
+        call: 1634u32,
         name: "nvmlDeviceGetModuleId",
         form: None,
         library: "nvml",
@@ -115120,8 +116802,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetMultiGpuBoard: CallDesc = CallDesc {
-        wire: 1878u32,
-        call: 1600u32,
+        wire: 1920u32,
+        call: 1635u32,
         name: "nvmlDeviceGetMultiGpuBoard",
         form: None,
         library: "nvml",
@@ -115150,8 +116832,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumFans: CallDesc = CallDesc {
-        wire: 1879u32,
-        call: 1601u32,
+        wire: 1921u32,
+        call: 1636u32,
         name: "nvmlDeviceGetNumFans",
         form: None,
         library: "nvml",
@@ -115180,8 +116862,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumGpuCores: CallDesc = CallDesc {
-        wire: 1880u32,
-        call: 1602u32,
+        wire: 1922u32,
+        call: 1637u32,
         name: "nvmlDeviceGetNumGpuCores",
         form: None,
         library: "nvml",
@@ -115210,8 +116892,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNumaNodeId: CallDesc = CallDesc {
-        wire: 1881u32,
-        call: 1603u32,
+        wire: 1923u32,
+        call: 1638u32,
         name: "nvmlDeviceGetNumaNodeId",
         form: None,
         library: "nvml",
@@ -115240,8 +116922,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkCapability: CallDesc = CallDesc {
-        wire: 1882u32,
-        call: 1604u32,
+        wire: 1924u32,
+        call: 1639u32,
         name: "nvmlDeviceGetNvLinkCapability",
         form: None,
         library: "nvml",
@@ -115278,8 +116960,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkRemoteDeviceType: CallDesc = CallDesc {
-        wire: 1883u32,
-        call: 1605u32,
+        wire: 1925u32,
+        call: 1640u32,
         name: "nvmlDeviceGetNvLinkRemoteDeviceType",
         form: None,
         library: "nvml",
@@ -115312,8 +116994,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkState: CallDesc = CallDesc {
-        wire: 1884u32,
-        call: 1606u32,
+        wire: 1926u32,
+        call: 1641u32,
         name: "nvmlDeviceGetNvLinkState",
         form: None,
         library: "nvml",
@@ -115346,8 +117028,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetNvLinkVersion: CallDesc = CallDesc {
-        wire: 1885u32,
-        call: 1607u32,
+        wire: 1927u32,
+        call: 1642u32,
         name: "nvmlDeviceGetNvLinkVersion",
         form: None,
         library: "nvml",
@@ -115380,8 +117062,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetOfaUtilization: CallDesc = CallDesc {
-        wire: 1886u32,
-        call: 1608u32,
+        wire: 1928u32,
+        call: 1643u32,
         name: "nvmlDeviceGetOfaUtilization",
         form: None,
         library: "nvml",
@@ -115416,8 +117098,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetP2PStatus: CallDesc = CallDesc {
-        wire: 1887u32,
-        call: 1609u32,
+        wire: 1929u32,
+        call: 1644u32,
         name: "nvmlDeviceGetP2PStatus",
         form: None,
         library: "nvml",
@@ -115454,8 +117136,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieLinkMaxSpeed: CallDesc = CallDesc {
-        wire: 1888u32,
-        call: 1610u32,
+        wire: 1930u32,
+        call: 1645u32,
         name: "nvmlDeviceGetPcieLinkMaxSpeed",
         form: None,
         library: "nvml",
@@ -115484,8 +117166,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieReplayCounter: CallDesc = CallDesc {
-        wire: 1889u32,
-        call: 1611u32,
+        wire: 1931u32,
+        call: 1646u32,
         name: "nvmlDeviceGetPcieReplayCounter",
         form: None,
         library: "nvml",
@@ -115514,8 +117196,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPcieSpeed: CallDesc = CallDesc {
-        wire: 1890u32,
-        call: 1612u32,
+        wire: 1932u32,
+        call: 1647u32,
         name: "nvmlDeviceGetPcieSpeed",
         form: None,
         library: "nvml",
@@ -115544,8 +117226,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPerformanceState: CallDesc = CallDesc {
-        wire: 1891u32,
-        call: 1613u32,
+        wire: 1933u32,
+        call: 1648u32,
         name: "nvmlDeviceGetPerformanceState",
         form: None,
         library: "nvml",
@@ -115574,8 +117256,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPersistenceMode: CallDesc = CallDesc {
-        wire: 1892u32,
-        call: 1614u32,
+        wire: 1934u32,
+        call: 1649u32,
         name: "nvmlDeviceGetPersistenceMode",
         form: None,
         library: "nvml",
@@ -115604,8 +117286,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementDefaultLimit: CallDesc = CallDesc {
-        wire: 1893u32,
-        call: 1615u32,
+        wire: 1935u32,
+        call: 1650u32,
         name: "nvmlDeviceGetPowerManagementDefaultLimit",
         form: None,
         library: "nvml",
@@ -115634,8 +117316,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1894u32,
-        call: 1616u32,
+        wire: 1936u32,
+        call: 1651u32,
         name: "nvmlDeviceGetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -115664,8 +117346,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementLimitConstraints: CallDesc = CallDesc {
-        wire: 1895u32,
-        call: 1617u32,
+        wire: 1937u32,
+        call: 1652u32,
         name: "nvmlDeviceGetPowerManagementLimitConstraints",
         form: None,
         library: "nvml",
@@ -115700,8 +117382,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerManagementMode: CallDesc = CallDesc {
-        wire: 1896u32,
-        call: 1618u32,
+        wire: 1938u32,
+        call: 1653u32,
         name: "nvmlDeviceGetPowerManagementMode",
         form: None,
         library: "nvml",
@@ -115730,8 +117412,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerMode: CallDesc = CallDesc {
-        wire: 1897u32,
-        call: 1619u32,
+        wire: 1939u32,
+        call: 1654u32,
         name: "nvmlDeviceGetPowerMode",
         form: None,
         library: "nvml",
@@ -115760,8 +117442,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerSource: CallDesc = CallDesc {
-        wire: 1898u32,
-        call: 1620u32,
+        wire: 1940u32,
+        call: 1655u32,
         name: "nvmlDeviceGetPowerSource",
         form: None,
         library: "nvml",
@@ -115790,8 +117472,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerState: CallDesc = CallDesc {
-        wire: 1899u32,
-        call: 1621u32,
+        wire: 1941u32,
+        call: 1656u32,
         name: "nvmlDeviceGetPowerState",
         form: None,
         library: "nvml",
@@ -115820,8 +117502,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetPowerUsage: CallDesc = CallDesc {
-        wire: 1900u32,
-        call: 1622u32,
+        wire: 1942u32,
+        call: 1657u32,
         name: "nvmlDeviceGetPowerUsage",
         form: None,
         library: "nvml",
@@ -115850,8 +117532,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRemappedRows: CallDesc = CallDesc {
-        wire: 1901u32,
-        call: 1623u32,
+        wire: 1943u32,
+        call: 1658u32,
         name: "nvmlDeviceGetRemappedRows",
         form: None,
         library: "nvml",
@@ -115898,8 +117580,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetRetiredPagesPendingStatus: CallDesc = CallDesc {
-        wire: 1902u32,
-        call: 1624u32,
+        wire: 1944u32,
+        call: 1659u32,
         name: "nvmlDeviceGetRetiredPagesPendingStatus",
         form: None,
         library: "nvml",
@@ -115928,8 +117610,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksEventReasons: CallDesc = CallDesc {
-        wire: 1903u32,
-        call: 1625u32,
+        wire: 1945u32,
+        call: 1660u32,
         name: "nvmlDeviceGetSupportedClocksEventReasons",
         form: None,
         library: "nvml",
@@ -115958,8 +117640,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedClocksThrottleReasons: CallDesc = CallDesc {
-        wire: 1904u32,
-        call: 1626u32,
+        wire: 1946u32,
+        call: 1661u32,
         name: "nvmlDeviceGetSupportedClocksThrottleReasons",
         form: None,
         library: "nvml",
@@ -115988,8 +117670,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedEventTypes: CallDesc = CallDesc {
-        wire: 1905u32,
-        call: 1627u32,
+        wire: 1947u32,
+        call: 1662u32,
         name: "nvmlDeviceGetSupportedEventTypes",
         form: None,
         library: "nvml",
@@ -116018,8 +117700,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetSupportedPowerModes: CallDesc = CallDesc {
-        wire: 1906u32,
-        call: 1628u32,
+        wire: 1948u32,
+        call: 1663u32,
         name: "nvmlDeviceGetSupportedPowerModes",
         form: None,
         library: "nvml",
@@ -116048,8 +117730,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTargetFanSpeed: CallDesc = CallDesc {
-        wire: 1907u32,
-        call: 1629u32,
+        wire: 1949u32,
+        call: 1664u32,
         name: "nvmlDeviceGetTargetFanSpeed",
         form: None,
         library: "nvml",
@@ -116082,8 +117764,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperature: CallDesc = CallDesc {
-        wire: 1908u32,
-        call: 1630u32,
+        wire: 1950u32,
+        call: 1665u32,
         name: "nvmlDeviceGetTemperature",
         form: None,
         library: "nvml",
@@ -116116,8 +117798,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1909u32,
-        call: 1631u32,
+        wire: 1951u32,
+        call: 1666u32,
         name: "nvmlDeviceGetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -116150,8 +117832,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyCommonAncestor: CallDesc = CallDesc {
-        wire: 1910u32,
-        call: 1632u32,
+        wire: 1952u32,
+        call: 1667u32,
         name: "nvmlDeviceGetTopologyCommonAncestor",
         form: None,
         library: "nvml",
@@ -116184,8 +117866,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTopologyNearestGpus: CallDesc = CallDesc {
-        wire: 1911u32,
-        call: 1633u32,
+        wire: 1953u32,
+        call: 1668u32,
         name: "nvmlDeviceGetTopologyNearestGpus",
         form: None,
         library: "nvml",
@@ -116222,8 +117904,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetTotalEnergyConsumption: CallDesc = CallDesc {
-        wire: 1912u32,
-        call: 1634u32,
+        wire: 1954u32,
+        call: 1669u32,
         name: "nvmlDeviceGetTotalEnergyConsumption",
         form: None,
         library: "nvml",
@@ -116252,8 +117934,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1913u32,
-        call: 1635u32,
+        wire: 1955u32,
+        call: 1670u32,
         name: "nvmlDeviceGetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -116286,8 +117968,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceGetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1914u32,
-        call: 1636u32,
+        wire: 1956u32,
+        call: 1671u32,
         name: "nvmlDeviceGetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -116316,8 +117998,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceIsMigDeviceHandle: CallDesc = CallDesc {
-        wire: 1915u32,
-        call: 1637u32,
+        wire: 1957u32,
+        call: 1672u32,
         name: "nvmlDeviceIsMigDeviceHandle",
         form: None,
         library: "nvml",
@@ -116346,8 +118028,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceOnSameBoard: CallDesc = CallDesc {
-        wire: 1916u32,
-        call: 1638u32,
+        wire: 1958u32,
+        call: 1673u32,
         name: "nvmlDeviceOnSameBoard",
         form: None,
         library: "nvml",
@@ -116380,8 +118062,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceRegisterEvents: CallDesc = CallDesc {
-        wire: 1917u32,
-        call: 1639u32,
+        wire: 1959u32,
+        call: 1674u32,
         name: "nvmlDeviceRegisterEvents",
         form: None,
         library: "nvml",
@@ -116412,8 +118094,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1918u32,
-        call: 1640u32,
+        wire: 1960u32,
+        call: 1675u32,
         name: "nvmlDeviceResetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -116436,8 +118118,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1919u32,
-        call: 1641u32,
+        wire: 1961u32,
+        call: 1676u32,
         name: "nvmlDeviceResetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -116460,8 +118142,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1920u32,
-        call: 1642u32,
+        wire: 1962u32,
+        call: 1677u32,
         name: "nvmlDeviceResetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -116484,8 +118166,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkErrorCounters: CallDesc = CallDesc {
-        wire: 1921u32,
-        call: 1643u32,
+        wire: 1963u32,
+        call: 1678u32,
         name: "nvmlDeviceResetNvLinkErrorCounters",
         form: None,
         library: "nvml",
@@ -116512,8 +118194,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceResetNvLinkUtilizationCounter: CallDesc = CallDesc {
-        wire: 1922u32,
-        call: 1644u32,
+        wire: 1964u32,
+        call: 1679u32,
         name: "nvmlDeviceResetNvLinkUtilizationCounter",
         form: None,
         library: "nvml",
@@ -116544,8 +118226,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAPIRestriction: CallDesc = CallDesc {
-        wire: 1923u32,
-        call: 1645u32,
+        wire: 1965u32,
+        call: 1680u32,
         name: "nvmlDeviceSetAPIRestriction",
         form: None,
         library: "nvml",
@@ -116576,8 +118258,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAccountingMode: CallDesc = CallDesc {
-        wire: 1924u32,
-        call: 1646u32,
+        wire: 1966u32,
+        call: 1681u32,
         name: "nvmlDeviceSetAccountingMode",
         form: None,
         library: "nvml",
@@ -116604,8 +118286,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetApplicationsClocks: CallDesc = CallDesc {
-        wire: 1925u32,
-        call: 1647u32,
+        wire: 1967u32,
+        call: 1682u32,
         name: "nvmlDeviceSetApplicationsClocks",
         form: None,
         library: "nvml",
@@ -116636,8 +118318,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1926u32,
-        call: 1648u32,
+        wire: 1968u32,
+        call: 1683u32,
         name: "nvmlDeviceSetAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -116664,8 +118346,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetComputeMode: CallDesc = CallDesc {
-        wire: 1927u32,
-        call: 1649u32,
+        wire: 1969u32,
+        call: 1684u32,
         name: "nvmlDeviceSetComputeMode",
         form: None,
         library: "nvml",
@@ -116692,8 +118374,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetConfComputeUnprotectedMemSize: CallDesc = CallDesc {
-        wire: 1928u32,
-        call: 1650u32,
+        wire: 1970u32,
+        call: 1685u32,
         name: "nvmlDeviceSetConfComputeUnprotectedMemSize",
         form: None,
         library: "nvml",
@@ -116720,8 +118402,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetCpuAffinity: CallDesc = CallDesc {
-        wire: 1929u32,
-        call: 1651u32,
+        wire: 1971u32,
+        call: 1686u32,
         name: "nvmlDeviceSetCpuAffinity",
         form: None,
         library: "nvml",
@@ -116744,8 +118426,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultAutoBoostedClocksEnabled: CallDesc = CallDesc {
-        wire: 1930u32,
-        call: 1652u32,
+        wire: 1972u32,
+        call: 1687u32,
         name: "nvmlDeviceSetDefaultAutoBoostedClocksEnabled",
         form: None,
         library: "nvml",
@@ -116776,8 +118458,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDefaultFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1931u32,
-        call: 1653u32,
+        wire: 1973u32,
+        call: 1688u32,
         name: "nvmlDeviceSetDefaultFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -116804,8 +118486,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDramEncryptionMode: CallDesc = CallDesc {
-        wire: 1932u32,
-        call: 1654u32,
+        wire: 1974u32,
+        call: 1689u32,
         name: "nvmlDeviceSetDramEncryptionMode",
         form: None,
         library: "nvml",
@@ -116834,8 +118516,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetDriverModel: CallDesc = CallDesc {
-        wire: 1933u32,
-        call: 1655u32,
+        wire: 1975u32,
+        call: 1690u32,
         name: "nvmlDeviceSetDriverModel",
         form: None,
         library: "nvml",
@@ -116866,8 +118548,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetEccMode: CallDesc = CallDesc {
-        wire: 1934u32,
-        call: 1656u32,
+        wire: 1976u32,
+        call: 1691u32,
         name: "nvmlDeviceSetEccMode",
         form: None,
         library: "nvml",
@@ -116894,8 +118576,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanControlPolicy: CallDesc = CallDesc {
-        wire: 1935u32,
-        call: 1657u32,
+        wire: 1977u32,
+        call: 1692u32,
         name: "nvmlDeviceSetFanControlPolicy",
         form: None,
         library: "nvml",
@@ -116926,8 +118608,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetFanSpeed_v2: CallDesc = CallDesc {
-        wire: 1936u32,
-        call: 1658u32,
+        wire: 1978u32,
+        call: 1693u32,
         name: "nvmlDeviceSetFanSpeed_v2",
         form: None,
         library: "nvml",
@@ -116958,8 +118640,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpcClkVfOffset: CallDesc = CallDesc {
-        wire: 1937u32,
-        call: 1659u32,
+        wire: 1979u32,
+        call: 1694u32,
         name: "nvmlDeviceSetGpcClkVfOffset",
         form: None,
         library: "nvml",
@@ -116986,8 +118668,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuLockedClocks: CallDesc = CallDesc {
-        wire: 1938u32,
-        call: 1660u32,
+        wire: 1980u32,
+        call: 1695u32,
         name: "nvmlDeviceSetGpuLockedClocks",
         form: None,
         library: "nvml",
@@ -117018,8 +118700,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetGpuOperationMode: CallDesc = CallDesc {
-        wire: 1939u32,
-        call: 1661u32,
+        wire: 1981u32,
+        call: 1696u32,
         name: "nvmlDeviceSetGpuOperationMode",
         form: None,
         library: "nvml",
@@ -117046,8 +118728,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemClkVfOffset: CallDesc = CallDesc {
-        wire: 1940u32,
-        call: 1662u32,
+        wire: 1982u32,
+        call: 1697u32,
         name: "nvmlDeviceSetMemClkVfOffset",
         form: None,
         library: "nvml",
@@ -117074,8 +118756,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMemoryLockedClocks: CallDesc = CallDesc {
-        wire: 1941u32,
-        call: 1663u32,
+        wire: 1983u32,
+        call: 1698u32,
         name: "nvmlDeviceSetMemoryLockedClocks",
         form: None,
         library: "nvml",
@@ -117106,8 +118788,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetMigMode: CallDesc = CallDesc {
-        wire: 1942u32,
-        call: 1664u32,
+        wire: 1984u32,
+        call: 1699u32,
         name: "nvmlDeviceSetMigMode",
         form: None,
         library: "nvml",
@@ -117140,8 +118822,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPersistenceMode: CallDesc = CallDesc {
-        wire: 1943u32,
-        call: 1665u32,
+        wire: 1985u32,
+        call: 1700u32,
         name: "nvmlDeviceSetPersistenceMode",
         form: None,
         library: "nvml",
@@ -117168,8 +118850,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerManagementLimit: CallDesc = CallDesc {
-        wire: 1944u32,
-        call: 1666u32,
+        wire: 1986u32,
+        call: 1701u32,
         name: "nvmlDeviceSetPowerManagementLimit",
         form: None,
         library: "nvml",
@@ -117196,8 +118878,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetPowerMode: CallDesc = CallDesc {
-        wire: 1945u32,
-        call: 1667u32,
+        wire: 1987u32,
+        call: 1702u32,
         name: "nvmlDeviceSetPowerMode",
         form: None,
         library: "nvml",
@@ -117224,8 +118906,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetTemperatureThreshold: CallDesc = CallDesc {
-        wire: 1946u32,
-        call: 1668u32,
+        wire: 1988u32,
+        call: 1703u32,
         name: "nvmlDeviceSetTemperatureThreshold",
         form: None,
         library: "nvml",
@@ -117258,8 +118940,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuCapabilities: CallDesc = CallDesc {
-        wire: 1947u32,
-        call: 1669u32,
+        wire: 1989u32,
+        call: 1704u32,
         name: "nvmlDeviceSetVgpuCapabilities",
         form: None,
         library: "nvml",
@@ -117290,8 +118972,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1948u32,
-        call: 1670u32,
+        wire: 1990u32,
+        call: 1705u32,
         name: "nvmlDeviceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -117320,8 +119002,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceSetVirtualizationMode: CallDesc = CallDesc {
-        wire: 1949u32,
-        call: 1671u32,
+        wire: 1991u32,
+        call: 1706u32,
         name: "nvmlDeviceSetVirtualizationMode",
         form: None,
         library: "nvml",
@@ -117348,8 +119030,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlDeviceValidateInforom: CallDesc = CallDesc {
-        wire: 1950u32,
-        call: 1672u32,
+        wire: 1992u32,
+        call: 1707u32,
         name: "nvmlDeviceValidateInforom",
         form: None,
         library: "nvml",
@@ -117372,8 +119054,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetCreate: CallDesc = CallDesc {
-        wire: 1951u32,
-        call: 1673u32,
+        wire: 1993u32,
+        call: 1708u32,
         name: "nvmlEventSetCreate",
         form: None,
         library: "nvml",
@@ -117396,8 +119078,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlEventSetFree: CallDesc = CallDesc {
-        wire: 1952u32,
-        call: 1674u32,
+        wire: 1994u32,
+        call: 1709u32,
         name: "nvmlEventSetFree",
         form: None,
         library: "nvml",
@@ -117420,8 +119102,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetExcludedDeviceCount: CallDesc = CallDesc {
-        wire: 1953u32,
-        call: 1675u32,
+        wire: 1995u32,
+        call: 1710u32,
         name: "nvmlGetExcludedDeviceCount",
         form: None,
         library: "nvml",
@@ -117446,8 +119128,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGetVgpuDriverCapabilities: CallDesc = CallDesc {
-        wire: 1954u32,
-        call: 1676u32,
+        wire: 1996u32,
+        call: 1711u32,
         name: "nvmlGetVgpuDriverCapabilities",
         form: None,
         library: "nvml",
@@ -117476,8 +119158,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmMigSampleGet: CallDesc = CallDesc {
-        wire: 1955u32,
-        call: 1677u32,
+        wire: 1997u32,
+        call: 1712u32,
         name: "nvmlGpmMigSampleGet",
         form: None,
         library: "nvml",
@@ -117508,8 +119190,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmQueryIfStreamingEnabled: CallDesc = CallDesc {
-        wire: 1956u32,
-        call: 1678u32,
+        wire: 1998u32,
+        call: 1713u32,
         name: "nvmlGpmQueryIfStreamingEnabled",
         form: None,
         library: "nvml",
@@ -117538,8 +119220,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleAlloc: CallDesc = CallDesc {
-        wire: 1957u32,
-        call: 1679u32,
+        wire: 1999u32,
+        call: 1714u32,
         name: "nvmlGpmSampleAlloc",
         form: None,
         library: "nvml",
@@ -117562,8 +119244,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleFree: CallDesc = CallDesc {
-        wire: 1958u32,
-        call: 1680u32,
+        wire: 2000u32,
+        call: 1715u32,
         name: "nvmlGpmSampleFree",
         form: None,
         library: "nvml",
@@ -117586,8 +119268,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSampleGet: CallDesc = CallDesc {
-        wire: 1959u32,
-        call: 1681u32,
+        wire: 2001u32,
+        call: 1716u32,
         name: "nvmlGpmSampleGet",
         form: None,
         library: "nvml",
@@ -117614,8 +119296,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpmSetStreamingEnabled: CallDesc = CallDesc {
-        wire: 1960u32,
-        call: 1682u32,
+        wire: 2002u32,
+        call: 1717u32,
         name: "nvmlGpmSetStreamingEnabled",
         form: None,
         library: "nvml",
@@ -117642,8 +119324,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstance: CallDesc = CallDesc {
-        wire: 1961u32,
-        call: 1683u32,
+        wire: 2003u32,
+        call: 1718u32,
         name: "nvmlGpuInstanceCreateComputeInstance",
         form: None,
         library: "nvml",
@@ -117674,8 +119356,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceCreateComputeInstanceWithPlacement: CallDesc = CallDesc {
-        wire: 1962u32,
-        call: 1684u32,
+        wire: 2004u32,
+        call: 1719u32,
         name: "nvmlGpuInstanceCreateComputeInstanceWithPlacement",
         form: None,
         library: "nvml",
@@ -117712,8 +119394,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceDestroy: CallDesc = CallDesc {
-        wire: 1963u32,
-        call: 1685u32,
+        wire: 2005u32,
+        call: 1720u32,
         name: "nvmlGpuInstanceDestroy",
         form: None,
         library: "nvml",
@@ -117736,8 +119418,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceById: CallDesc = CallDesc {
-        wire: 1964u32,
-        call: 1686u32,
+        wire: 2006u32,
+        call: 1721u32,
         name: "nvmlGpuInstanceGetComputeInstanceById",
         form: None,
         library: "nvml",
@@ -117768,8 +119450,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstanceRemainingCapacity: CallDesc = CallDesc {
-        wire: 1965u32,
-        call: 1687u32,
+        wire: 2007u32,
+        call: 1722u32,
         name: "nvmlGpuInstanceGetComputeInstanceRemainingCapacity",
         form: None,
         library: "nvml",
@@ -117802,8 +119484,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceGetComputeInstances: CallDesc = CallDesc {
-        wire: 1966u32,
-        call: 1688u32,
+        wire: 2008u32,
+        call: 1723u32,
         name: "nvmlGpuInstanceGetComputeInstances",
         form: None,
         library: "nvml",
@@ -117840,8 +119522,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlGpuInstanceSetVgpuHeterogeneousMode: CallDesc = CallDesc {
-        wire: 1967u32,
-        call: 1689u32,
+        wire: 2009u32,
+        call: 1724u32,
         name: "nvmlGpuInstanceSetVgpuHeterogeneousMode",
         form: None,
         library: "nvml",
@@ -117870,8 +119552,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1968u32,
-        call: 1690u32,
+        wire: 2010u32,
+        call: 1725u32,
         name: "nvmlSystemGetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -117896,8 +119578,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion: CallDesc = CallDesc {
-        wire: 1969u32,
-        call: 1691u32,
+        wire: 2011u32,
+        call: 1726u32,
         name: "nvmlSystemGetCudaDriverVersion",
         form: None,
         library: "nvml",
@@ -117922,8 +119604,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetCudaDriverVersion_v2: CallDesc = CallDesc {
-        wire: 1970u32,
-        call: 1692u32,
+        wire: 2012u32,
+        call: 1727u32,
         name: "nvmlSystemGetCudaDriverVersion_v2",
         form: None,
         library: "nvml",
@@ -117948,8 +119630,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemGetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1971u32,
-        call: 1693u32,
+        wire: 2013u32,
+        call: 1728u32,
         name: "nvmlSystemGetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -117974,8 +119656,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetConfComputeGpusReadyState: CallDesc = CallDesc {
-        wire: 1972u32,
-        call: 1694u32,
+        wire: 2014u32,
+        call: 1729u32,
         name: "nvmlSystemSetConfComputeGpusReadyState",
         form: None,
         library: "nvml",
@@ -117998,8 +119680,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlSystemSetNvlinkBwMode: CallDesc = CallDesc {
-        wire: 1973u32,
-        call: 1695u32,
+        wire: 2015u32,
+        call: 1730u32,
         name: "nvmlSystemSetNvlinkBwMode",
         form: None,
         library: "nvml",
@@ -118022,8 +119704,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetCount: CallDesc = CallDesc {
-        wire: 1974u32,
-        call: 1696u32,
+        wire: 2016u32,
+        call: 1731u32,
         name: "nvmlUnitGetCount",
         form: None,
         library: "nvml",
@@ -118048,8 +119730,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetDevices: CallDesc = CallDesc {
-        wire: 1975u32,
-        call: 1697u32,
+        wire: 2017u32,
+        call: 1732u32,
         name: "nvmlUnitGetDevices",
         form: None,
         library: "nvml",
@@ -118082,8 +119764,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetHandleByIndex: CallDesc = CallDesc {
-        wire: 1976u32,
-        call: 1698u32,
+        wire: 2018u32,
+        call: 1733u32,
         name: "nvmlUnitGetHandleByIndex",
         form: None,
         library: "nvml",
@@ -118110,8 +119792,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitGetTemperature: CallDesc = CallDesc {
-        wire: 1977u32,
-        call: 1699u32,
+        wire: 2019u32,
+        call: 1734u32,
         name: "nvmlUnitGetTemperature",
         form: None,
         library: "nvml",
@@ -118144,8 +119826,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlUnitSetLedState: CallDesc = CallDesc {
-        wire: 1978u32,
-        call: 1700u32,
+        wire: 2020u32,
+        call: 1735u32,
         name: "nvmlUnitSetLedState",
         form: None,
         library: "nvml",
@@ -118172,8 +119854,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceClearAccountingPids: CallDesc = CallDesc {
-        wire: 1979u32,
-        call: 1701u32,
+        wire: 2021u32,
+        call: 1736u32,
         name: "nvmlVgpuInstanceClearAccountingPids",
         form: None,
         library: "nvml",
@@ -118196,8 +119878,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetAccountingMode: CallDesc = CallDesc {
-        wire: 1980u32,
-        call: 1702u32,
+        wire: 2022u32,
+        call: 1737u32,
         name: "nvmlVgpuInstanceGetAccountingMode",
         form: None,
         library: "nvml",
@@ -118226,8 +119908,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEccMode: CallDesc = CallDesc {
-        wire: 1981u32,
-        call: 1703u32,
+        wire: 2023u32,
+        call: 1738u32,
         name: "nvmlVgpuInstanceGetEccMode",
         form: None,
         library: "nvml",
@@ -118256,8 +119938,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1982u32,
-        call: 1704u32,
+        wire: 2024u32,
+        call: 1739u32,
         name: "nvmlVgpuInstanceGetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -118286,8 +119968,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFbUsage: CallDesc = CallDesc {
-        wire: 1983u32,
-        call: 1705u32,
+        wire: 2025u32,
+        call: 1740u32,
         name: "nvmlVgpuInstanceGetFbUsage",
         form: None,
         library: "nvml",
@@ -118316,8 +119998,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1984u32,
-        call: 1706u32,
+        wire: 2026u32,
+        call: 1741u32,
         name: "nvmlVgpuInstanceGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -118346,8 +120028,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetGpuInstanceId: CallDesc = CallDesc {
-        wire: 1985u32,
-        call: 1707u32,
+        wire: 2027u32,
+        call: 1742u32,
         name: "nvmlVgpuInstanceGetGpuInstanceId",
         form: None,
         library: "nvml",
@@ -118376,8 +120058,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetLicenseStatus: CallDesc = CallDesc {
-        wire: 1986u32,
-        call: 1708u32,
+        wire: 2028u32,
+        call: 1743u32,
         name: "nvmlVgpuInstanceGetLicenseStatus",
         form: None,
         library: "nvml",
@@ -118406,8 +120088,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceGetType: CallDesc = CallDesc {
-        wire: 1987u32,
-        call: 1709u32,
+        wire: 2029u32,
+        call: 1744u32,
         name: "nvmlVgpuInstanceGetType",
         form: None,
         library: "nvml",
@@ -118436,8 +120118,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuInstanceSetEncoderCapacity: CallDesc = CallDesc {
-        wire: 1988u32,
-        call: 1710u32,
+        wire: 2030u32,
+        call: 1745u32,
         name: "nvmlVgpuInstanceSetEncoderCapacity",
         form: None,
         library: "nvml",
@@ -118464,8 +120146,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetCapabilities: CallDesc = CallDesc {
-        wire: 1989u32,
-        call: 1711u32,
+        wire: 2031u32,
+        call: 1746u32,
         name: "nvmlVgpuTypeGetCapabilities",
         form: None,
         library: "nvml",
@@ -118498,8 +120180,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetDeviceID: CallDesc = CallDesc {
-        wire: 1990u32,
-        call: 1712u32,
+        wire: 2032u32,
+        call: 1747u32,
         name: "nvmlVgpuTypeGetDeviceID",
         form: None,
         library: "nvml",
@@ -118534,8 +120216,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFbReservation: CallDesc = CallDesc {
-        wire: 1991u32,
-        call: 1713u32,
+        wire: 2033u32,
+        call: 1748u32,
         name: "nvmlVgpuTypeGetFbReservation",
         form: None,
         library: "nvml",
@@ -118564,8 +120246,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFrameRateLimit: CallDesc = CallDesc {
-        wire: 1992u32,
-        call: 1714u32,
+        wire: 2034u32,
+        call: 1749u32,
         name: "nvmlVgpuTypeGetFrameRateLimit",
         form: None,
         library: "nvml",
@@ -118594,8 +120276,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetFramebufferSize: CallDesc = CallDesc {
-        wire: 1993u32,
-        call: 1715u32,
+        wire: 2035u32,
+        call: 1750u32,
         name: "nvmlVgpuTypeGetFramebufferSize",
         form: None,
         library: "nvml",
@@ -118624,8 +120306,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGpuInstanceProfileId: CallDesc = CallDesc {
-        wire: 1994u32,
-        call: 1716u32,
+        wire: 2036u32,
+        call: 1751u32,
         name: "nvmlVgpuTypeGetGpuInstanceProfileId",
         form: None,
         library: "nvml",
@@ -118654,8 +120336,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetGspHeapSize: CallDesc = CallDesc {
-        wire: 1995u32,
-        call: 1717u32,
+        wire: 2037u32,
+        call: 1752u32,
         name: "nvmlVgpuTypeGetGspHeapSize",
         form: None,
         library: "nvml",
@@ -118684,8 +120366,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstances: CallDesc = CallDesc {
-        wire: 1996u32,
-        call: 1718u32,
+        wire: 2038u32,
+        call: 1753u32,
         name: "nvmlVgpuTypeGetMaxInstances",
         form: None,
         library: "nvml",
@@ -118718,8 +120400,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetMaxInstancesPerVm: CallDesc = CallDesc {
-        wire: 1997u32,
-        call: 1719u32,
+        wire: 2039u32,
+        call: 1754u32,
         name: "nvmlVgpuTypeGetMaxInstancesPerVm",
         form: None,
         library: "nvml",
@@ -118748,8 +120430,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetNumDisplayHeads: CallDesc = CallDesc {
-        wire: 1998u32,
-        call: 1720u32,
+        wire: 2040u32,
+        call: 1755u32,
         name: "nvmlVgpuTypeGetNumDisplayHeads",
         form: None,
         library: "nvml",
@@ -118778,8 +120460,8 @@ pub mod nvml {
         only_waits: false,
     };
     pub static nvmlVgpuTypeGetResolution: CallDesc = CallDesc {
-        wire: 1999u32,
-        call: 1721u32,
+        wire: 2041u32,
+        call: 1756u32,
         name: "nvmlVgpuTypeGetResolution",
         form: None,
         library: "nvml",
@@ -118822,8 +120504,8 @@ pub mod nvrtc {
     use chidori_protocol::desc::*;
     static LEN_nvrtcGetSupportedArchs__call_0: Len = Len::Lit(256u64);
     pub static nvrtcGetNumSupportedArchs: CallDesc = CallDesc {
-        wire: 2595u32,
-        call: 2317u32,
+        wire: 2637u32,
+        call: 2352u32,
         name: "nvrtcGetNumSupportedArchs",
         form: None,
         library: "nvrtc",
@@ -118848,8 +120530,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2596u32,
-        call: 2318u32,
+        wire: 2638u32,
+        call: 2353u32,
         name: "nvrtcGetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -118874,8 +120556,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcGetSupportedArchs__call: CallDesc = CallDesc {
-        wire: 2597u32,
-        call: 2319u32,
+        wire: 2639u32,
+        call: 2354u32,
         name: "nvrtcGetSupportedArchs",
         form: Some("call"),
         library: "nvrtc",
@@ -118900,8 +120582,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcSetPCHHeapSize: CallDesc = CallDesc {
-        wire: 2598u32,
-        call: 2320u32,
+        wire: 2640u32,
+        call: 2355u32,
         name: "nvrtcSetPCHHeapSize",
         form: None,
         library: "nvrtc",
@@ -118924,8 +120606,8 @@ pub mod nvrtc {
         only_waits: false,
     };
     pub static nvrtcVersion: CallDesc = CallDesc {
-        wire: 2599u32,
-        call: 2321u32,
+        wire: 2641u32,
+        call: 2356u32,
         name: "nvrtcVersion",
         form: None,
         library: "nvrtc",

@@ -164,6 +164,51 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "11.8",
+        "CUmemAllocationProp_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "11.8",
+        "CUmemPoolProps_st",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "11.8",
+        "cudaMemPoolProps",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "11.8",
         "cudaMemcpy3DParms",
         RecordChecks {
             size: 160u32,
@@ -238,6 +283,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.1",
+        "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
         "CUDA_MEMCPY2D_st",
         RecordChecks {
             size: 128u32,
@@ -389,6 +449,66 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
             ],
             allow: &[],
+        },
+    ),
+    (
+        "12.1",
+        "CUmemAllocationProp_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "12.1",
+        "CUmemPoolProps_st",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "12.1",
+        "cudaGraphInstantiateParams_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
+        "cudaMemPoolProps",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
         },
     ),
     (
@@ -467,6 +587,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.6",
+        "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
         "CUDA_MEMCPY2D_st",
         RecordChecks {
             size: 128u32,
@@ -618,6 +753,66 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
             ],
             allow: &[],
+        },
+    ),
+    (
+        "12.6",
+        "CUmemAllocationProp_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "12.6",
+        "CUmemPoolProps_st",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "12.6",
+        "cudaGraphInstantiateParams_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
+        "cudaMemPoolProps",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
         },
     ),
     (
@@ -696,6 +891,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.8",
+        "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
         "CUDA_MEMCPY2D_st",
         RecordChecks {
             size: 128u32,
@@ -847,6 +1057,66 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
             ],
             allow: &[],
+        },
+    ),
+    (
+        "12.8",
+        "CUmemAllocationProp_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "12.8",
+        "CUmemPoolProps_st",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "12.8",
+        "cudaGraphInstantiateParams_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
+        "cudaMemPoolProps",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
         },
     ),
     (
@@ -925,6 +1195,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.0",
+        "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
         "CUDA_MEMCPY2D_st",
         RecordChecks {
             size: 128u32,
@@ -1076,6 +1361,66 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
             ],
             allow: &[],
+        },
+    ),
+    (
+        "13.0",
+        "CUmemAllocationProp_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.0",
+        "CUmemPoolProps_st",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.0",
+        "cudaGraphInstantiateParams_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
+        "cudaMemPoolProps",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
         },
     ),
     (
@@ -1154,6 +1499,21 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.1",
+        "CUDA_GRAPH_INSTANTIATE_PARAMS_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
         "CUDA_MEMCPY2D_st",
         RecordChecks {
             size: 128u32,
@@ -1305,6 +1665,66 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
                 },
             ],
             allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "CUmemAllocationProp_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.1",
+        "CUmemPoolProps_st",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
+        },
+    ),
+    (
+        "13.1",
+        "cudaGraphInstantiateParams_st",
+        RecordChecks {
+            size: 32u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 22u16,
+                    when: None,
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "cudaMemPoolProps",
+        RecordChecks {
+            size: 88u32,
+            handles: &[],
+            allow: &[
+                FieldIs {
+                    offset: 4u32,
+                    size: 4u8,
+                    values: &[0u64],
+                },
+            ],
         },
     ),
     (

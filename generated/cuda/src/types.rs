@@ -70,6 +70,21 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Clone, Copy)]
+pub struct cudaPitchedPtr {
+    pub ptr: *mut core::ffi::c_void,
+    pub pitch: usize,
+    pub xsize: usize,
+    pub ysize: usize,
+}
+const _: () = {
+    assert!(core::mem::size_of:: < cudaPitchedPtr > () == 32usize);
+    assert!(core::mem::offset_of!(cudaPitchedPtr, ptr) == 0usize);
+    assert!(core::mem::offset_of!(cudaPitchedPtr, pitch) == 8usize);
+    assert!(core::mem::offset_of!(cudaPitchedPtr, xsize) == 16usize);
+    assert!(core::mem::offset_of!(cudaPitchedPtr, ysize) == 24usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct cudaMemLocation {
     pub r#type: u32,
     pub id: i32,
