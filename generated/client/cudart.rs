@@ -362,6 +362,32 @@ pub unsafe extern "C" fn __chidori_cudart_cudaChooseDevice__cu130(
         ) as u32
     }
 }
+///`cudaCreateChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaCreateChannelDesc(
+    x: i32,
+    y: i32,
+    z: i32,
+    w: i32,
+    f: u32,
+) -> chidori_cuda::types::cudaChannelFormatDesc {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaCreateChannelDesc",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::create_channel_desc(&CTX, x, y, z, w, f)
+    }
+}
 ///`cudaCreateSurfaceObject` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaCreateSurfaceObject__cu118(
@@ -1281,6 +1307,60 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetAttributes__cu121(
         crate::custom::kernels::func_get_attributes(&CTX, attr, func)
     }
 }
+///`cudaFuncGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetName(
+    name: *mut c_void,
+    func: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncGetName",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_name(&CTX, name, func)
+    }
+}
+///`cudaFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncGetParamInfo(
+    func: *mut c_void,
+    paramIndex: usize,
+    paramOffset: *mut c_void,
+    paramSize: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncGetParamInfo",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_get_param_info(
+            &CTX,
+            func,
+            paramIndex,
+            paramOffset,
+            paramSize,
+        )
+    }
+}
 ///`cudaFuncSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetAttribute(
@@ -1297,6 +1377,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetCacheConfig(
     cacheConfig: u32,
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaFuncSetCacheConfig(func, cacheConfig) }
+}
+///`cudaFuncSetSharedMemConfig` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaFuncSetSharedMemConfig(
+    func: *mut c_void,
+    config: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaFuncSetSharedMemConfig",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::func_set_shared_mem_config(&CTX, func, config)
+    }
 }
 ///`cudaGetChannelDesc` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1542,6 +1645,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorName(error: u32) -> *mut c
 pub unsafe extern "C" fn __chidori_cudart_cudaGetErrorString(error: u32) -> *mut c_void {
     unsafe {
         crate::runtime::error_string("13.1", "cudart", error as i64) as *mut c_void
+    }
+}
+///`cudaGetFuncBySymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGetFuncBySymbol(
+    functionPtr: *mut c_void,
+    symbolPtr: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGetFuncBySymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::get_func_by_symbol(&CTX, functionPtr, symbolPtr)
     }
 }
 ///`cudaGetKernel` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (local).
@@ -1836,6 +1962,138 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddEventWaitNode(
         ) as u32
     }
 }
+///`cudaGraphAddHostNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddHostNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddHostNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_host_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddKernelNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddKernelNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_kernel_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphAddMemAllocNode` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemAllocNode__cu118(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemAllocNode",
+            version: "12.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_mem_alloc_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cudaGraphAddMemAllocNode` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemAllocNode__cu126(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemAllocNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_mem_alloc_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
 ///`cudaGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemFreeNode(
@@ -1858,6 +2116,160 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemFreeNode(
         ) as u32
     }
 }
+///`cudaGraphAddMemcpyNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    pCopyParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemcpyNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_memcpy_node(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            pCopyParams,
+        )
+    }
+}
+///`cudaGraphAddMemcpyNode1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNode1D(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemcpyNode1D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaGraphAddMemcpyNode1D__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_memcpy_node_1d(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            dst,
+            src,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaGraphAddMemcpyNodeFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemcpyNodeFromSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_memcpy_node_from_symbol(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphAddMemcpyNodeToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddMemcpyNodeToSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_memcpy_node_to_symbol(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            symbol,
+            src,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
 ///`cudaGraphAddMemsetNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemsetNode(
@@ -1878,6 +2290,74 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddMemsetNode(
                 (pMemsetParams) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cudaGraphAddNode` for CUDA 12.6, 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu126(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddNode",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_node_5(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cudaGraphAddNode` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphAddNode__cu130(
+    pGraphNode: *mut c_void,
+    graph: *mut c_void,
+    pDependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphAddNode",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::add_node_6(
+            &CTX,
+            pGraphNode,
+            graph,
+            pDependencies,
+            dependencyData,
+            numDependencies,
+            nodeParams,
+        )
     }
 }
 ///`cudaGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2127,6 +2607,206 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecGetId(
         ) as u32
     }
 }
+///`cudaGraphExecHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecHostNodeSetParams(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecHostNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_host_node_set_params(
+            &CTX,
+            hGraphExec,
+            node,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecKernelNodeSetParams(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecKernelNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_kernel_node_set_params(
+            &CTX,
+            hGraphExec,
+            node,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecMemcpyNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_memcpy_node_set_params(
+            &CTX,
+            hGraphExec,
+            node,
+            pNodeParams,
+        )
+    }
+}
+///`cudaGraphExecMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecMemcpyNodeSetParams1D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaGraphExecMemcpyNodeSetParams1D__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_memcpy_node_set_params_1d(
+            &CTX,
+            hGraphExec,
+            node,
+            dst,
+            src,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaGraphExecMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSymbol(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecMemcpyNodeSetParamsFromSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_memcpy_node_set_params_from_symbol(
+            &CTX,
+            hGraphExec,
+            node,
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphExecMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymbol(
+    hGraphExec: *mut c_void,
+    node: *mut c_void,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecMemcpyNodeSetParamsToSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_memcpy_node_set_params_to_symbol(
+            &CTX,
+            hGraphExec,
+            node,
+            symbol,
+            src,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
 ///`cudaGraphExecMemsetNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemsetNodeSetParams(
@@ -2143,6 +2823,30 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecMemsetNodeSetParams(
                 (pNodeParams) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cudaGraphExecNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecNodeSetParams(
+    graphExec: *mut c_void,
+    node: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphExecNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::exec_node_set_params(&CTX, graphExec, node, nodeParams)
     }
 }
 ///`cudaGraphExecUpdate` for CUDA 11.8 (sync).
@@ -2183,7 +2887,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphExecUpdate__cu121(
         ) as u32
     }
 }
-///`cudaGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+///`cudaGraphGetEdges` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu118(
     graph: *mut c_void,
@@ -2192,15 +2896,46 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu118(
     numEdges: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphGetEdges__cu118,
-            &[
-                (graph) as usize as u64,
-                (from) as usize as u64,
-                (to) as usize as u64,
-                (numEdges) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetEdges",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_edges_4(&CTX, graph, from, to, numEdges)
+    }
+}
+///`cudaGraphGetEdges` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetEdges__cu130(
+    graph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numEdges: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetEdges",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_edges_5(&CTX, graph, from, to, edgeData, numEdges)
     }
 }
 ///`cudaGraphGetId` for CUDA 13.1 (sync).
@@ -2223,9 +2958,24 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetNodes(
     nodes: *mut c_void,
     numNodes: *mut c_void,
 ) -> u32 {
-    unsafe { crate::custom::cudart::cudaGraphGetNodes(graph, nodes, numNodes) }
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetNodes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_nodes(&CTX, graph, nodes, numNodes)
+    }
 }
-///`cudaGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cudaGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetRootNodes(
     graph: *mut c_void,
@@ -2233,14 +2983,66 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphGetRootNodes(
     pNumRootNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphGetRootNodes,
-            &[
-                (graph) as usize as u64,
-                (pRootNodes) as usize as u64,
-                (pNumRootNodes) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphGetRootNodes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::get_root_nodes(&CTX, graph, pRootNodes, pNumRootNodes)
+    }
+}
+///`cudaGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeGetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphHostNodeGetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::host_node_get_params(&CTX, node, pNodeParams)
+    }
+}
+///`cudaGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphHostNodeSetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphHostNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::host_node_set_params(&CTX, node, pNodeParams)
     }
 }
 ///`cudaGraphInstantiate` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2390,6 +3192,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetAttribute__cu130
         ) as u32
     }
 }
+///`cudaGraphKernelNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeGetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphKernelNodeGetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::kernel_node_get_params(&CTX, node, pNodeParams)
+    }
+}
 ///`cudaGraphKernelNodeSetAttribute` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu118(
@@ -2460,6 +3285,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetAttribute__cu130
         ) as u32
     }
 }
+///`cudaGraphKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphKernelNodeSetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphKernelNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::kernel_node_set_params(&CTX, node, pNodeParams)
+    }
+}
 ///`cudaGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch(
@@ -2486,6 +3334,52 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphLaunch_ptsz(
         ) as u32
     }
 }
+///`cudaGraphMemAllocNodeGetParams` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu118(
+    node: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemAllocNodeGetParams",
+            version: "12.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::mem_alloc_node_get_params(&CTX, node, params_out)
+    }
+}
+///`cudaGraphMemAllocNodeGetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu126(
+    node: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemAllocNodeGetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::mem_alloc_node_get_params(&CTX, node, params_out)
+    }
+}
 ///`cudaGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemFreeNodeGetParams(
@@ -2497,6 +3391,145 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemFreeNodeGetParams(
             &chidori_cuda::calls::cudart::cudaGraphMemFreeNodeGetParams,
             &[(node) as usize as u64, (dptr_out) as usize as u64],
         ) as u32
+    }
+}
+///`cudaGraphMemcpyNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeGetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaGraphMemcpyNodeGetParams,
+            &[(node) as usize as u64, (pNodeParams) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaGraphMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams(
+    node: *mut c_void,
+    pNodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemcpyNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::memcpy_node_set_params(&CTX, node, pNodeParams)
+    }
+}
+///`cudaGraphMemcpyNodeSetParams1D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParams1D(
+    node: *mut c_void,
+    dst: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemcpyNodeSetParams1D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaGraphMemcpyNodeSetParams1D__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::memcpy_node_set_params_1d(
+            &CTX,
+            node,
+            dst,
+            src,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaGraphMemcpyNodeSetParamsFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol(
+    node: *mut c_void,
+    dst: *mut c_void,
+    symbol: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemcpyNodeSetParamsFromSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::memcpy_node_set_params_from_symbol(
+            &CTX,
+            node,
+            dst,
+            symbol,
+            count,
+            offset,
+            kind,
+        )
+    }
+}
+///`cudaGraphMemcpyNodeSetParamsToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol(
+    node: *mut c_void,
+    symbol: *mut c_void,
+    src: *mut c_void,
+    count: usize,
+    offset: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphMemcpyNodeSetParamsToSymbol",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::memcpy_node_set_params_to_symbol(
+            &CTX,
+            node,
+            symbol,
+            src,
+            count,
+            offset,
+            kind,
+        )
     }
 }
 ///`cudaGraphMemsetNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2556,7 +3589,7 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetContainingGraph(
         ) as u32
     }
 }
-///`cudaGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+///`cudaGraphNodeGetDependencies` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu118(
     node: *mut c_void,
@@ -2564,17 +3597,59 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu118(
     pNumDependencies: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphNodeGetDependencies__cu118,
-            &[
-                (node) as usize as u64,
-                (pDependencies) as usize as u64,
-                (pNumDependencies) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependencies",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependencies_3(
+            &CTX,
+            node,
+            pDependencies,
+            pNumDependencies,
+        )
     }
 }
-///`cudaGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8 (sync).
+///`cudaGraphNodeGetDependencies` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependencies__cu130(
+    node: *mut c_void,
+    pDependencies: *mut c_void,
+    edgeData: *mut c_void,
+    pNumDependencies: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependencies",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependencies_4(
+            &CTX,
+            node,
+            pDependencies,
+            edgeData,
+            pNumDependencies,
+        )
+    }
+}
+///`cudaGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu118(
     node: *mut c_void,
@@ -2582,14 +3657,56 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu118(
     pNumDependentNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::cudart::cudaGraphNodeGetDependentNodes__cu118,
-            &[
-                (node) as usize as u64,
-                (pDependentNodes) as usize as u64,
-                (pNumDependentNodes) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependentNodes",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependent_nodes_3(
+            &CTX,
+            node,
+            pDependentNodes,
+            pNumDependentNodes,
+        )
+    }
+}
+///`cudaGraphNodeGetDependentNodes` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeGetDependentNodes__cu130(
+    node: *mut c_void,
+    pDependentNodes: *mut c_void,
+    edgeData: *mut c_void,
+    pNumDependentNodes: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeGetDependentNodes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_get_dependent_nodes_4(
+            &CTX,
+            node,
+            pDependentNodes,
+            edgeData,
+            pNumDependentNodes,
+        )
     }
 }
 ///`cudaGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2661,6 +3778,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetEnabled(
             &chidori_cuda::calls::cudart::cudaGraphNodeSetEnabled,
             &[(hGraphExec) as usize as u64, (hNode) as usize as u64, (isEnabled) as u64],
         ) as u32
+    }
+}
+///`cudaGraphNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaGraphNodeSetParams(
+    node: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaGraphNodeSetParams",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::node_set_params(&CTX, node, nodeParams)
     }
 }
 ///`cudaGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3278,6 +4418,29 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMalloc(
 ) -> u32 {
     unsafe { crate::custom::cudart::cudaMalloc(devPtr, size) }
 }
+///`cudaMalloc3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3D(
+    pitchedDevPtr: *mut c_void,
+    extent: chidori_cuda::types::cudaExtent,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMalloc3D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMalloc3D__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::malloc_3d(&CTX, pitchedDevPtr, extent)
+    }
+}
 ///`cudaMalloc3DArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMalloc3DArray(
@@ -3366,6 +4529,56 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMallocAsync_ptsz(
             },
         };
         crate::custom::cudart::malloc_async(&CTX, devPtr, size, hStream)
+    }
+}
+///`cudaMallocFromPoolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync(
+    ptr: *mut c_void,
+    size: usize,
+    memPool: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMallocFromPoolAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMallocFromPoolAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::malloc_from_pool(&CTX, ptr, size, memPool, stream)
+    }
+}
+///`cudaMallocFromPoolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMallocFromPoolAsync_ptsz(
+    ptr: *mut c_void,
+    size: usize,
+    memPool: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMallocFromPoolAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMallocFromPoolAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::malloc_from_pool(&CTX, ptr, size, memPool, stream)
     }
 }
 ///`cudaMallocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
@@ -3862,6 +5075,41 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttribute(
         ) as u32
     }
 }
+///`cudaMemRangeGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemRangeGetAttributes(
+    data: *mut c_void,
+    dataSizes: *mut c_void,
+    attributes: *mut c_void,
+    numAttributes: usize,
+    devPtr: *mut c_void,
+    count: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemRangeGetAttributes",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::cudart::mem_range_get_attributes(
+            &CTX,
+            data,
+            dataSizes,
+            attributes,
+            numAttributes,
+            devPtr,
+            count,
+        )
+    }
+}
 ///`cudaMemSetMemPool` for CUDA 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemSetMemPool(
@@ -4038,6 +5286,350 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DAsync_ptsz(
         )
     }
 }
+///`cudaMemcpy2DFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DFromArray",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_from_array(
+            &CTX,
+            dst,
+            dpitch,
+            src,
+            wOffset,
+            hOffset,
+            width,
+            height,
+            kind,
+        )
+    }
+}
+///`cudaMemcpy2DFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DFromArrayAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_from_array_async(
+            &CTX,
+            dst,
+            dpitch,
+            src,
+            wOffset,
+            hOffset,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DFromArrayAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArrayAsync_ptsz__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_from_array_async(
+            &CTX,
+            dst,
+            dpitch,
+            src,
+            wOffset,
+            hOffset,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DFromArray_ptds(
+    dst: *mut c_void,
+    dpitch: usize,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DFromArray_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DFromArray_ptds__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_from_array(
+            &CTX,
+            dst,
+            dpitch,
+            src,
+            wOffset,
+            hOffset,
+            width,
+            height,
+            kind,
+        )
+    }
+}
+///`cudaMemcpy2DToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DToArray",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_to_array(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+        )
+    }
+}
+///`cudaMemcpy2DToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DToArrayAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_to_array_async(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DToArrayAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArrayAsync_ptsz__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_to_array_async(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy2DToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2DToArray_ptds(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    spitch: usize,
+    width: usize,
+    height: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy2DToArray_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpy2DToArray_ptds__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_2d_to_array(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            spitch,
+            width,
+            height,
+            kind,
+        )
+    }
+}
 ///`cudaMemcpy2D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
@@ -4059,6 +5651,254 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy2D_ptds(
             height,
             kind,
         )
+    }
+}
+///`cudaMemcpy3D` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3D(p: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3D",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3D__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d(&CTX, p)
+    }
+}
+///`cudaMemcpy3DAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync(
+    p: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3DAsync__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_async(&CTX, p, stream)
+    }
+}
+///`cudaMemcpy3DAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DAsync_ptsz(
+    p: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3DAsync_ptsz__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_async(&CTX, p, stream)
+    }
+}
+///`cudaMemcpy3DBatchAsync` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync__cu128(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DBatchAsync",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_batch_5(
+            &CTX,
+            numOps,
+            opList,
+            failIdx,
+            flags,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy3DBatchAsync` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync__cu130(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DBatchAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_batch_4(&CTX, numOps, opList, flags, stream)
+    }
+}
+///`cudaMemcpy3DBatchAsync_ptsz` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu128(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DBatchAsync_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_batch_5(
+            &CTX,
+            numOps,
+            opList,
+            failIdx,
+            flags,
+            stream,
+        )
+    }
+}
+///`cudaMemcpy3DBatchAsync_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu130(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3DBatchAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d_batch_4(&CTX, numOps, opList, flags, stream)
+    }
+}
+///`cudaMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeer(p: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpy3DPeer,
+            &[(p) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy3DPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeerAsync(
+    p: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpy3DPeerAsync,
+            &[(p) as usize as u64, (stream) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy3DPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz(
+    p: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpy3DPeerAsync_ptsz,
+            &[(p) as usize as u64, (stream) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy3DPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3DPeer_ptds(p: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaMemcpy3DPeer_ptds,
+            &[(p) as usize as u64],
+        ) as u32
+    }
+}
+///`cudaMemcpy3D_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpy3D_ptds(p: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpy3D_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaMemcpy3D_ptds__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_3d(&CTX, p)
     }
 }
 ///`cudaMemcpyArrayToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -4175,6 +6015,322 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyAsync_ptsz(
             },
         };
         crate::custom::cudart::memcpy_async(&CTX, dst, src, count, kind, stream)
+    }
+}
+///`cudaMemcpyBatchAsync` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync__cu128(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyBatchAsync",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_batch_9(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            failIdx,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyBatchAsync` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync__cu130(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyBatchAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_batch_8(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyBatchAsync_ptsz` for CUDA 12.8 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu128(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyBatchAsync_ptsz",
+            version: "12.8",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_batch_9(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            failIdx,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyBatchAsync_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu130(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyBatchAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::memcpy_batch_8(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyFromArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray(
+    dst: *mut c_void,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromArray",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArray__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_from_array(
+            &CTX,
+            dst,
+            src,
+            wOffset,
+            hOffset,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaMemcpyFromArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync(
+    dst: *mut c_void,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromArrayAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_from_array_async(
+            &CTX,
+            dst,
+            src,
+            wOffset,
+            hOffset,
+            count,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyFromArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz(
+    dst: *mut c_void,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromArrayAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArrayAsync_ptsz__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_from_array_async(
+            &CTX,
+            dst,
+            src,
+            wOffset,
+            hOffset,
+            count,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyFromArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyFromArray_ptds(
+    dst: *mut c_void,
+    src: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyFromArray_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2d,
+                &chidori_cuda::calls::cudart::cudaMemcpyFromArray_ptds__a2h,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_from_array(
+            &CTX,
+            dst,
+            src,
+            wOffset,
+            hOffset,
+            count,
+            kind,
+        )
     }
 }
 ///`cudaMemcpyFromSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -4295,6 +6451,162 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyPeerAsync(
                 (stream) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cudaMemcpyToArray` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToArray",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyToArray__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpyToArray__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_to_array(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            count,
+            kind,
+        )
+    }
+}
+///`cudaMemcpyToArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToArrayAsync",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_to_array_async(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            count,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyToArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArrayAsync_ptsz(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToArrayAsync_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpyToArrayAsync_ptsz__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_to_array_async(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            count,
+            kind,
+            stream,
+        )
+    }
+}
+///`cudaMemcpyToArray_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaMemcpyToArray_ptds(
+    dst: *mut c_void,
+    wOffset: usize,
+    hOffset: usize,
+    src: *mut c_void,
+    count: usize,
+    kind: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaMemcpyToArray_ptds",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__d2a,
+                &chidori_cuda::calls::cudart::cudaMemcpyToArray_ptds__h2a,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::copy_to_array(
+            &CTX,
+            dst,
+            wOffset,
+            hOffset,
+            src,
+            count,
+            kind,
+        )
     }
 }
 ///`cudaMemcpyToSymbol` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -4661,6 +6973,37 @@ pub unsafe extern "C" fn __chidori_cudart_cudaMipmappedArrayGetSparseProperties(
         ) as u32
     }
 }
+///`cudaOccupancyAvailableDynamicSMemPerBlock` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBlock(
+    dynamicSmemSize: *mut c_void,
+    func: *mut c_void,
+    numBlocks: i32,
+    blockSize: i32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaOccupancyAvailableDynamicSMemPerBlock",
+            version: "13.1",
+            library: "cudart",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::kernels::available_dynamic_smem(
+            &CTX,
+            dynamicSmemSize,
+            func,
+            numBlocks,
+            blockSize,
+        )
+    }
+}
 ///`cudaOccupancyMaxActiveBlocksPerMultiprocessor` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -4933,6 +7276,78 @@ pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCapture(
             },
         };
         crate::custom::capture::begin_capture(&CTX, stream, mode)
+    }
+}
+///`cudaStreamBeginCaptureToGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph(
+    stream: *mut c_void,
+    graph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamBeginCaptureToGraph",
+            version: "13.1",
+            library: "cudart",
+            forms: &[&chidori_cuda::calls::cudart::cudaStreamBeginCaptureToGraph__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_to_graph(
+            &CTX,
+            stream,
+            graph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            mode,
+        )
+    }
+}
+///`cudaStreamBeginCaptureToGraph_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaStreamBeginCaptureToGraph_ptsz(
+    stream: *mut c_void,
+    graph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cudaStreamBeginCaptureToGraph_ptsz",
+            version: "13.1",
+            library: "cudart",
+            forms: &[
+                &chidori_cuda::calls::cudart::cudaStreamBeginCaptureToGraph_ptsz__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_to_graph(
+            &CTX,
+            stream,
+            graph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            mode,
+        )
     }
 }
 ///`cudaStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).

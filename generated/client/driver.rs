@@ -216,19 +216,37 @@ pub unsafe extern "C" fn __chidori_driver_cuCtxCreate(
         ) as u32
     }
 }
-///`cuCtxCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuCtxCreate_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v2(
     pctx: *mut c_void,
     flags: u32,
     dev: i32,
 ) -> u32 {
+    unsafe { crate::custom::driver::cuCtxCreate_v2(pctx, flags, dev) }
+}
+///`cuCtxCreate_v3` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v3(
+    pctx: *mut c_void,
+    paramsArray: *mut c_void,
+    numParams: i32,
+    flags: u32,
+    dev: i32,
+) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuCtxCreate_v2,
-            &[(pctx) as usize as u64, (flags) as u64, (dev) as i64 as u64],
-        ) as u32
+        crate::custom::driver::cuCtxCreate_v3(pctx, paramsArray, numParams, flags, dev)
     }
+}
+///`cuCtxCreate_v4` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuCtxCreate_v4(
+    pctx: *mut c_void,
+    ctxCreateParams: *mut c_void,
+    flags: u32,
+    dev: i32,
+) -> u32 {
+    unsafe { crate::custom::driver::cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev) }
 }
 ///`cuCtxDestroy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -1302,6 +1320,29 @@ pub unsafe extern "C" fn __chidori_driver_cuFuncGetModule(
         ) as u32
     }
 }
+///`cuFuncGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuFuncGetName(
+    name: *mut c_void,
+    hfunc: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuFuncGetName",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::func_get_name(&CTX, name, hfunc)
+    }
+}
 ///`cuFuncGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuFuncGetParamInfo(
@@ -1586,6 +1627,171 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddEventWaitNode(
         ) as u32
     }
 }
+///`cuGraphAddHostNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddHostNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddHostNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_host_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddKernelNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddKernelNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_kernel_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddKernelNode_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddKernelNode_v2(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddKernelNode_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_kernel_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddMemAllocNode` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemAllocNode__cu118(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddMemAllocNode",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_mem_alloc_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddMemAllocNode` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemAllocNode__cu126(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddMemAllocNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_mem_alloc_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
 ///`cuGraphAddMemFreeNode` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemFreeNode(
@@ -1654,6 +1860,74 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphAddMemsetNode(
                 (ctx) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cuGraphAddNode` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddNode",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_node_without_edges(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            numDependencies,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphAddNode_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphAddNode_v2(
+    phGraphNode: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphAddNode_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_add_node(
+            &CTX,
+            phGraphNode,
+            hGraph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            nodeParams,
+        )
     }
 }
 ///`cuGraphChildGraphNodeGetGraph` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1881,6 +2155,93 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecGetId(
         ) as u32
     }
 }
+///`cuGraphExecHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecHostNodeSetParams(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecHostNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_host_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphExecKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecKernelNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_kernel_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            nodeParams,
+        )
+    }
+}
+///`cuGraphExecKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecKernelNodeSetParams_v2(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecKernelNodeSetParams_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_kernel_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            nodeParams,
+        )
+    }
+}
 ///`cuGraphExecMemcpyNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemcpyNodeSetParams(
@@ -1919,6 +2280,35 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphExecMemsetNodeSetParams(
                 (ctx) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cuGraphExecNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphExecNodeSetParams(
+    hGraphExec: *mut c_void,
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphExecNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_exec_node_set_params(
+            &CTX,
+            hGraphExec,
+            hNode,
+            nodeParams,
+        )
     }
 }
 ///`cuGraphExecUpdate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -1979,6 +2369,32 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges(
         ) as u32
     }
 }
+///`cuGraphGetEdges_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphGetEdges_v2(
+    hGraph: *mut c_void,
+    from: *mut c_void,
+    to: *mut c_void,
+    edgeData: *mut c_void,
+    numEdges: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphGetEdges_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_get_edges(&CTX, hGraph, from, to, edgeData, numEdges)
+    }
+}
 ///`cuGraphGetId` for CUDA 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetId(
@@ -1992,7 +2408,7 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetId(
         ) as u32
     }
 }
-///`cuGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphGetNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
     hGraph: *mut c_void,
@@ -2000,17 +2416,23 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetNodes(
     numNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphGetNodes,
-            &[
-                (hGraph) as usize as u64,
-                (nodes) as usize as u64,
-                (numNodes) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphGetNodes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_get_nodes(&CTX, hGraph, nodes, numNodes)
     }
 }
-///`cuGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuGraphGetRootNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
     hGraph: *mut c_void,
@@ -2018,14 +2440,66 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphGetRootNodes(
     numRootNodes: *mut c_void,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuGraphGetRootNodes,
-            &[
-                (hGraph) as usize as u64,
-                (rootNodes) as usize as u64,
-                (numRootNodes) as usize as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphGetRootNodes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_get_root_nodes(&CTX, hGraph, rootNodes, numRootNodes)
+    }
+}
+///`cuGraphHostNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeGetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphHostNodeGetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_host_node_get_params(&CTX, hNode, nodeParams)
+    }
+}
+///`cuGraphHostNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphHostNodeSetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphHostNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_host_node_set_params(&CTX, hNode, nodeParams)
     }
 }
 ///`cuGraphInstantiate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2205,6 +2679,52 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetAttribute__cu130(
         ) as u32
     }
 }
+///`cuGraphKernelNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphKernelNodeGetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_kernel_node_get_params_v1(&CTX, hNode, nodeParams)
+    }
+}
+///`cuGraphKernelNodeGetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeGetParams_v2(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphKernelNodeGetParams_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_kernel_node_get_params(&CTX, hNode, nodeParams)
+    }
+}
 ///`cuGraphKernelNodeSetAttribute` for CUDA 11.8 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu118(
@@ -2275,6 +2795,52 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetAttribute__cu130(
         ) as u32
     }
 }
+///`cuGraphKernelNodeSetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphKernelNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_kernel_node_set_params(&CTX, hNode, nodeParams)
+    }
+}
+///`cuGraphKernelNodeSetParams_v2` for CUDA 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphKernelNodeSetParams_v2(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphKernelNodeSetParams_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_kernel_node_set_params(&CTX, hNode, nodeParams)
+    }
+}
 ///`cuGraphLaunch` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch(
@@ -2299,6 +2865,52 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphLaunch_ptsz(
             &chidori_cuda::calls::driver::cuGraphLaunch_ptsz,
             &[(hGraphExec) as usize as u64, (hStream) as usize as u64],
         ) as u32
+    }
+}
+///`cuGraphMemAllocNodeGetParams` for CUDA 11.8, 12.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemAllocNodeGetParams__cu118(
+    hNode: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphMemAllocNodeGetParams",
+            version: "12.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_mem_alloc_node_get_params(&CTX, hNode, params_out)
+    }
+}
+///`cuGraphMemAllocNodeGetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphMemAllocNodeGetParams__cu126(
+    hNode: *mut c_void,
+    params_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphMemAllocNodeGetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_mem_alloc_node_get_params(&CTX, hNode, params_out)
     }
 }
 ///`cuGraphMemFreeNodeGetParams` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2415,6 +3027,37 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies(
         ) as u32
     }
 }
+///`cuGraphNodeGetDependencies_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependencies_v2(
+    hNode: *mut c_void,
+    dependencies: *mut c_void,
+    edgeData: *mut c_void,
+    numDependencies: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphNodeGetDependencies_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_node_get_dependencies(
+            &CTX,
+            hNode,
+            dependencies,
+            edgeData,
+            numDependencies,
+        )
+    }
+}
 ///`cuGraphNodeGetDependentNodes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes(
@@ -2431,6 +3074,37 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes(
                 (numDependentNodes) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cuGraphNodeGetDependentNodes_v2` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphNodeGetDependentNodes_v2(
+    hNode: *mut c_void,
+    dependentNodes: *mut c_void,
+    edgeData: *mut c_void,
+    numDependentNodes: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphNodeGetDependentNodes_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_node_get_dependent_nodes(
+            &CTX,
+            hNode,
+            dependentNodes,
+            edgeData,
+            numDependentNodes,
+        )
     }
 }
 ///`cuGraphNodeGetEnabled` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2502,6 +3176,29 @@ pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetEnabled(
             &chidori_cuda::calls::driver::cuGraphNodeSetEnabled,
             &[(hGraphExec) as usize as u64, (hNode) as usize as u64, (isEnabled) as u64],
         ) as u32
+    }
+}
+///`cuGraphNodeSetParams` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuGraphNodeSetParams(
+    hNode: *mut c_void,
+    nodeParams: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuGraphNodeSetParams",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::graphs::cu_node_set_params(&CTX, hNode, nodeParams)
     }
 }
 ///`cuGraphReleaseUserObject` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -2961,6 +3658,29 @@ pub unsafe extern "C" fn __chidori_driver_cuKernelGetLibrary(
             &chidori_cuda::calls::driver::cuKernelGetLibrary,
             &[(pLib) as usize as u64, (kernel) as usize as u64],
         ) as u32
+    }
+}
+///`cuKernelGetName` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuKernelGetName(
+    name: *mut c_void,
+    hfunc: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuKernelGetName",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::kernel_get_name(&CTX, name, hfunc)
     }
 }
 ///`cuKernelGetParamInfo` for CUDA 12.6, 12.8, 13.0, 13.1 (sync).
@@ -3561,6 +4281,139 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAdvise_v2(
         ) as u32
     }
 }
+///`cuMemAllocAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync(
+    dptr: *mut c_void,
+    bytesize: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_async(&CTX, dptr, bytesize, hStream)
+    }
+}
+///`cuMemAllocAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocAsync_ptsz(
+    dptr: *mut c_void,
+    bytesize: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_async(&CTX, dptr, bytesize, hStream)
+    }
+}
+///`cuMemAllocFromPoolAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync(
+    dptr: *mut c_void,
+    bytesize: usize,
+    pool: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocFromPoolAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocFromPoolAsync__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_from_pool_async(
+            &CTX,
+            dptr,
+            bytesize,
+            pool,
+            hStream,
+        )
+    }
+}
+///`cuMemAllocFromPoolAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut c_void,
+    bytesize: usize,
+    pool: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocFromPoolAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocFromPoolAsync_ptsz__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_from_pool_async(
+            &CTX,
+            dptr,
+            bytesize,
+            pool,
+            hStream,
+        )
+    }
+}
+///`cuMemAllocHost` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost(
+    pp: *mut c_void,
+    bytesize: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocHost",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_host_v1(&CTX, pp, bytesize)
+    }
+}
 ///`cuMemAllocHost_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost_v2(
@@ -3568,6 +4421,39 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAllocHost_v2(
     bytesize: usize,
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAllocHost_v2(pp, bytesize) }
+}
+///`cuMemAllocPitch_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemAllocPitch_v2(
+    dptr: *mut c_void,
+    pPitch: *mut c_void,
+    WidthInBytes: usize,
+    Height: usize,
+    ElementSizeBytes: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemAllocPitch_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemAllocPitch_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_alloc_pitch(
+            &CTX,
+            dptr,
+            pPitch,
+            WidthInBytes,
+            Height,
+            ElementSizeBytes,
+        )
+    }
 }
 ///`cuMemAlloc_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
@@ -3755,6 +4641,30 @@ pub unsafe extern "C" fn __chidori_driver_cuMemGetAccess(
         ) as u32
     }
 }
+///`cuMemGetAddressRange_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemGetAddressRange_v2(
+    pbase: *mut c_void,
+    psize: *mut c_void,
+    dptr: u64,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemGetAddressRange_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemGetAddressRange_v2__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_get_address_range(&CTX, pbase, psize, dptr)
+    }
+}
 ///`cuMemGetAllocationGranularity` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemGetAllocationGranularity(
@@ -3862,6 +4772,30 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostGetFlags(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemHostGetFlags(pFlags, p) }
 }
+///`cuMemHostRegister` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister(
+    p: *mut c_void,
+    bytesize: usize,
+    Flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemHostRegister",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_host_register_v1(&CTX, p, bytesize, Flags)
+    }
+}
 ///`cuMemHostRegister_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(
@@ -3876,7 +4810,7 @@ pub unsafe extern "C" fn __chidori_driver_cuMemHostRegister_v2(
 pub unsafe extern "C" fn __chidori_driver_cuMemHostUnregister(p: *mut c_void) -> u32 {
     unsafe { crate::custom::driver::cuMemHostUnregister(p) }
 }
-///`cuMemMap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemMap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemMap(
     ptr: u64,
@@ -3886,16 +4820,20 @@ pub unsafe extern "C" fn __chidori_driver_cuMemMap(
     flags: u64,
 ) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemMap,
-            &[
-                (ptr) as u64,
-                (size) as u64,
-                (offset) as u64,
-                (handle) as u64,
-                (flags) as u64,
-            ],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemMap",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemMap__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_map(&CTX, ptr, size, offset, handle, flags)
     }
 }
 ///`cuMemPoolCreate` for CUDA 11.8, 12.1 (sync).
@@ -4221,14 +5159,24 @@ pub unsafe extern "C" fn __chidori_driver_cuMemSetMemPool(
         ) as u32
     }
 }
-///`cuMemUnmap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
+///`cuMemUnmap` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemUnmap(ptr: u64, size: usize) -> u32 {
     unsafe {
-        crate::runtime::call(
-            &chidori_cuda::calls::driver::cuMemUnmap,
-            &[(ptr) as u64, (size) as u64],
-        ) as u32
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemUnmap",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemUnmap__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_unmap(&CTX, ptr, size)
     }
 }
 ///`cuMemcpy` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -4243,6 +5191,386 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpy(
             &chidori_cuda::calls::driver::cuMemcpy,
             &[(dst) as u64, (src) as u64, (ByteCount) as u64],
         ) as u32
+    }
+}
+///`cuMemcpy2DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2DAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d_async(&CTX, pCopy, hStream)
+    }
+}
+///`cuMemcpy2DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DAsync_v2_ptsz(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2DAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DAsync_v2_ptsz__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d_async(&CTX, pCopy, hStream)
+    }
+}
+///`cuMemcpy2DUnaligned_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2(
+    pCopy: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2DUnaligned_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy2DUnaligned_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2DUnaligned_v2_ptds(
+    pCopy: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2DUnaligned_v2_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2DUnaligned_v2_ptds__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy2D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2D_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy2D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy2D_v2_ptds(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy2D_v2_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy2D_v2_ptds__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_2d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy3DAsync_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_async(&CTX, pCopy, hStream)
+    }
+}
+///`cuMemcpy3DAsync_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DAsync_v2_ptsz(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy3DAsync_v2_ptsz__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_async(&CTX, pCopy, hStream)
+    }
+}
+///`cuMemcpy3DBatchAsync` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DBatchAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_batch_fail_index(
+            &CTX,
+            numOps,
+            opList,
+            failIdx,
+            flags,
+            hStream,
+        )
+    }
+}
+///`cuMemcpy3DBatchAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_ptsz(
+    numOps: usize,
+    opList: *mut c_void,
+    failIdx: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DBatchAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_batch_fail_index(
+            &CTX,
+            numOps,
+            opList,
+            failIdx,
+            flags,
+            hStream,
+        )
+    }
+}
+///`cuMemcpy3DBatchAsync_v2` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DBatchAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_batch(&CTX, numOps, opList, flags, hStream)
+    }
+}
+///`cuMemcpy3DBatchAsync_v2_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz(
+    numOps: usize,
+    opList: *mut c_void,
+    flags: u64,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3DBatchAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d_batch(&CTX, numOps, opList, flags, hStream)
+    }
+}
+///`cuMemcpy3DPeer` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpy3DPeer,
+            &[(pCopy) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemcpy3DPeerAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeerAsync(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpy3DPeerAsync,
+            &[(pCopy) as usize as u64, (hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemcpy3DPeerAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeerAsync_ptsz(
+    pCopy: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpy3DPeerAsync_ptsz,
+            &[(pCopy) as usize as u64, (hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemcpy3DPeer_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3DPeer_ptds(
+    pCopy: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemcpy3DPeer_ptds,
+            &[(pCopy) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemcpy3D_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3D_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d(&CTX, pCopy)
+    }
+}
+///`cuMemcpy3D_v2_ptds` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpy3D_v2_ptds(pCopy: *mut c_void) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpy3D_v2_ptds",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuMemcpy3D_v2_ptds__d2d],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_3d(&CTX, pCopy)
     }
 }
 ///`cuMemcpyAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -4525,6 +5853,166 @@ pub unsafe extern "C" fn __chidori_driver_cuMemcpyAtoH_v2_ptds(
                 (ByteCount) as u64,
             ],
         ) as u32
+    }
+}
+///`cuMemcpyBatchAsync` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyBatchAsync",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_batch_fail_index(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            failIdx,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyBatchAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_ptsz(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    failIdx: *mut c_void,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyBatchAsync_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_batch_fail_index(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            failIdx,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyBatchAsync_v2` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyBatchAsync_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_batch(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            hStream,
+        )
+    }
+}
+///`cuMemcpyBatchAsync_v2_ptsz` for CUDA 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemcpyBatchAsync_v2_ptsz(
+    dsts: *mut c_void,
+    srcs: *mut c_void,
+    sizes: *mut c_void,
+    count: usize,
+    attrs: *mut c_void,
+    attrsIdxs: *mut c_void,
+    numAttrs: usize,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemcpyBatchAsync_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::arrays::cu_memcpy_batch(
+            &CTX,
+            dsts,
+            srcs,
+            sizes,
+            count,
+            attrs,
+            attrsIdxs,
+            numAttrs,
+            hStream,
+        )
     }
 }
 ///`cuMemcpyDtoA` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
@@ -6048,6 +7536,78 @@ pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxActiveBlocksPerMultiproc
         ) as u32
     }
 }
+///`cuOccupancyMaxPotentialBlockSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSize(
+    minGridSize: *mut c_void,
+    blockSize: *mut c_void,
+    func: *mut c_void,
+    blockSizeToDynamicSMemSize: *mut c_void,
+    dynamicSMemSize: usize,
+    blockSizeLimit: i32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialBlockSize",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_block_size(
+            &CTX,
+            minGridSize,
+            blockSize,
+            func,
+            blockSizeToDynamicSMemSize,
+            dynamicSMemSize,
+            blockSizeLimit,
+        )
+    }
+}
+///`cuOccupancyMaxPotentialBlockSizeWithFlags` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFlags(
+    minGridSize: *mut c_void,
+    blockSize: *mut c_void,
+    func: *mut c_void,
+    blockSizeToDynamicSMemSize: *mut c_void,
+    dynamicSMemSize: usize,
+    blockSizeLimit: i32,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuOccupancyMaxPotentialBlockSizeWithFlags",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::max_potential_block_size_with_flags(
+            &CTX,
+            minGridSize,
+            blockSize,
+            func,
+            blockSizeToDynamicSMemSize,
+            dynamicSMemSize,
+            blockSizeLimit,
+            flags,
+        )
+    }
+}
 ///`cuParamSetSize` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuParamSetSize(
@@ -6136,6 +7696,37 @@ pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttribute(
 ) -> u32 {
     unsafe { crate::custom::driver::cuPointerGetAttribute(data, attribute, ptr) }
 }
+///`cuPointerGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (local).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuPointerGetAttributes(
+    numAttributes: u32,
+    attributes: *mut c_void,
+    data: *mut c_void,
+    ptr: u64,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuPointerGetAttributes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::pointer_get_attributes(
+            &CTX,
+            numAttributes,
+            attributes,
+            data,
+            ptr,
+        )
+    }
+}
 ///`cuPointerSetAttribute` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuPointerSetAttribute(
@@ -6159,6 +7750,68 @@ pub unsafe extern "C" fn __chidori_driver_cuProfilerStart() -> u32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuProfilerStop() -> u32 {
     unsafe { crate::custom::driver::cuProfilerStop() }
+}
+///`cuStreamAddCallback` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback(
+    hStream: *mut c_void,
+    callback: *mut c_void,
+    userData: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamAddCallback",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamAddCallback__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::stream_add_callback(
+            &CTX,
+            hStream,
+            callback,
+            userData,
+            flags,
+        )
+    }
+}
+///`cuStreamAddCallback_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamAddCallback_ptsz(
+    hStream: *mut c_void,
+    callback: *mut c_void,
+    userData: *mut c_void,
+    flags: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamAddCallback_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamAddCallback_ptsz__host],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::stream_add_callback(
+            &CTX,
+            hStream,
+            callback,
+            userData,
+            flags,
+        )
+    }
 }
 ///`cuStreamAttachMemAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
@@ -6370,6 +8023,78 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCapture(
             },
         };
         crate::custom::capture::begin_capture_without_mode(&CTX, hStream)
+    }
+}
+///`cuStreamBeginCaptureToGraph` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph(
+    hStream: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamBeginCaptureToGraph",
+            version: "13.1",
+            library: "driver",
+            forms: &[&chidori_cuda::calls::driver::cuStreamBeginCaptureToGraph__call],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_to_graph(
+            &CTX,
+            hStream,
+            hGraph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            mode,
+        )
+    }
+}
+///`cuStreamBeginCaptureToGraph_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamBeginCaptureToGraph_ptsz(
+    hStream: *mut c_void,
+    hGraph: *mut c_void,
+    dependencies: *mut c_void,
+    dependencyData: *mut c_void,
+    numDependencies: usize,
+    mode: u32,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamBeginCaptureToGraph_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[
+                &chidori_cuda::calls::driver::cuStreamBeginCaptureToGraph_ptsz__call,
+            ],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::begin_capture_to_graph(
+            &CTX,
+            hStream,
+            hGraph,
+            dependencies,
+            dependencyData,
+            numDependencies,
+            mode,
+        )
     }
 }
 ///`cuStreamBeginCapture_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
@@ -6735,6 +8460,150 @@ pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_ptsz(
                 (id_out) as usize as u64,
             ],
         ) as u32
+    }
+}
+///`cuStreamGetCaptureInfo_v2` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2(
+    hStream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamGetCaptureInfo_v2",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v2(
+            &CTX,
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cuStreamGetCaptureInfo_v2_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v2_ptsz(
+    hStream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamGetCaptureInfo_v2_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v2(
+            &CTX,
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cuStreamGetCaptureInfo_v3` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3(
+    hStream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamGetCaptureInfo_v3",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v3(
+            &CTX,
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
+    }
+}
+///`cuStreamGetCaptureInfo_v3_ptsz` for CUDA 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuStreamGetCaptureInfo_v3_ptsz(
+    hStream: *mut c_void,
+    captureStatus_out: *mut c_void,
+    id_out: *mut c_void,
+    graph_out: *mut c_void,
+    dependencies_out: *mut c_void,
+    edgeData_out: *mut c_void,
+    numDependencies_out: *mut c_void,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuStreamGetCaptureInfo_v3_ptsz",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::capture::cu_capture_info_v3(
+            &CTX,
+            hStream,
+            captureStatus_out,
+            id_out,
+            graph_out,
+            dependencies_out,
+            edgeData_out,
+            numDependencies_out,
+        )
     }
 }
 ///`cuStreamGetCtx` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

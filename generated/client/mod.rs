@@ -79,6 +79,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuCtxCreate_v2" => {
             Some(driver::__chidori_driver_cuCtxCreate_v2 as *const c_void)
         }
+        "cuCtxCreate_v3" => {
+            Some(driver::__chidori_driver_cuCtxCreate_v3 as *const c_void)
+        }
+        "cuCtxCreate_v4" => {
+            Some(driver::__chidori_driver_cuCtxCreate_v4 as *const c_void)
+        }
         "cuCtxDestroy" => Some(driver::__chidori_driver_cuCtxDestroy as *const c_void),
         "cuCtxDestroy_v2" => {
             Some(driver::__chidori_driver_cuCtxDestroy_v2 as *const c_void)
@@ -340,6 +346,7 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuFuncGetModule" => {
             Some(driver::__chidori_driver_cuFuncGetModule as *const c_void)
         }
+        "cuFuncGetName" => Some(driver::__chidori_driver_cuFuncGetName as *const c_void),
         "cuFuncGetParamInfo" => {
             Some(driver::__chidori_driver_cuFuncGetParamInfo as *const c_void)
         }
@@ -392,6 +399,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphAddEventWaitNode" => {
             Some(driver::__chidori_driver_cuGraphAddEventWaitNode as *const c_void)
         }
+        "cuGraphAddHostNode" => {
+            Some(driver::__chidori_driver_cuGraphAddHostNode as *const c_void)
+        }
+        "cuGraphAddKernelNode" => {
+            Some(driver::__chidori_driver_cuGraphAddKernelNode as *const c_void)
+        }
+        "cuGraphAddKernelNode_v2" => {
+            Some(driver::__chidori_driver_cuGraphAddKernelNode_v2 as *const c_void)
+        }
+        "cuGraphAddMemAllocNode" => {
+            Some(driver::__chidori_driver_cuGraphAddMemAllocNode__cu126 as *const c_void)
+        }
         "cuGraphAddMemFreeNode" => {
             Some(driver::__chidori_driver_cuGraphAddMemFreeNode as *const c_void)
         }
@@ -400,6 +419,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphAddMemsetNode" => {
             Some(driver::__chidori_driver_cuGraphAddMemsetNode as *const c_void)
+        }
+        "cuGraphAddNode" => {
+            Some(driver::__chidori_driver_cuGraphAddNode as *const c_void)
+        }
+        "cuGraphAddNode_v2" => {
+            Some(driver::__chidori_driver_cuGraphAddNode_v2 as *const c_void)
         }
         "cuGraphChildGraphNodeGetGraph" => {
             Some(driver::__chidori_driver_cuGraphChildGraphNodeGetGraph as *const c_void)
@@ -460,6 +485,20 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphExecGetId" => {
             Some(driver::__chidori_driver_cuGraphExecGetId as *const c_void)
         }
+        "cuGraphExecHostNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphExecHostNodeSetParams as *const c_void)
+        }
+        "cuGraphExecKernelNodeSetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphExecKernelNodeSetParams as *const c_void,
+            )
+        }
+        "cuGraphExecKernelNodeSetParams_v2" => {
+            Some(
+                driver::__chidori_driver_cuGraphExecKernelNodeSetParams_v2
+                    as *const c_void,
+            )
+        }
         "cuGraphExecMemcpyNodeSetParams" => {
             Some(
                 driver::__chidori_driver_cuGraphExecMemcpyNodeSetParams as *const c_void,
@@ -470,6 +509,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                 driver::__chidori_driver_cuGraphExecMemsetNodeSetParams as *const c_void,
             )
         }
+        "cuGraphExecNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphExecNodeSetParams as *const c_void)
+        }
         "cuGraphExecUpdate" => {
             Some(driver::__chidori_driver_cuGraphExecUpdate as *const c_void)
         }
@@ -479,12 +521,21 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphGetEdges" => {
             Some(driver::__chidori_driver_cuGraphGetEdges as *const c_void)
         }
+        "cuGraphGetEdges_v2" => {
+            Some(driver::__chidori_driver_cuGraphGetEdges_v2 as *const c_void)
+        }
         "cuGraphGetId" => Some(driver::__chidori_driver_cuGraphGetId as *const c_void),
         "cuGraphGetNodes" => {
             Some(driver::__chidori_driver_cuGraphGetNodes as *const c_void)
         }
         "cuGraphGetRootNodes" => {
             Some(driver::__chidori_driver_cuGraphGetRootNodes as *const c_void)
+        }
+        "cuGraphHostNodeGetParams" => {
+            Some(driver::__chidori_driver_cuGraphHostNodeGetParams as *const c_void)
+        }
+        "cuGraphHostNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphHostNodeSetParams as *const c_void)
         }
         "cuGraphInstantiate" => {
             Some(driver::__chidori_driver_cuGraphInstantiate as *const c_void)
@@ -515,15 +566,33 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
+        "cuGraphKernelNodeGetParams" => {
+            Some(driver::__chidori_driver_cuGraphKernelNodeGetParams as *const c_void)
+        }
+        "cuGraphKernelNodeGetParams_v2" => {
+            Some(driver::__chidori_driver_cuGraphKernelNodeGetParams_v2 as *const c_void)
+        }
         "cuGraphKernelNodeSetAttribute" => {
             Some(
                 driver::__chidori_driver_cuGraphKernelNodeSetAttribute__cu130
                     as *const c_void,
             )
         }
+        "cuGraphKernelNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphKernelNodeSetParams as *const c_void)
+        }
+        "cuGraphKernelNodeSetParams_v2" => {
+            Some(driver::__chidori_driver_cuGraphKernelNodeSetParams_v2 as *const c_void)
+        }
         "cuGraphLaunch" => Some(driver::__chidori_driver_cuGraphLaunch as *const c_void),
         "cuGraphLaunch_ptsz" => {
             Some(driver::__chidori_driver_cuGraphLaunch_ptsz as *const c_void)
+        }
+        "cuGraphMemAllocNodeGetParams" => {
+            Some(
+                driver::__chidori_driver_cuGraphMemAllocNodeGetParams__cu126
+                    as *const c_void,
+            )
         }
         "cuGraphMemFreeNodeGetParams" => {
             Some(driver::__chidori_driver_cuGraphMemFreeNodeGetParams as *const c_void)
@@ -549,8 +618,16 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuGraphNodeGetDependencies" => {
             Some(driver::__chidori_driver_cuGraphNodeGetDependencies as *const c_void)
         }
+        "cuGraphNodeGetDependencies_v2" => {
+            Some(driver::__chidori_driver_cuGraphNodeGetDependencies_v2 as *const c_void)
+        }
         "cuGraphNodeGetDependentNodes" => {
             Some(driver::__chidori_driver_cuGraphNodeGetDependentNodes as *const c_void)
+        }
+        "cuGraphNodeGetDependentNodes_v2" => {
+            Some(
+                driver::__chidori_driver_cuGraphNodeGetDependentNodes_v2 as *const c_void,
+            )
         }
         "cuGraphNodeGetEnabled" => {
             Some(driver::__chidori_driver_cuGraphNodeGetEnabled as *const c_void)
@@ -566,6 +643,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuGraphNodeSetEnabled" => {
             Some(driver::__chidori_driver_cuGraphNodeSetEnabled as *const c_void)
+        }
+        "cuGraphNodeSetParams" => {
+            Some(driver::__chidori_driver_cuGraphNodeSetParams as *const c_void)
         }
         "cuGraphReleaseUserObject" => {
             Some(driver::__chidori_driver_cuGraphReleaseUserObject as *const c_void)
@@ -664,6 +744,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuKernelGetLibrary" => {
             Some(driver::__chidori_driver_cuKernelGetLibrary as *const c_void)
         }
+        "cuKernelGetName" => {
+            Some(driver::__chidori_driver_cuKernelGetName as *const c_void)
+        }
         "cuKernelGetParamInfo" => {
             Some(driver::__chidori_driver_cuKernelGetParamInfo as *const c_void)
         }
@@ -740,8 +823,26 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemAdvise_v2" => {
             Some(driver::__chidori_driver_cuMemAdvise_v2 as *const c_void)
         }
+        "cuMemAllocAsync" => {
+            Some(driver::__chidori_driver_cuMemAllocAsync as *const c_void)
+        }
+        "cuMemAllocAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemAllocAsync_ptsz as *const c_void)
+        }
+        "cuMemAllocFromPoolAsync" => {
+            Some(driver::__chidori_driver_cuMemAllocFromPoolAsync as *const c_void)
+        }
+        "cuMemAllocFromPoolAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemAllocFromPoolAsync_ptsz as *const c_void)
+        }
+        "cuMemAllocHost" => {
+            Some(driver::__chidori_driver_cuMemAllocHost as *const c_void)
+        }
         "cuMemAllocHost_v2" => {
             Some(driver::__chidori_driver_cuMemAllocHost_v2 as *const c_void)
+        }
+        "cuMemAllocPitch_v2" => {
+            Some(driver::__chidori_driver_cuMemAllocPitch_v2 as *const c_void)
         }
         "cuMemAlloc_v2" => Some(driver::__chidori_driver_cuMemAlloc_v2 as *const c_void),
         "cuMemCreate" => Some(driver::__chidori_driver_cuMemCreate as *const c_void),
@@ -775,6 +876,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuMemGetAccess" => {
             Some(driver::__chidori_driver_cuMemGetAccess as *const c_void)
         }
+        "cuMemGetAddressRange_v2" => {
+            Some(driver::__chidori_driver_cuMemGetAddressRange_v2 as *const c_void)
+        }
         "cuMemGetAllocationGranularity" => {
             Some(driver::__chidori_driver_cuMemGetAllocationGranularity as *const c_void)
         }
@@ -802,6 +906,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemHostGetFlags" => {
             Some(driver::__chidori_driver_cuMemHostGetFlags as *const c_void)
+        }
+        "cuMemHostRegister" => {
+            Some(driver::__chidori_driver_cuMemHostRegister as *const c_void)
         }
         "cuMemHostRegister_v2" => {
             Some(driver::__chidori_driver_cuMemHostRegister_v2 as *const c_void)
@@ -864,6 +971,56 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemUnmap" => Some(driver::__chidori_driver_cuMemUnmap as *const c_void),
         "cuMemcpy" => Some(driver::__chidori_driver_cuMemcpy as *const c_void),
+        "cuMemcpy2DAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpy2DAsync_v2 as *const c_void)
+        }
+        "cuMemcpy2DAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy2DAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpy2DUnaligned_v2" => {
+            Some(driver::__chidori_driver_cuMemcpy2DUnaligned_v2 as *const c_void)
+        }
+        "cuMemcpy2DUnaligned_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpy2DUnaligned_v2_ptds as *const c_void)
+        }
+        "cuMemcpy2D_v2" => Some(driver::__chidori_driver_cuMemcpy2D_v2 as *const c_void),
+        "cuMemcpy2D_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpy2D_v2_ptds as *const c_void)
+        }
+        "cuMemcpy3DAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpy3DAsync_v2 as *const c_void)
+        }
+        "cuMemcpy3DAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy3DAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpy3DBatchAsync" => {
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync as *const c_void)
+        }
+        "cuMemcpy3DBatchAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_ptsz as *const c_void)
+        }
+        "cuMemcpy3DBatchAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_v2 as *const c_void)
+        }
+        "cuMemcpy3DBatchAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz as *const c_void)
+        }
+        "cuMemcpy3DPeer" => {
+            Some(driver::__chidori_driver_cuMemcpy3DPeer as *const c_void)
+        }
+        "cuMemcpy3DPeerAsync" => {
+            Some(driver::__chidori_driver_cuMemcpy3DPeerAsync as *const c_void)
+        }
+        "cuMemcpy3DPeerAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpy3DPeerAsync_ptsz as *const c_void)
+        }
+        "cuMemcpy3DPeer_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpy3DPeer_ptds as *const c_void)
+        }
+        "cuMemcpy3D_v2" => Some(driver::__chidori_driver_cuMemcpy3D_v2 as *const c_void),
+        "cuMemcpy3D_v2_ptds" => {
+            Some(driver::__chidori_driver_cuMemcpy3D_v2_ptds as *const c_void)
+        }
         "cuMemcpyAsync" => Some(driver::__chidori_driver_cuMemcpyAsync as *const c_void),
         "cuMemcpyAsync_ptsz" => {
             Some(driver::__chidori_driver_cuMemcpyAsync_ptsz as *const c_void)
@@ -897,6 +1054,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemcpyAtoH_v2_ptds" => {
             Some(driver::__chidori_driver_cuMemcpyAtoH_v2_ptds as *const c_void)
+        }
+        "cuMemcpyBatchAsync" => {
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync as *const c_void)
+        }
+        "cuMemcpyBatchAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync_ptsz as *const c_void)
+        }
+        "cuMemcpyBatchAsync_v2" => {
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync_v2 as *const c_void)
+        }
+        "cuMemcpyBatchAsync_v2_ptsz" => {
+            Some(driver::__chidori_driver_cuMemcpyBatchAsync_v2_ptsz as *const c_void)
         }
         "cuMemcpyDtoA" => Some(driver::__chidori_driver_cuMemcpyDtoA as *const c_void),
         "cuMemcpyDtoA_v2" => {
@@ -1148,6 +1317,18 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
                     as *const c_void,
             )
         }
+        "cuOccupancyMaxPotentialBlockSize" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyMaxPotentialBlockSize
+                    as *const c_void,
+            )
+        }
+        "cuOccupancyMaxPotentialBlockSizeWithFlags" => {
+            Some(
+                driver::__chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFlags
+                    as *const c_void,
+            )
+        }
         "cuParamSetSize" => {
             Some(driver::__chidori_driver_cuParamSetSize as *const c_void)
         }
@@ -1160,6 +1341,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         "cuPointerGetAttribute" => {
             Some(driver::__chidori_driver_cuPointerGetAttribute as *const c_void)
         }
+        "cuPointerGetAttributes" => {
+            Some(driver::__chidori_driver_cuPointerGetAttributes as *const c_void)
+        }
         "cuPointerSetAttribute" => {
             Some(driver::__chidori_driver_cuPointerSetAttribute as *const c_void)
         }
@@ -1168,6 +1352,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuProfilerStop" => {
             Some(driver::__chidori_driver_cuProfilerStop as *const c_void)
+        }
+        "cuStreamAddCallback" => {
+            Some(driver::__chidori_driver_cuStreamAddCallback as *const c_void)
+        }
+        "cuStreamAddCallback_ptsz" => {
+            Some(driver::__chidori_driver_cuStreamAddCallback_ptsz as *const c_void)
         }
         "cuStreamAttachMemAsync" => {
             Some(driver::__chidori_driver_cuStreamAttachMemAsync as *const c_void)
@@ -1194,6 +1384,15 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuStreamBeginCapture" => {
             Some(driver::__chidori_driver_cuStreamBeginCapture as *const c_void)
+        }
+        "cuStreamBeginCaptureToGraph" => {
+            Some(driver::__chidori_driver_cuStreamBeginCaptureToGraph as *const c_void)
+        }
+        "cuStreamBeginCaptureToGraph_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamBeginCaptureToGraph_ptsz
+                    as *const c_void,
+            )
         }
         "cuStreamBeginCapture_ptsz" => {
             Some(driver::__chidori_driver_cuStreamBeginCapture_ptsz as *const c_void)
@@ -1242,6 +1441,22 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuStreamGetCaptureInfo_ptsz" => {
             Some(driver::__chidori_driver_cuStreamGetCaptureInfo_ptsz as *const c_void)
+        }
+        "cuStreamGetCaptureInfo_v2" => {
+            Some(driver::__chidori_driver_cuStreamGetCaptureInfo_v2 as *const c_void)
+        }
+        "cuStreamGetCaptureInfo_v2_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamGetCaptureInfo_v2_ptsz as *const c_void,
+            )
+        }
+        "cuStreamGetCaptureInfo_v3" => {
+            Some(driver::__chidori_driver_cuStreamGetCaptureInfo_v3 as *const c_void)
+        }
+        "cuStreamGetCaptureInfo_v3_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuStreamGetCaptureInfo_v3_ptsz as *const c_void,
+            )
         }
         "cuStreamGetCtx" => {
             Some(driver::__chidori_driver_cuStreamGetCtx as *const c_void)

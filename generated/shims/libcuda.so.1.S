@@ -153,18 +153,12 @@ cuCtxCreate_v2:
     .globl cuCtxCreate_v3
     .type cuCtxCreate_v3, @function
 cuCtxCreate_v3:
-    leaq .Lname8(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuCtxCreate_v3@PLT
     .size cuCtxCreate_v3, .-cuCtxCreate_v3
     .globl cuCtxCreate_v4
     .type cuCtxCreate_v4, @function
 cuCtxCreate_v4:
-    leaq .Lname9(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuCtxCreate_v4@PLT
     .size cuCtxCreate_v4, .-cuCtxCreate_v4
     .globl cuCtxDestroy
     .type cuCtxDestroy, @function
@@ -344,7 +338,7 @@ cuDevResourceGenerateDesc:
     .globl cuDevSmResourceSplit
     .type cuDevSmResourceSplit, @function
 cuDevSmResourceSplit:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -352,7 +346,7 @@ cuDevSmResourceSplit:
     .globl cuDevSmResourceSplitByCount
     .type cuDevSmResourceSplitByCount, @function
 cuDevSmResourceSplitByCount:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -430,7 +424,7 @@ cuDeviceGetName:
     .globl cuDeviceGetNvSciSyncAttributes
     .type cuDeviceGetNvSciSyncAttributes, @function
 cuDeviceGetNvSciSyncAttributes:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -518,7 +512,7 @@ cuDevicePrimaryCtxSetFlags_v2:
     .globl cuDeviceRegisterAsyncNotification
     .type cuDeviceRegisterAsyncNotification, @function
 cuDeviceRegisterAsyncNotification:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -636,10 +630,7 @@ cuFuncGetModule:
     .globl cuFuncGetName
     .type cuFuncGetName, @function
 cuFuncGetName:
-    leaq .Lname14(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuFuncGetName@PLT
     .size cuFuncGetName, .-cuFuncGetName
     .globl cuFuncGetParamInfo
     .type cuFuncGetParamInfo, @function
@@ -694,7 +685,7 @@ cuGetErrorString:
     .globl cuGetExportTable
     .type cuGetExportTable, @function
 cuGetExportTable:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -712,7 +703,7 @@ cuGetProcAddress_v2:
     .globl cuGraphAddBatchMemOpNode
     .type cuGraphAddBatchMemOpNode, @function
 cuGraphAddBatchMemOpNode:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -750,7 +741,7 @@ cuGraphAddEventWaitNode:
     .globl cuGraphAddExternalSemaphoresSignalNode
     .type cuGraphAddExternalSemaphoresSignalNode, @function
 cuGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -758,7 +749,7 @@ cuGraphAddExternalSemaphoresSignalNode:
     .globl cuGraphAddExternalSemaphoresWaitNode
     .type cuGraphAddExternalSemaphoresWaitNode, @function
 cuGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -766,34 +757,22 @@ cuGraphAddExternalSemaphoresWaitNode:
     .globl cuGraphAddHostNode
     .type cuGraphAddHostNode, @function
 cuGraphAddHostNode:
-    leaq .Lname19(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddHostNode@PLT
     .size cuGraphAddHostNode, .-cuGraphAddHostNode
     .globl cuGraphAddKernelNode
     .type cuGraphAddKernelNode, @function
 cuGraphAddKernelNode:
-    leaq .Lname20(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddKernelNode@PLT
     .size cuGraphAddKernelNode, .-cuGraphAddKernelNode
     .globl cuGraphAddKernelNode_v2
     .type cuGraphAddKernelNode_v2, @function
 cuGraphAddKernelNode_v2:
-    leaq .Lname21(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddKernelNode_v2@PLT
     .size cuGraphAddKernelNode_v2, .-cuGraphAddKernelNode_v2
     .globl cuGraphAddMemAllocNode
     .type cuGraphAddMemAllocNode, @function
 cuGraphAddMemAllocNode:
-    leaq .Lname22(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddMemAllocNode__cu126@PLT
     .size cuGraphAddMemAllocNode, .-cuGraphAddMemAllocNode
     .globl cuGraphAddMemFreeNode
     .type cuGraphAddMemFreeNode, @function
@@ -813,23 +792,17 @@ cuGraphAddMemsetNode:
     .globl cuGraphAddNode
     .type cuGraphAddNode, @function
 cuGraphAddNode:
-    leaq .Lname23(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddNode@PLT
     .size cuGraphAddNode, .-cuGraphAddNode
     .globl cuGraphAddNode_v2
     .type cuGraphAddNode_v2, @function
 cuGraphAddNode_v2:
-    leaq .Lname24(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphAddNode_v2@PLT
     .size cuGraphAddNode_v2, .-cuGraphAddNode_v2
     .globl cuGraphBatchMemOpNodeGetParams
     .type cuGraphBatchMemOpNodeGetParams, @function
 cuGraphBatchMemOpNodeGetParams:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -837,7 +810,7 @@ cuGraphBatchMemOpNodeGetParams:
     .globl cuGraphBatchMemOpNodeSetParams
     .type cuGraphBatchMemOpNodeSetParams, @function
 cuGraphBatchMemOpNodeSetParams:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -865,7 +838,7 @@ cuGraphCreate:
     .globl cuGraphDebugDotPrint
     .type cuGraphDebugDotPrint, @function
 cuGraphDebugDotPrint:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -903,7 +876,7 @@ cuGraphEventWaitNodeSetEvent:
     .globl cuGraphExecBatchMemOpNodeSetParams
     .type cuGraphExecBatchMemOpNodeSetParams, @function
 cuGraphExecBatchMemOpNodeSetParams:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -931,7 +904,7 @@ cuGraphExecEventWaitNodeSetEvent:
     .globl cuGraphExecExternalSemaphoresSignalNodeSetParams
     .type cuGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -939,7 +912,7 @@ cuGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExecExternalSemaphoresWaitNodeSetParams
     .type cuGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -957,26 +930,17 @@ cuGraphExecGetId:
     .globl cuGraphExecHostNodeSetParams
     .type cuGraphExecHostNodeSetParams, @function
 cuGraphExecHostNodeSetParams:
-    leaq .Lname31(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecHostNodeSetParams@PLT
     .size cuGraphExecHostNodeSetParams, .-cuGraphExecHostNodeSetParams
     .globl cuGraphExecKernelNodeSetParams
     .type cuGraphExecKernelNodeSetParams, @function
 cuGraphExecKernelNodeSetParams:
-    leaq .Lname32(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecKernelNodeSetParams@PLT
     .size cuGraphExecKernelNodeSetParams, .-cuGraphExecKernelNodeSetParams
     .globl cuGraphExecKernelNodeSetParams_v2
     .type cuGraphExecKernelNodeSetParams_v2, @function
 cuGraphExecKernelNodeSetParams_v2:
-    leaq .Lname33(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecKernelNodeSetParams_v2@PLT
     .size cuGraphExecKernelNodeSetParams_v2, .-cuGraphExecKernelNodeSetParams_v2
     .globl cuGraphExecMemcpyNodeSetParams
     .type cuGraphExecMemcpyNodeSetParams, @function
@@ -991,10 +955,7 @@ cuGraphExecMemsetNodeSetParams:
     .globl cuGraphExecNodeSetParams
     .type cuGraphExecNodeSetParams, @function
 cuGraphExecNodeSetParams:
-    leaq .Lname34(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphExecNodeSetParams@PLT
     .size cuGraphExecNodeSetParams, .-cuGraphExecNodeSetParams
     .globl cuGraphExecUpdate
     .type cuGraphExecUpdate, @function
@@ -1009,7 +970,7 @@ cuGraphExecUpdate_v2:
     .globl cuGraphExternalSemaphoresSignalNodeGetParams
     .type cuGraphExternalSemaphoresSignalNodeGetParams, @function
 cuGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1017,7 +978,7 @@ cuGraphExternalSemaphoresSignalNodeGetParams:
     .globl cuGraphExternalSemaphoresSignalNodeSetParams
     .type cuGraphExternalSemaphoresSignalNodeSetParams, @function
 cuGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1025,7 +986,7 @@ cuGraphExternalSemaphoresSignalNodeSetParams:
     .globl cuGraphExternalSemaphoresWaitNodeGetParams
     .type cuGraphExternalSemaphoresWaitNodeGetParams, @function
 cuGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname37(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1033,7 +994,7 @@ cuGraphExternalSemaphoresWaitNodeGetParams:
     .globl cuGraphExternalSemaphoresWaitNodeSetParams
     .type cuGraphExternalSemaphoresWaitNodeSetParams, @function
 cuGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname38(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1046,10 +1007,7 @@ cuGraphGetEdges:
     .globl cuGraphGetEdges_v2
     .type cuGraphGetEdges_v2, @function
 cuGraphGetEdges_v2:
-    leaq .Lname39(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphGetEdges_v2@PLT
     .size cuGraphGetEdges_v2, .-cuGraphGetEdges_v2
     .globl cuGraphGetId
     .type cuGraphGetId, @function
@@ -1069,18 +1027,12 @@ cuGraphGetRootNodes:
     .globl cuGraphHostNodeGetParams
     .type cuGraphHostNodeGetParams, @function
 cuGraphHostNodeGetParams:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphHostNodeGetParams@PLT
     .size cuGraphHostNodeGetParams, .-cuGraphHostNodeGetParams
     .globl cuGraphHostNodeSetParams
     .type cuGraphHostNodeSetParams, @function
 cuGraphHostNodeSetParams:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphHostNodeSetParams@PLT
     .size cuGraphHostNodeSetParams, .-cuGraphHostNodeSetParams
     .globl cuGraphInstantiate
     .type cuGraphInstantiate, @function
@@ -1120,18 +1072,12 @@ cuGraphKernelNodeGetAttribute:
     .globl cuGraphKernelNodeGetParams
     .type cuGraphKernelNodeGetParams, @function
 cuGraphKernelNodeGetParams:
-    leaq .Lname42(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeGetParams@PLT
     .size cuGraphKernelNodeGetParams, .-cuGraphKernelNodeGetParams
     .globl cuGraphKernelNodeGetParams_v2
     .type cuGraphKernelNodeGetParams_v2, @function
 cuGraphKernelNodeGetParams_v2:
-    leaq .Lname43(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeGetParams_v2@PLT
     .size cuGraphKernelNodeGetParams_v2, .-cuGraphKernelNodeGetParams_v2
     .globl cuGraphKernelNodeSetAttribute
     .type cuGraphKernelNodeSetAttribute, @function
@@ -1141,18 +1087,12 @@ cuGraphKernelNodeSetAttribute:
     .globl cuGraphKernelNodeSetParams
     .type cuGraphKernelNodeSetParams, @function
 cuGraphKernelNodeSetParams:
-    leaq .Lname44(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeSetParams@PLT
     .size cuGraphKernelNodeSetParams, .-cuGraphKernelNodeSetParams
     .globl cuGraphKernelNodeSetParams_v2
     .type cuGraphKernelNodeSetParams_v2, @function
 cuGraphKernelNodeSetParams_v2:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphKernelNodeSetParams_v2@PLT
     .size cuGraphKernelNodeSetParams_v2, .-cuGraphKernelNodeSetParams_v2
     .globl cuGraphLaunch
     .type cuGraphLaunch, @function
@@ -1167,10 +1107,7 @@ cuGraphLaunch_ptsz:
     .globl cuGraphMemAllocNodeGetParams
     .type cuGraphMemAllocNodeGetParams, @function
 cuGraphMemAllocNodeGetParams:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphMemAllocNodeGetParams__cu126@PLT
     .size cuGraphMemAllocNodeGetParams, .-cuGraphMemAllocNodeGetParams
     .globl cuGraphMemFreeNodeGetParams
     .type cuGraphMemFreeNodeGetParams, @function
@@ -1215,10 +1152,7 @@ cuGraphNodeGetDependencies:
     .globl cuGraphNodeGetDependencies_v2
     .type cuGraphNodeGetDependencies_v2, @function
 cuGraphNodeGetDependencies_v2:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphNodeGetDependencies_v2@PLT
     .size cuGraphNodeGetDependencies_v2, .-cuGraphNodeGetDependencies_v2
     .globl cuGraphNodeGetDependentNodes
     .type cuGraphNodeGetDependentNodes, @function
@@ -1228,10 +1162,7 @@ cuGraphNodeGetDependentNodes:
     .globl cuGraphNodeGetDependentNodes_v2
     .type cuGraphNodeGetDependentNodes_v2, @function
 cuGraphNodeGetDependentNodes_v2:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphNodeGetDependentNodes_v2@PLT
     .size cuGraphNodeGetDependentNodes_v2, .-cuGraphNodeGetDependentNodes_v2
     .globl cuGraphNodeGetEnabled
     .type cuGraphNodeGetEnabled, @function
@@ -1261,10 +1192,7 @@ cuGraphNodeSetEnabled:
     .globl cuGraphNodeSetParams
     .type cuGraphNodeSetParams, @function
 cuGraphNodeSetParams:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuGraphNodeSetParams@PLT
     .size cuGraphNodeSetParams, .-cuGraphNodeSetParams
     .globl cuGraphReleaseUserObject
     .type cuGraphReleaseUserObject, @function
@@ -1314,7 +1242,7 @@ cuGraphicsResourceGetMappedMipmappedArray:
     .globl cuGraphicsResourceGetMappedPointer
     .type cuGraphicsResourceGetMappedPointer, @function
 cuGraphicsResourceGetMappedPointer:
-    leaq .Lname50(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1322,7 +1250,7 @@ cuGraphicsResourceGetMappedPointer:
     .globl cuGraphicsResourceGetMappedPointer_v2
     .type cuGraphicsResourceGetMappedPointer_v2, @function
 cuGraphicsResourceGetMappedPointer_v2:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1395,7 +1323,7 @@ cuGreenCtxWaitEvent:
     .globl cuImportExternalMemory
     .type cuImportExternalMemory, @function
 cuImportExternalMemory:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1403,7 +1331,7 @@ cuImportExternalMemory:
     .globl cuImportExternalSemaphore
     .type cuImportExternalSemaphore, @function
 cuImportExternalSemaphore:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1421,7 +1349,7 @@ cuIpcCloseMemHandle:
     .globl cuIpcGetEventHandle
     .type cuIpcGetEventHandle, @function
 cuIpcGetEventHandle:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1429,7 +1357,7 @@ cuIpcGetEventHandle:
     .globl cuIpcGetMemHandle
     .type cuIpcGetMemHandle, @function
 cuIpcGetMemHandle:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1467,10 +1395,7 @@ cuKernelGetLibrary:
     .globl cuKernelGetName
     .type cuKernelGetName, @function
 cuKernelGetName:
-    leaq .Lname56(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuKernelGetName@PLT
     .size cuKernelGetName, .-cuKernelGetName
     .globl cuKernelGetParamInfo
     .type cuKernelGetParamInfo, @function
@@ -1500,7 +1425,7 @@ cuLaunchCooperativeKernel:
     .globl cuLaunchCooperativeKernelMultiDevice
     .type cuLaunchCooperativeKernelMultiDevice, @function
 cuLaunchCooperativeKernelMultiDevice:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1583,7 +1508,7 @@ cuLibraryGetModule:
     .globl cuLibraryGetUnifiedFunction
     .type cuLibraryGetUnifiedFunction, @function
 cuLibraryGetUnifiedFunction:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1591,7 +1516,7 @@ cuLibraryGetUnifiedFunction:
     .globl cuLibraryLoadData
     .type cuLibraryLoadData, @function
 cuLibraryLoadData:
-    leaq .Lname59(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1599,7 +1524,7 @@ cuLibraryLoadData:
     .globl cuLibraryLoadFromFile
     .type cuLibraryLoadFromFile, @function
 cuLibraryLoadFromFile:
-    leaq .Lname60(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1612,7 +1537,7 @@ cuLibraryUnload:
     .globl cuLinkAddData
     .type cuLinkAddData, @function
 cuLinkAddData:
-    leaq .Lname61(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1620,7 +1545,7 @@ cuLinkAddData:
     .globl cuLinkAddData_v2
     .type cuLinkAddData_v2, @function
 cuLinkAddData_v2:
-    leaq .Lname62(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1628,7 +1553,7 @@ cuLinkAddData_v2:
     .globl cuLinkAddFile
     .type cuLinkAddFile, @function
 cuLinkAddFile:
-    leaq .Lname63(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1636,7 +1561,7 @@ cuLinkAddFile:
     .globl cuLinkAddFile_v2
     .type cuLinkAddFile_v2, @function
 cuLinkAddFile_v2:
-    leaq .Lname64(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1644,7 +1569,7 @@ cuLinkAddFile_v2:
     .globl cuLinkComplete
     .type cuLinkComplete, @function
 cuLinkComplete:
-    leaq .Lname65(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1652,7 +1577,7 @@ cuLinkComplete:
     .globl cuLinkCreate
     .type cuLinkCreate, @function
 cuLinkCreate:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1660,7 +1585,7 @@ cuLinkCreate:
     .globl cuLinkCreate_v2
     .type cuLinkCreate_v2, @function
 cuLinkCreate_v2:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1678,7 +1603,7 @@ cuLogsCurrent:
     .globl cuLogsDumpToFile
     .type cuLogsDumpToFile, @function
 cuLogsDumpToFile:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1686,7 +1611,7 @@ cuLogsDumpToFile:
     .globl cuLogsDumpToMemory
     .type cuLogsDumpToMemory, @function
 cuLogsDumpToMemory:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1694,7 +1619,7 @@ cuLogsDumpToMemory:
     .globl cuLogsRegisterCallback
     .type cuLogsRegisterCallback, @function
 cuLogsRegisterCallback:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1727,7 +1652,7 @@ cuMemAdvise_v2:
     .globl cuMemAlloc
     .type cuMemAlloc, @function
 cuMemAlloc:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1735,42 +1660,27 @@ cuMemAlloc:
     .globl cuMemAllocAsync
     .type cuMemAllocAsync, @function
 cuMemAllocAsync:
-    leaq .Lname72(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocAsync@PLT
     .size cuMemAllocAsync, .-cuMemAllocAsync
     .globl cuMemAllocAsync_ptsz
     .type cuMemAllocAsync_ptsz, @function
 cuMemAllocAsync_ptsz:
-    leaq .Lname73(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocAsync_ptsz@PLT
     .size cuMemAllocAsync_ptsz, .-cuMemAllocAsync_ptsz
     .globl cuMemAllocFromPoolAsync
     .type cuMemAllocFromPoolAsync, @function
 cuMemAllocFromPoolAsync:
-    leaq .Lname74(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocFromPoolAsync@PLT
     .size cuMemAllocFromPoolAsync, .-cuMemAllocFromPoolAsync
     .globl cuMemAllocFromPoolAsync_ptsz
     .type cuMemAllocFromPoolAsync_ptsz, @function
 cuMemAllocFromPoolAsync_ptsz:
-    leaq .Lname75(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocFromPoolAsync_ptsz@PLT
     .size cuMemAllocFromPoolAsync_ptsz, .-cuMemAllocFromPoolAsync_ptsz
     .globl cuMemAllocHost
     .type cuMemAllocHost, @function
 cuMemAllocHost:
-    leaq .Lname76(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocHost@PLT
     .size cuMemAllocHost, .-cuMemAllocHost
     .globl cuMemAllocHost_v2
     .type cuMemAllocHost_v2, @function
@@ -1780,7 +1690,7 @@ cuMemAllocHost_v2:
     .globl cuMemAllocManaged
     .type cuMemAllocManaged, @function
 cuMemAllocManaged:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1788,7 +1698,7 @@ cuMemAllocManaged:
     .globl cuMemAllocPitch
     .type cuMemAllocPitch, @function
 cuMemAllocPitch:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1796,10 +1706,7 @@ cuMemAllocPitch:
     .globl cuMemAllocPitch_v2
     .type cuMemAllocPitch_v2, @function
 cuMemAllocPitch_v2:
-    leaq .Lname79(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemAllocPitch_v2@PLT
     .size cuMemAllocPitch_v2, .-cuMemAllocPitch_v2
     .globl cuMemAlloc_v2
     .type cuMemAlloc_v2, @function
@@ -1809,7 +1716,7 @@ cuMemAlloc_v2:
     .globl cuMemBatchDecompressAsync
     .type cuMemBatchDecompressAsync, @function
 cuMemBatchDecompressAsync:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1817,7 +1724,7 @@ cuMemBatchDecompressAsync:
     .globl cuMemBatchDecompressAsync_ptsz
     .type cuMemBatchDecompressAsync_ptsz, @function
 cuMemBatchDecompressAsync_ptsz:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1850,7 +1757,7 @@ cuMemDiscardBatchAsync_ptsz:
     .globl cuMemExportToShareableHandle
     .type cuMemExportToShareableHandle, @function
 cuMemExportToShareableHandle:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1888,7 +1795,7 @@ cuMemGetAccess:
     .globl cuMemGetAddressRange
     .type cuMemGetAddressRange, @function
 cuMemGetAddressRange:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1896,10 +1803,7 @@ cuMemGetAddressRange:
     .globl cuMemGetAddressRange_v2
     .type cuMemGetAddressRange_v2, @function
 cuMemGetAddressRange_v2:
-    leaq .Lname84(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemGetAddressRange_v2@PLT
     .size cuMemGetAddressRange_v2, .-cuMemGetAddressRange_v2
     .globl cuMemGetAllocationGranularity
     .type cuMemGetAllocationGranularity, @function
@@ -1919,7 +1823,7 @@ cuMemGetDefaultMemPool:
     .globl cuMemGetHandleForAddressRange
     .type cuMemGetHandleForAddressRange, @function
 cuMemGetHandleForAddressRange:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1947,7 +1851,7 @@ cuMemHostAlloc:
     .globl cuMemHostGetDevicePointer
     .type cuMemHostGetDevicePointer, @function
 cuMemHostGetDevicePointer:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1965,10 +1869,7 @@ cuMemHostGetFlags:
     .globl cuMemHostRegister
     .type cuMemHostRegister, @function
 cuMemHostRegister:
-    leaq .Lname87(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemHostRegister@PLT
     .size cuMemHostRegister, .-cuMemHostRegister
     .globl cuMemHostRegister_v2
     .type cuMemHostRegister_v2, @function
@@ -1983,7 +1884,7 @@ cuMemHostUnregister:
     .globl cuMemImportFromShareableHandle
     .type cuMemImportFromShareableHandle, @function
 cuMemImportFromShareableHandle:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1996,7 +1897,7 @@ cuMemMap:
     .globl cuMemMapArrayAsync
     .type cuMemMapArrayAsync, @function
 cuMemMapArrayAsync:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2004,7 +1905,7 @@ cuMemMapArrayAsync:
     .globl cuMemMapArrayAsync_ptsz
     .type cuMemMapArrayAsync_ptsz, @function
 cuMemMapArrayAsync_ptsz:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2022,7 +1923,7 @@ cuMemPoolDestroy:
     .globl cuMemPoolExportPointer
     .type cuMemPoolExportPointer, @function
 cuMemPoolExportPointer:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2030,7 +1931,7 @@ cuMemPoolExportPointer:
     .globl cuMemPoolExportToShareableHandle
     .type cuMemPoolExportToShareableHandle, @function
 cuMemPoolExportToShareableHandle:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2048,7 +1949,7 @@ cuMemPoolGetAttribute:
     .globl cuMemPoolImportFromShareableHandle
     .type cuMemPoolImportFromShareableHandle, @function
 cuMemPoolImportFromShareableHandle:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2056,7 +1957,7 @@ cuMemPoolImportFromShareableHandle:
     .globl cuMemPoolImportPointer
     .type cuMemPoolImportPointer, @function
 cuMemPoolImportPointer:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2114,7 +2015,7 @@ cuMemRangeGetAttribute:
     .globl cuMemRangeGetAttributes
     .type cuMemRangeGetAttributes, @function
 cuMemRangeGetAttributes:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2152,7 +2053,7 @@ cuMemcpy:
     .globl cuMemcpy2D
     .type cuMemcpy2D, @function
 cuMemcpy2D:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2160,7 +2061,7 @@ cuMemcpy2D:
     .globl cuMemcpy2DAsync
     .type cuMemcpy2DAsync, @function
 cuMemcpy2DAsync:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2168,23 +2069,17 @@ cuMemcpy2DAsync:
     .globl cuMemcpy2DAsync_v2
     .type cuMemcpy2DAsync_v2, @function
 cuMemcpy2DAsync_v2:
-    leaq .Lname98(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2DAsync_v2@PLT
     .size cuMemcpy2DAsync_v2, .-cuMemcpy2DAsync_v2
     .globl cuMemcpy2DAsync_v2_ptsz
     .type cuMemcpy2DAsync_v2_ptsz, @function
 cuMemcpy2DAsync_v2_ptsz:
-    leaq .Lname99(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2DAsync_v2_ptsz@PLT
     .size cuMemcpy2DAsync_v2_ptsz, .-cuMemcpy2DAsync_v2_ptsz
     .globl cuMemcpy2DUnaligned
     .type cuMemcpy2DUnaligned, @function
 cuMemcpy2DUnaligned:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2192,39 +2087,27 @@ cuMemcpy2DUnaligned:
     .globl cuMemcpy2DUnaligned_v2
     .type cuMemcpy2DUnaligned_v2, @function
 cuMemcpy2DUnaligned_v2:
-    leaq .Lname101(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2DUnaligned_v2@PLT
     .size cuMemcpy2DUnaligned_v2, .-cuMemcpy2DUnaligned_v2
     .globl cuMemcpy2DUnaligned_v2_ptds
     .type cuMemcpy2DUnaligned_v2_ptds, @function
 cuMemcpy2DUnaligned_v2_ptds:
-    leaq .Lname102(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2DUnaligned_v2_ptds@PLT
     .size cuMemcpy2DUnaligned_v2_ptds, .-cuMemcpy2DUnaligned_v2_ptds
     .globl cuMemcpy2D_v2
     .type cuMemcpy2D_v2, @function
 cuMemcpy2D_v2:
-    leaq .Lname103(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2D_v2@PLT
     .size cuMemcpy2D_v2, .-cuMemcpy2D_v2
     .globl cuMemcpy2D_v2_ptds
     .type cuMemcpy2D_v2_ptds, @function
 cuMemcpy2D_v2_ptds:
-    leaq .Lname104(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy2D_v2_ptds@PLT
     .size cuMemcpy2D_v2_ptds, .-cuMemcpy2D_v2_ptds
     .globl cuMemcpy3D
     .type cuMemcpy3D, @function
 cuMemcpy3D:
-    leaq .Lname105(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2232,7 +2115,7 @@ cuMemcpy3D:
     .globl cuMemcpy3DAsync
     .type cuMemcpy3DAsync, @function
 cuMemcpy3DAsync:
-    leaq .Lname106(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2240,98 +2123,62 @@ cuMemcpy3DAsync:
     .globl cuMemcpy3DAsync_v2
     .type cuMemcpy3DAsync_v2, @function
 cuMemcpy3DAsync_v2:
-    leaq .Lname107(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DAsync_v2@PLT
     .size cuMemcpy3DAsync_v2, .-cuMemcpy3DAsync_v2
     .globl cuMemcpy3DAsync_v2_ptsz
     .type cuMemcpy3DAsync_v2_ptsz, @function
 cuMemcpy3DAsync_v2_ptsz:
-    leaq .Lname108(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DAsync_v2_ptsz@PLT
     .size cuMemcpy3DAsync_v2_ptsz, .-cuMemcpy3DAsync_v2_ptsz
     .globl cuMemcpy3DBatchAsync
     .type cuMemcpy3DBatchAsync, @function
 cuMemcpy3DBatchAsync:
-    leaq .Lname109(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync@PLT
     .size cuMemcpy3DBatchAsync, .-cuMemcpy3DBatchAsync
     .globl cuMemcpy3DBatchAsync_ptsz
     .type cuMemcpy3DBatchAsync_ptsz, @function
 cuMemcpy3DBatchAsync_ptsz:
-    leaq .Lname110(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_ptsz@PLT
     .size cuMemcpy3DBatchAsync_ptsz, .-cuMemcpy3DBatchAsync_ptsz
     .globl cuMemcpy3DBatchAsync_v2
     .type cuMemcpy3DBatchAsync_v2, @function
 cuMemcpy3DBatchAsync_v2:
-    leaq .Lname111(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_v2@PLT
     .size cuMemcpy3DBatchAsync_v2, .-cuMemcpy3DBatchAsync_v2
     .globl cuMemcpy3DBatchAsync_v2_ptsz
     .type cuMemcpy3DBatchAsync_v2_ptsz, @function
 cuMemcpy3DBatchAsync_v2_ptsz:
-    leaq .Lname112(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DBatchAsync_v2_ptsz@PLT
     .size cuMemcpy3DBatchAsync_v2_ptsz, .-cuMemcpy3DBatchAsync_v2_ptsz
     .globl cuMemcpy3DPeer
     .type cuMemcpy3DPeer, @function
 cuMemcpy3DPeer:
-    leaq .Lname113(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DPeer@PLT
     .size cuMemcpy3DPeer, .-cuMemcpy3DPeer
     .globl cuMemcpy3DPeerAsync
     .type cuMemcpy3DPeerAsync, @function
 cuMemcpy3DPeerAsync:
-    leaq .Lname114(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DPeerAsync@PLT
     .size cuMemcpy3DPeerAsync, .-cuMemcpy3DPeerAsync
     .globl cuMemcpy3DPeerAsync_ptsz
     .type cuMemcpy3DPeerAsync_ptsz, @function
 cuMemcpy3DPeerAsync_ptsz:
-    leaq .Lname115(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DPeerAsync_ptsz@PLT
     .size cuMemcpy3DPeerAsync_ptsz, .-cuMemcpy3DPeerAsync_ptsz
     .globl cuMemcpy3DPeer_ptds
     .type cuMemcpy3DPeer_ptds, @function
 cuMemcpy3DPeer_ptds:
-    leaq .Lname116(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3DPeer_ptds@PLT
     .size cuMemcpy3DPeer_ptds, .-cuMemcpy3DPeer_ptds
     .globl cuMemcpy3D_v2
     .type cuMemcpy3D_v2, @function
 cuMemcpy3D_v2:
-    leaq .Lname117(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3D_v2@PLT
     .size cuMemcpy3D_v2, .-cuMemcpy3D_v2
     .globl cuMemcpy3D_v2_ptds
     .type cuMemcpy3D_v2_ptds, @function
 cuMemcpy3D_v2_ptds:
-    leaq .Lname118(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpy3D_v2_ptds@PLT
     .size cuMemcpy3D_v2_ptds, .-cuMemcpy3D_v2_ptds
     .globl cuMemcpyAsync
     .type cuMemcpyAsync, @function
@@ -2406,34 +2253,22 @@ cuMemcpyAtoH_v2_ptds:
     .globl cuMemcpyBatchAsync
     .type cuMemcpyBatchAsync, @function
 cuMemcpyBatchAsync:
-    leaq .Lname119(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync@PLT
     .size cuMemcpyBatchAsync, .-cuMemcpyBatchAsync
     .globl cuMemcpyBatchAsync_ptsz
     .type cuMemcpyBatchAsync_ptsz, @function
 cuMemcpyBatchAsync_ptsz:
-    leaq .Lname120(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_ptsz@PLT
     .size cuMemcpyBatchAsync_ptsz, .-cuMemcpyBatchAsync_ptsz
     .globl cuMemcpyBatchAsync_v2
     .type cuMemcpyBatchAsync_v2, @function
 cuMemcpyBatchAsync_v2:
-    leaq .Lname121(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_v2@PLT
     .size cuMemcpyBatchAsync_v2, .-cuMemcpyBatchAsync_v2
     .globl cuMemcpyBatchAsync_v2_ptsz
     .type cuMemcpyBatchAsync_v2_ptsz, @function
 cuMemcpyBatchAsync_v2_ptsz:
-    leaq .Lname122(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuMemcpyBatchAsync_v2_ptsz@PLT
     .size cuMemcpyBatchAsync_v2_ptsz, .-cuMemcpyBatchAsync_v2_ptsz
     .globl cuMemcpyDtoA
     .type cuMemcpyDtoA, @function
@@ -2483,7 +2318,7 @@ cuMemcpyDtoD_v2_ptds:
     .globl cuMemcpyDtoH
     .type cuMemcpyDtoH, @function
 cuMemcpyDtoH:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2491,7 +2326,7 @@ cuMemcpyDtoH:
     .globl cuMemcpyDtoHAsync
     .type cuMemcpyDtoHAsync, @function
 cuMemcpyDtoHAsync:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2549,7 +2384,7 @@ cuMemcpyHtoA_v2_ptds:
     .globl cuMemcpyHtoD
     .type cuMemcpyHtoD, @function
 cuMemcpyHtoD:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2557,7 +2392,7 @@ cuMemcpyHtoD:
     .globl cuMemcpyHtoDAsync
     .type cuMemcpyHtoDAsync, @function
 cuMemcpyHtoDAsync:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2905,7 +2740,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cuOccupancyMaxActiveClusters
     .type cuOccupancyMaxActiveClusters, @function
 cuOccupancyMaxActiveClusters:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2913,23 +2748,17 @@ cuOccupancyMaxActiveClusters:
     .globl cuOccupancyMaxPotentialBlockSize
     .type cuOccupancyMaxPotentialBlockSize, @function
 cuOccupancyMaxPotentialBlockSize:
-    leaq .Lname128(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuOccupancyMaxPotentialBlockSize@PLT
     .size cuOccupancyMaxPotentialBlockSize, .-cuOccupancyMaxPotentialBlockSize
     .globl cuOccupancyMaxPotentialBlockSizeWithFlags
     .type cuOccupancyMaxPotentialBlockSizeWithFlags, @function
 cuOccupancyMaxPotentialBlockSizeWithFlags:
-    leaq .Lname129(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuOccupancyMaxPotentialBlockSizeWithFlags@PLT
     .size cuOccupancyMaxPotentialBlockSizeWithFlags, .-cuOccupancyMaxPotentialBlockSizeWithFlags
     .globl cuOccupancyMaxPotentialClusterSize
     .type cuOccupancyMaxPotentialClusterSize, @function
 cuOccupancyMaxPotentialClusterSize:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2967,10 +2796,7 @@ cuPointerGetAttribute:
     .globl cuPointerGetAttributes
     .type cuPointerGetAttributes, @function
 cuPointerGetAttributes:
-    leaq .Lname131(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuPointerGetAttributes@PLT
     .size cuPointerGetAttributes, .-cuPointerGetAttributes
     .globl cuPointerSetAttribute
     .type cuPointerSetAttribute, @function
@@ -2990,7 +2816,7 @@ cuProfilerStop:
     .globl cuSignalExternalSemaphoresAsync
     .type cuSignalExternalSemaphoresAsync, @function
 cuSignalExternalSemaphoresAsync:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2998,7 +2824,7 @@ cuSignalExternalSemaphoresAsync:
     .globl cuSignalExternalSemaphoresAsync_ptsz
     .type cuSignalExternalSemaphoresAsync_ptsz, @function
 cuSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3006,18 +2832,12 @@ cuSignalExternalSemaphoresAsync_ptsz:
     .globl cuStreamAddCallback
     .type cuStreamAddCallback, @function
 cuStreamAddCallback:
-    leaq .Lname134(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamAddCallback@PLT
     .size cuStreamAddCallback, .-cuStreamAddCallback
     .globl cuStreamAddCallback_ptsz
     .type cuStreamAddCallback_ptsz, @function
 cuStreamAddCallback_ptsz:
-    leaq .Lname135(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamAddCallback_ptsz@PLT
     .size cuStreamAddCallback_ptsz, .-cuStreamAddCallback_ptsz
     .globl cuStreamAttachMemAsync
     .type cuStreamAttachMemAsync, @function
@@ -3057,18 +2877,12 @@ cuStreamBeginCapture:
     .globl cuStreamBeginCaptureToGraph
     .type cuStreamBeginCaptureToGraph, @function
 cuStreamBeginCaptureToGraph:
-    leaq .Lname136(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBeginCaptureToGraph@PLT
     .size cuStreamBeginCaptureToGraph, .-cuStreamBeginCaptureToGraph
     .globl cuStreamBeginCaptureToGraph_ptsz
     .type cuStreamBeginCaptureToGraph_ptsz, @function
 cuStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname137(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamBeginCaptureToGraph_ptsz@PLT
     .size cuStreamBeginCaptureToGraph_ptsz, .-cuStreamBeginCaptureToGraph_ptsz
     .globl cuStreamBeginCapture_ptsz
     .type cuStreamBeginCapture_ptsz, @function
@@ -3148,34 +2962,22 @@ cuStreamGetCaptureInfo_ptsz:
     .globl cuStreamGetCaptureInfo_v2
     .type cuStreamGetCaptureInfo_v2, @function
 cuStreamGetCaptureInfo_v2:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetCaptureInfo_v2@PLT
     .size cuStreamGetCaptureInfo_v2, .-cuStreamGetCaptureInfo_v2
     .globl cuStreamGetCaptureInfo_v2_ptsz
     .type cuStreamGetCaptureInfo_v2_ptsz, @function
 cuStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname139(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetCaptureInfo_v2_ptsz@PLT
     .size cuStreamGetCaptureInfo_v2_ptsz, .-cuStreamGetCaptureInfo_v2_ptsz
     .globl cuStreamGetCaptureInfo_v3
     .type cuStreamGetCaptureInfo_v3, @function
 cuStreamGetCaptureInfo_v3:
-    leaq .Lname140(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetCaptureInfo_v3@PLT
     .size cuStreamGetCaptureInfo_v3, .-cuStreamGetCaptureInfo_v3
     .globl cuStreamGetCaptureInfo_v3_ptsz
     .type cuStreamGetCaptureInfo_v3_ptsz, @function
 cuStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname141(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_driver_cuStreamGetCaptureInfo_v3_ptsz@PLT
     .size cuStreamGetCaptureInfo_v3_ptsz, .-cuStreamGetCaptureInfo_v3_ptsz
     .globl cuStreamGetCtx
     .type cuStreamGetCtx, @function
@@ -3200,7 +3002,7 @@ cuStreamGetCtx_v2_ptsz:
     .globl cuStreamGetDevResource
     .type cuStreamGetDevResource, @function
 cuStreamGetDevResource:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3208,7 +3010,7 @@ cuStreamGetDevResource:
     .globl cuStreamGetDevResource_ptsz
     .type cuStreamGetDevResource_ptsz, @function
 cuStreamGetDevResource_ptsz:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3641,7 +3443,7 @@ cuThreadExchangeStreamCaptureMode:
     .globl cuUserObjectCreate
     .type cuUserObjectCreate, @function
 cuUserObjectCreate:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3659,7 +3461,7 @@ cuUserObjectRetain:
     .globl cuWaitExternalSemaphoresAsync
     .type cuWaitExternalSemaphoresAsync, @function
 cuWaitExternalSemaphoresAsync:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3667,7 +3469,7 @@ cuWaitExternalSemaphoresAsync:
     .globl cuWaitExternalSemaphoresAsync_ptsz
     .type cuWaitExternalSemaphoresAsync_ptsz, @function
 cuWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -3690,281 +3492,149 @@ cuWaitExternalSemaphoresAsync_ptsz:
 .Lname7:
     .asciz "cuCoredumpSetAttributeGlobal"
 .Lname8:
-    .asciz "cuCtxCreate_v3"
-.Lname9:
-    .asciz "cuCtxCreate_v4"
-.Lname10:
     .asciz "cuDevSmResourceSplit"
-.Lname11:
+.Lname9:
     .asciz "cuDevSmResourceSplitByCount"
-.Lname12:
+.Lname10:
     .asciz "cuDeviceGetNvSciSyncAttributes"
-.Lname13:
+.Lname11:
     .asciz "cuDeviceRegisterAsyncNotification"
-.Lname14:
-    .asciz "cuFuncGetName"
-.Lname15:
+.Lname12:
     .asciz "cuGetExportTable"
-.Lname16:
+.Lname13:
     .asciz "cuGraphAddBatchMemOpNode"
-.Lname17:
+.Lname14:
     .asciz "cuGraphAddExternalSemaphoresSignalNode"
-.Lname18:
+.Lname15:
     .asciz "cuGraphAddExternalSemaphoresWaitNode"
-.Lname19:
-    .asciz "cuGraphAddHostNode"
-.Lname20:
-    .asciz "cuGraphAddKernelNode"
-.Lname21:
-    .asciz "cuGraphAddKernelNode_v2"
-.Lname22:
-    .asciz "cuGraphAddMemAllocNode"
-.Lname23:
-    .asciz "cuGraphAddNode"
-.Lname24:
-    .asciz "cuGraphAddNode_v2"
-.Lname25:
+.Lname16:
     .asciz "cuGraphBatchMemOpNodeGetParams"
-.Lname26:
+.Lname17:
     .asciz "cuGraphBatchMemOpNodeSetParams"
-.Lname27:
+.Lname18:
     .asciz "cuGraphDebugDotPrint"
-.Lname28:
+.Lname19:
     .asciz "cuGraphExecBatchMemOpNodeSetParams"
-.Lname29:
+.Lname20:
     .asciz "cuGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname30:
+.Lname21:
     .asciz "cuGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname31:
-    .asciz "cuGraphExecHostNodeSetParams"
-.Lname32:
-    .asciz "cuGraphExecKernelNodeSetParams"
-.Lname33:
-    .asciz "cuGraphExecKernelNodeSetParams_v2"
-.Lname34:
-    .asciz "cuGraphExecNodeSetParams"
-.Lname35:
+.Lname22:
     .asciz "cuGraphExternalSemaphoresSignalNodeGetParams"
-.Lname36:
+.Lname23:
     .asciz "cuGraphExternalSemaphoresSignalNodeSetParams"
-.Lname37:
+.Lname24:
     .asciz "cuGraphExternalSemaphoresWaitNodeGetParams"
-.Lname38:
+.Lname25:
     .asciz "cuGraphExternalSemaphoresWaitNodeSetParams"
-.Lname39:
-    .asciz "cuGraphGetEdges_v2"
-.Lname40:
-    .asciz "cuGraphHostNodeGetParams"
-.Lname41:
-    .asciz "cuGraphHostNodeSetParams"
-.Lname42:
-    .asciz "cuGraphKernelNodeGetParams"
-.Lname43:
-    .asciz "cuGraphKernelNodeGetParams_v2"
-.Lname44:
-    .asciz "cuGraphKernelNodeSetParams"
-.Lname45:
-    .asciz "cuGraphKernelNodeSetParams_v2"
-.Lname46:
-    .asciz "cuGraphMemAllocNodeGetParams"
-.Lname47:
-    .asciz "cuGraphNodeGetDependencies_v2"
-.Lname48:
-    .asciz "cuGraphNodeGetDependentNodes_v2"
-.Lname49:
-    .asciz "cuGraphNodeSetParams"
-.Lname50:
+.Lname26:
     .asciz "cuGraphicsResourceGetMappedPointer"
-.Lname51:
+.Lname27:
     .asciz "cuGraphicsResourceGetMappedPointer_v2"
-.Lname52:
+.Lname28:
     .asciz "cuImportExternalMemory"
-.Lname53:
+.Lname29:
     .asciz "cuImportExternalSemaphore"
-.Lname54:
+.Lname30:
     .asciz "cuIpcGetEventHandle"
-.Lname55:
+.Lname31:
     .asciz "cuIpcGetMemHandle"
-.Lname56:
-    .asciz "cuKernelGetName"
-.Lname57:
+.Lname32:
     .asciz "cuLaunchCooperativeKernelMultiDevice"
-.Lname58:
+.Lname33:
     .asciz "cuLibraryGetUnifiedFunction"
-.Lname59:
+.Lname34:
     .asciz "cuLibraryLoadData"
-.Lname60:
+.Lname35:
     .asciz "cuLibraryLoadFromFile"
-.Lname61:
+.Lname36:
     .asciz "cuLinkAddData"
-.Lname62:
+.Lname37:
     .asciz "cuLinkAddData_v2"
-.Lname63:
+.Lname38:
     .asciz "cuLinkAddFile"
-.Lname64:
+.Lname39:
     .asciz "cuLinkAddFile_v2"
-.Lname65:
+.Lname40:
     .asciz "cuLinkComplete"
-.Lname66:
+.Lname41:
     .asciz "cuLinkCreate"
-.Lname67:
+.Lname42:
     .asciz "cuLinkCreate_v2"
-.Lname68:
+.Lname43:
     .asciz "cuLogsDumpToFile"
-.Lname69:
+.Lname44:
     .asciz "cuLogsDumpToMemory"
-.Lname70:
+.Lname45:
     .asciz "cuLogsRegisterCallback"
-.Lname71:
+.Lname46:
     .asciz "cuMemAlloc"
-.Lname72:
-    .asciz "cuMemAllocAsync"
-.Lname73:
-    .asciz "cuMemAllocAsync_ptsz"
-.Lname74:
-    .asciz "cuMemAllocFromPoolAsync"
-.Lname75:
-    .asciz "cuMemAllocFromPoolAsync_ptsz"
-.Lname76:
-    .asciz "cuMemAllocHost"
-.Lname77:
+.Lname47:
     .asciz "cuMemAllocManaged"
-.Lname78:
+.Lname48:
     .asciz "cuMemAllocPitch"
-.Lname79:
-    .asciz "cuMemAllocPitch_v2"
-.Lname80:
+.Lname49:
     .asciz "cuMemBatchDecompressAsync"
-.Lname81:
+.Lname50:
     .asciz "cuMemBatchDecompressAsync_ptsz"
-.Lname82:
+.Lname51:
     .asciz "cuMemExportToShareableHandle"
-.Lname83:
+.Lname52:
     .asciz "cuMemGetAddressRange"
-.Lname84:
-    .asciz "cuMemGetAddressRange_v2"
-.Lname85:
+.Lname53:
     .asciz "cuMemGetHandleForAddressRange"
-.Lname86:
+.Lname54:
     .asciz "cuMemHostGetDevicePointer"
-.Lname87:
-    .asciz "cuMemHostRegister"
-.Lname88:
+.Lname55:
     .asciz "cuMemImportFromShareableHandle"
-.Lname89:
+.Lname56:
     .asciz "cuMemMapArrayAsync"
-.Lname90:
+.Lname57:
     .asciz "cuMemMapArrayAsync_ptsz"
-.Lname91:
+.Lname58:
     .asciz "cuMemPoolExportPointer"
-.Lname92:
+.Lname59:
     .asciz "cuMemPoolExportToShareableHandle"
-.Lname93:
+.Lname60:
     .asciz "cuMemPoolImportFromShareableHandle"
-.Lname94:
+.Lname61:
     .asciz "cuMemPoolImportPointer"
-.Lname95:
+.Lname62:
     .asciz "cuMemRangeGetAttributes"
-.Lname96:
+.Lname63:
     .asciz "cuMemcpy2D"
-.Lname97:
+.Lname64:
     .asciz "cuMemcpy2DAsync"
-.Lname98:
-    .asciz "cuMemcpy2DAsync_v2"
-.Lname99:
-    .asciz "cuMemcpy2DAsync_v2_ptsz"
-.Lname100:
+.Lname65:
     .asciz "cuMemcpy2DUnaligned"
-.Lname101:
-    .asciz "cuMemcpy2DUnaligned_v2"
-.Lname102:
-    .asciz "cuMemcpy2DUnaligned_v2_ptds"
-.Lname103:
-    .asciz "cuMemcpy2D_v2"
-.Lname104:
-    .asciz "cuMemcpy2D_v2_ptds"
-.Lname105:
+.Lname66:
     .asciz "cuMemcpy3D"
-.Lname106:
+.Lname67:
     .asciz "cuMemcpy3DAsync"
-.Lname107:
-    .asciz "cuMemcpy3DAsync_v2"
-.Lname108:
-    .asciz "cuMemcpy3DAsync_v2_ptsz"
-.Lname109:
-    .asciz "cuMemcpy3DBatchAsync"
-.Lname110:
-    .asciz "cuMemcpy3DBatchAsync_ptsz"
-.Lname111:
-    .asciz "cuMemcpy3DBatchAsync_v2"
-.Lname112:
-    .asciz "cuMemcpy3DBatchAsync_v2_ptsz"
-.Lname113:
-    .asciz "cuMemcpy3DPeer"
-.Lname114:
-    .asciz "cuMemcpy3DPeerAsync"
-.Lname115:
-    .asciz "cuMemcpy3DPeerAsync_ptsz"
-.Lname116:
-    .asciz "cuMemcpy3DPeer_ptds"
-.Lname117:
-    .asciz "cuMemcpy3D_v2"
-.Lname118:
-    .asciz "cuMemcpy3D_v2_ptds"
-.Lname119:
-    .asciz "cuMemcpyBatchAsync"
-.Lname120:
-    .asciz "cuMemcpyBatchAsync_ptsz"
-.Lname121:
-    .asciz "cuMemcpyBatchAsync_v2"
-.Lname122:
-    .asciz "cuMemcpyBatchAsync_v2_ptsz"
-.Lname123:
+.Lname68:
     .asciz "cuMemcpyDtoH"
-.Lname124:
+.Lname69:
     .asciz "cuMemcpyDtoHAsync"
-.Lname125:
+.Lname70:
     .asciz "cuMemcpyHtoD"
-.Lname126:
+.Lname71:
     .asciz "cuMemcpyHtoDAsync"
-.Lname127:
+.Lname72:
     .asciz "cuOccupancyMaxActiveClusters"
-.Lname128:
-    .asciz "cuOccupancyMaxPotentialBlockSize"
-.Lname129:
-    .asciz "cuOccupancyMaxPotentialBlockSizeWithFlags"
-.Lname130:
+.Lname73:
     .asciz "cuOccupancyMaxPotentialClusterSize"
-.Lname131:
-    .asciz "cuPointerGetAttributes"
-.Lname132:
+.Lname74:
     .asciz "cuSignalExternalSemaphoresAsync"
-.Lname133:
+.Lname75:
     .asciz "cuSignalExternalSemaphoresAsync_ptsz"
-.Lname134:
-    .asciz "cuStreamAddCallback"
-.Lname135:
-    .asciz "cuStreamAddCallback_ptsz"
-.Lname136:
-    .asciz "cuStreamBeginCaptureToGraph"
-.Lname137:
-    .asciz "cuStreamBeginCaptureToGraph_ptsz"
-.Lname138:
-    .asciz "cuStreamGetCaptureInfo_v2"
-.Lname139:
-    .asciz "cuStreamGetCaptureInfo_v2_ptsz"
-.Lname140:
-    .asciz "cuStreamGetCaptureInfo_v3"
-.Lname141:
-    .asciz "cuStreamGetCaptureInfo_v3_ptsz"
-.Lname142:
+.Lname76:
     .asciz "cuStreamGetDevResource"
-.Lname143:
+.Lname77:
     .asciz "cuStreamGetDevResource_ptsz"
-.Lname144:
+.Lname78:
     .asciz "cuUserObjectCreate"
-.Lname145:
+.Lname79:
     .asciz "cuWaitExternalSemaphoresAsync"
-.Lname146:
+.Lname80:
     .asciz "cuWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

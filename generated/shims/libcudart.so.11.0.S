@@ -126,10 +126,7 @@ cudaChooseDevice:
     .globl cudaCreateChannelDesc
     .type cudaCreateChannelDesc, @function
 cudaCreateChannelDesc:
-    leaq .Lname4(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateChannelDesc@PLT
     .size cudaCreateChannelDesc, .-cudaCreateChannelDesc
     .globl cudaCreateSurfaceObject
     .type cudaCreateSurfaceObject, @function
@@ -144,7 +141,7 @@ cudaCreateTextureObject:
     .globl cudaCreateTextureObject_v2
     .type cudaCreateTextureObject_v2, @function
 cudaCreateTextureObject_v2:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -232,7 +229,7 @@ cudaDeviceGetMemPool:
     .globl cudaDeviceGetNvSciSyncAttributes
     .type cudaDeviceGetNvSciSyncAttributes, @function
 cudaDeviceGetNvSciSyncAttributes:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -310,7 +307,7 @@ cudaDriverGetVersion:
     .globl cudaEGLStreamConsumerAcquireFrame
     .type cudaEGLStreamConsumerAcquireFrame, @function
 cudaEGLStreamConsumerAcquireFrame:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -318,7 +315,7 @@ cudaEGLStreamConsumerAcquireFrame:
     .globl cudaEGLStreamConsumerConnect
     .type cudaEGLStreamConsumerConnect, @function
 cudaEGLStreamConsumerConnect:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -326,7 +323,7 @@ cudaEGLStreamConsumerConnect:
     .globl cudaEGLStreamConsumerConnectWithFlags
     .type cudaEGLStreamConsumerConnectWithFlags, @function
 cudaEGLStreamConsumerConnectWithFlags:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -334,7 +331,7 @@ cudaEGLStreamConsumerConnectWithFlags:
     .globl cudaEGLStreamConsumerDisconnect
     .type cudaEGLStreamConsumerDisconnect, @function
 cudaEGLStreamConsumerDisconnect:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -342,7 +339,7 @@ cudaEGLStreamConsumerDisconnect:
     .globl cudaEGLStreamConsumerReleaseFrame
     .type cudaEGLStreamConsumerReleaseFrame, @function
 cudaEGLStreamConsumerReleaseFrame:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -350,7 +347,7 @@ cudaEGLStreamConsumerReleaseFrame:
     .globl cudaEGLStreamProducerConnect
     .type cudaEGLStreamProducerConnect, @function
 cudaEGLStreamProducerConnect:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -358,7 +355,7 @@ cudaEGLStreamProducerConnect:
     .globl cudaEGLStreamProducerDisconnect
     .type cudaEGLStreamProducerDisconnect, @function
 cudaEGLStreamProducerDisconnect:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -366,7 +363,7 @@ cudaEGLStreamProducerDisconnect:
     .globl cudaEGLStreamProducerPresentFrame
     .type cudaEGLStreamProducerPresentFrame, @function
 cudaEGLStreamProducerPresentFrame:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -374,7 +371,7 @@ cudaEGLStreamProducerPresentFrame:
     .globl cudaEGLStreamProducerReturnFrame
     .type cudaEGLStreamProducerReturnFrame, @function
 cudaEGLStreamProducerReturnFrame:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -387,7 +384,7 @@ cudaEventCreate:
     .globl cudaEventCreateFromEGLSync
     .type cudaEventCreateFromEGLSync, @function
 cudaEventCreateFromEGLSync:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -440,7 +437,7 @@ cudaEventSynchronize:
     .globl cudaExternalMemoryGetMappedBuffer
     .type cudaExternalMemoryGetMappedBuffer, @function
 cudaExternalMemoryGetMappedBuffer:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -498,15 +495,12 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname18(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncSetSharedMemConfig@PLT
     .size cudaFuncSetSharedMemConfig, .-cudaFuncSetSharedMemConfig
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -514,7 +508,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -522,7 +516,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -530,7 +524,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -538,7 +532,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -546,7 +540,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -554,7 +548,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -562,7 +556,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -570,7 +564,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -623,7 +617,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -631,10 +625,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname29(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetFuncBySymbol@PLT
     .size cudaGetFuncBySymbol, .-cudaGetFuncBySymbol
     .globl cudaGetLastError
     .type cudaGetLastError, @function
@@ -654,7 +645,7 @@ cudaGetSurfaceObjectResourceDesc:
     .globl cudaGetSurfaceReference
     .type cudaGetSurfaceReference, @function
 cudaGetSurfaceReference:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -692,7 +683,7 @@ cudaGetTextureObjectTextureDesc:
     .globl cudaGetTextureObjectTextureDesc_v2
     .type cudaGetTextureObjectTextureDesc_v2, @function
 cudaGetTextureObjectTextureDesc_v2:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -700,7 +691,7 @@ cudaGetTextureObjectTextureDesc_v2:
     .globl cudaGetTextureReference
     .type cudaGetTextureReference, @function
 cudaGetTextureReference:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -733,7 +724,7 @@ cudaGraphAddEventWaitNode:
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -741,7 +732,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname34(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -749,26 +740,17 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname35(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddHostNode@PLT
     .size cudaGraphAddHostNode, .-cudaGraphAddHostNode
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname36(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddKernelNode@PLT
     .size cudaGraphAddKernelNode, .-cudaGraphAddKernelNode
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname37(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemAllocNode__cu118@PLT
     .size cudaGraphAddMemAllocNode, .-cudaGraphAddMemAllocNode
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
@@ -778,34 +760,22 @@ cudaGraphAddMemFreeNode:
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode@PLT
     .size cudaGraphAddMemcpyNode, .-cudaGraphAddMemcpyNode
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname39(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode1D@PLT
     .size cudaGraphAddMemcpyNode1D, .-cudaGraphAddMemcpyNode1D
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol@PLT
     .size cudaGraphAddMemcpyNodeFromSymbol, .-cudaGraphAddMemcpyNodeFromSymbol
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol@PLT
     .size cudaGraphAddMemcpyNodeToSymbol, .-cudaGraphAddMemcpyNodeToSymbol
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
@@ -830,7 +800,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -888,7 +858,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -896,7 +866,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -904,50 +874,32 @@ cudaGraphExecExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecHostNodeSetParams@PLT
     .size cudaGraphExecHostNodeSetParams, .-cudaGraphExecHostNodeSetParams
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecKernelNodeSetParams@PLT
     .size cudaGraphExecKernelNodeSetParams, .-cudaGraphExecKernelNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams@PLT
     .size cudaGraphExecMemcpyNodeSetParams, .-cudaGraphExecMemcpyNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D@PLT
     .size cudaGraphExecMemcpyNodeSetParams1D, .-cudaGraphExecMemcpyNodeSetParams1D
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsFromSymbol, .-cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsToSymbol, .-cudaGraphExecMemcpyNodeSetParamsToSymbol
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
@@ -962,7 +914,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname51(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -970,7 +922,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -978,7 +930,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -986,7 +938,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1009,23 +961,17 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname55(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeGetParams@PLT
     .size cudaGraphHostNodeGetParams, .-cudaGraphHostNodeGetParams
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname56(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeSetParams@PLT
     .size cudaGraphHostNodeSetParams, .-cudaGraphHostNodeSetParams
     .globl cudaGraphInstantiate
     .type cudaGraphInstantiate, @function
 cudaGraphInstantiate:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1048,10 +994,7 @@ cudaGraphKernelNodeGetAttribute:
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname58(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetParams@PLT
     .size cudaGraphKernelNodeGetParams, .-cudaGraphKernelNodeGetParams
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
@@ -1061,10 +1004,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname59(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeSetParams@PLT
     .size cudaGraphKernelNodeSetParams, .-cudaGraphKernelNodeSetParams
     .globl cudaGraphLaunch
     .type cudaGraphLaunch, @function
@@ -1079,10 +1019,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname60(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu118@PLT
     .size cudaGraphMemAllocNodeGetParams, .-cudaGraphMemAllocNodeGetParams
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
@@ -1092,42 +1029,27 @@ cudaGraphMemFreeNodeGetParams:
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname61(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeGetParams@PLT
     .size cudaGraphMemcpyNodeGetParams, .-cudaGraphMemcpyNodeGetParams
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname62(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams@PLT
     .size cudaGraphMemcpyNodeSetParams, .-cudaGraphMemcpyNodeSetParams
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname63(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams1D@PLT
     .size cudaGraphMemcpyNodeSetParams1D, .-cudaGraphMemcpyNodeSetParams1D
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname64(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsFromSymbol, .-cudaGraphMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname65(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsToSymbol, .-cudaGraphMemcpyNodeSetParamsToSymbol
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
@@ -1197,7 +1119,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname66(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1205,7 +1127,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1213,7 +1135,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1226,7 +1148,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname69(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1239,7 +1161,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1267,7 +1189,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1275,7 +1197,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1308,7 +1230,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1316,7 +1238,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1324,7 +1246,7 @@ cudaImportExternalSemaphore:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1332,7 +1254,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1340,7 +1262,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1353,7 +1275,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1366,7 +1288,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1414,10 +1336,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname80(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMalloc3D@PLT
     .size cudaMalloc3D, .-cudaMalloc3D
     .globl cudaMalloc3DArray
     .type cudaMalloc3DArray, @function
@@ -1442,18 +1361,12 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname81(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync@PLT
     .size cudaMallocFromPoolAsync, .-cudaMallocFromPoolAsync
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname82(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync_ptsz@PLT
     .size cudaMallocFromPoolAsync_ptsz, .-cudaMallocFromPoolAsync_ptsz
     .globl cudaMallocHost
     .type cudaMallocHost, @function
@@ -1463,7 +1376,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1501,7 +1414,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1509,7 +1422,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1527,7 +1440,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1535,7 +1448,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1573,10 +1486,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname88(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttributes@PLT
     .size cudaMemRangeGetAttributes, .-cudaMemRangeGetAttributes
     .globl cudaMemcpy
     .type cudaMemcpy, @function
@@ -1611,66 +1521,42 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname89(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray@PLT
     .size cudaMemcpy2DFromArray, .-cudaMemcpy2DFromArray
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname90(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync@PLT
     .size cudaMemcpy2DFromArrayAsync, .-cudaMemcpy2DFromArrayAsync
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname91(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz@PLT
     .size cudaMemcpy2DFromArrayAsync_ptsz, .-cudaMemcpy2DFromArrayAsync_ptsz
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname92(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray_ptds@PLT
     .size cudaMemcpy2DFromArray_ptds, .-cudaMemcpy2DFromArray_ptds
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname93(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray@PLT
     .size cudaMemcpy2DToArray, .-cudaMemcpy2DToArray
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname94(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync@PLT
     .size cudaMemcpy2DToArrayAsync, .-cudaMemcpy2DToArrayAsync
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname95(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz@PLT
     .size cudaMemcpy2DToArrayAsync_ptsz, .-cudaMemcpy2DToArrayAsync_ptsz
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname96(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray_ptds@PLT
     .size cudaMemcpy2DToArray_ptds, .-cudaMemcpy2DToArray_ptds
     .globl cudaMemcpy2D_ptds
     .type cudaMemcpy2D_ptds, @function
@@ -1680,66 +1566,42 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname97(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D@PLT
     .size cudaMemcpy3D, .-cudaMemcpy3D
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname98(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync@PLT
     .size cudaMemcpy3DAsync, .-cudaMemcpy3DAsync
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname99(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync_ptsz@PLT
     .size cudaMemcpy3DAsync_ptsz, .-cudaMemcpy3DAsync_ptsz
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname100(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer@PLT
     .size cudaMemcpy3DPeer, .-cudaMemcpy3DPeer
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname101(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync@PLT
     .size cudaMemcpy3DPeerAsync, .-cudaMemcpy3DPeerAsync
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname102(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz@PLT
     .size cudaMemcpy3DPeerAsync_ptsz, .-cudaMemcpy3DPeerAsync_ptsz
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname103(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer_ptds@PLT
     .size cudaMemcpy3DPeer_ptds, .-cudaMemcpy3DPeer_ptds
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname104(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D_ptds@PLT
     .size cudaMemcpy3D_ptds, .-cudaMemcpy3D_ptds
     .globl cudaMemcpyArrayToArray
     .type cudaMemcpyArrayToArray, @function
@@ -1764,34 +1626,22 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname105(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray@PLT
     .size cudaMemcpyFromArray, .-cudaMemcpyFromArray
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname106(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync@PLT
     .size cudaMemcpyFromArrayAsync, .-cudaMemcpyFromArrayAsync
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname107(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz@PLT
     .size cudaMemcpyFromArrayAsync_ptsz, .-cudaMemcpyFromArrayAsync_ptsz
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname108(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray_ptds@PLT
     .size cudaMemcpyFromArray_ptds, .-cudaMemcpyFromArray_ptds
     .globl cudaMemcpyFromSymbol
     .type cudaMemcpyFromSymbol, @function
@@ -1826,34 +1676,22 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname109(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray@PLT
     .size cudaMemcpyToArray, .-cudaMemcpyToArray
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname110(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync@PLT
     .size cudaMemcpyToArrayAsync, .-cudaMemcpyToArrayAsync
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname111(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync_ptsz@PLT
     .size cudaMemcpyToArrayAsync_ptsz, .-cudaMemcpyToArrayAsync_ptsz
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname112(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray_ptds@PLT
     .size cudaMemcpyToArray_ptds, .-cudaMemcpyToArray_ptds
     .globl cudaMemcpyToSymbol
     .type cudaMemcpyToSymbol, @function
@@ -1953,10 +1791,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname113(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBlock@PLT
     .size cudaOccupancyAvailableDynamicSMemPerBlock, .-cudaOccupancyAvailableDynamicSMemPerBlock
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessor
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessor, @function
@@ -1971,7 +1806,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname114(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1979,7 +1814,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname115(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1997,7 +1832,7 @@ cudaPointerGetAttributes:
     .globl cudaProfilerInitialize
     .type cudaProfilerInitialize, @function
 cudaProfilerInitialize:
-    leaq .Lname116(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2045,7 +1880,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname117(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2053,7 +1888,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname118(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2061,7 +1896,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname119(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2069,7 +1904,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname120(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2167,7 +2002,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname121(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2175,7 +2010,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname122(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2248,7 +2083,7 @@ cudaStreamUpdateCaptureDependencies:
     .globl cudaStreamUpdateCaptureDependencies_ptsz
     .type cudaStreamUpdateCaptureDependencies_ptsz, @function
 cudaStreamUpdateCaptureDependencies_ptsz:
-    leaq .Lname123(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2306,7 +2141,7 @@ cudaUnbindTexture:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname124(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2324,7 +2159,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname125(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2332,7 +2167,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname126(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2340,7 +2175,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname127(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2348,7 +2183,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname128(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2356,7 +2191,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname129(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2364,7 +2199,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname130(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2379,257 +2214,147 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname3:
     .asciz "cudaBindTexture2D"
 .Lname4:
-    .asciz "cudaCreateChannelDesc"
-.Lname5:
     .asciz "cudaCreateTextureObject_v2"
-.Lname6:
+.Lname5:
     .asciz "cudaDeviceGetNvSciSyncAttributes"
-.Lname7:
+.Lname6:
     .asciz "cudaEGLStreamConsumerAcquireFrame"
-.Lname8:
+.Lname7:
     .asciz "cudaEGLStreamConsumerConnect"
-.Lname9:
+.Lname8:
     .asciz "cudaEGLStreamConsumerConnectWithFlags"
-.Lname10:
+.Lname9:
     .asciz "cudaEGLStreamConsumerDisconnect"
-.Lname11:
+.Lname10:
     .asciz "cudaEGLStreamConsumerReleaseFrame"
-.Lname12:
+.Lname11:
     .asciz "cudaEGLStreamProducerConnect"
-.Lname13:
+.Lname12:
     .asciz "cudaEGLStreamProducerDisconnect"
-.Lname14:
+.Lname13:
     .asciz "cudaEGLStreamProducerPresentFrame"
-.Lname15:
+.Lname14:
     .asciz "cudaEGLStreamProducerReturnFrame"
-.Lname16:
+.Lname15:
     .asciz "cudaEventCreateFromEGLSync"
-.Lname17:
+.Lname16:
     .asciz "cudaExternalMemoryGetMappedBuffer"
-.Lname18:
-    .asciz "cudaFuncSetSharedMemConfig"
-.Lname19:
+.Lname17:
     .asciz "cudaGLGetDevices"
-.Lname20:
+.Lname18:
     .asciz "cudaGLMapBufferObject"
-.Lname21:
+.Lname19:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname22:
+.Lname20:
     .asciz "cudaGLRegisterBufferObject"
-.Lname23:
+.Lname21:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname24:
+.Lname22:
     .asciz "cudaGLSetGLDevice"
-.Lname25:
+.Lname23:
     .asciz "cudaGLUnmapBufferObject"
-.Lname26:
+.Lname24:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname27:
+.Lname25:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname28:
+.Lname26:
     .asciz "cudaGetExportTable"
-.Lname29:
-    .asciz "cudaGetFuncBySymbol"
-.Lname30:
+.Lname27:
     .asciz "cudaGetSurfaceReference"
-.Lname31:
+.Lname28:
     .asciz "cudaGetTextureObjectTextureDesc_v2"
-.Lname32:
+.Lname29:
     .asciz "cudaGetTextureReference"
-.Lname33:
+.Lname30:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname34:
+.Lname31:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname35:
-    .asciz "cudaGraphAddHostNode"
-.Lname36:
-    .asciz "cudaGraphAddKernelNode"
-.Lname37:
-    .asciz "cudaGraphAddMemAllocNode"
-.Lname38:
-    .asciz "cudaGraphAddMemcpyNode"
-.Lname39:
-    .asciz "cudaGraphAddMemcpyNode1D"
-.Lname40:
-    .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname41:
-    .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname42:
+.Lname32:
     .asciz "cudaGraphDebugDotPrint"
-.Lname43:
+.Lname33:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname44:
+.Lname34:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname45:
-    .asciz "cudaGraphExecHostNodeSetParams"
-.Lname46:
-    .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname47:
-    .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname48:
-    .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname49:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname50:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname51:
+.Lname35:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname52:
+.Lname36:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname53:
+.Lname37:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname54:
+.Lname38:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname55:
-    .asciz "cudaGraphHostNodeGetParams"
-.Lname56:
-    .asciz "cudaGraphHostNodeSetParams"
-.Lname57:
+.Lname39:
     .asciz "cudaGraphInstantiate"
-.Lname58:
-    .asciz "cudaGraphKernelNodeGetParams"
-.Lname59:
-    .asciz "cudaGraphKernelNodeSetParams"
-.Lname60:
-    .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname61:
-    .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname62:
-    .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname63:
-    .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname64:
-    .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname65:
-    .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname66:
+.Lname40:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname67:
+.Lname41:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname68:
+.Lname42:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname69:
+.Lname43:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname70:
+.Lname44:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname71:
+.Lname45:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname72:
+.Lname46:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname73:
+.Lname47:
     .asciz "cudaImportExternalMemory"
-.Lname74:
+.Lname48:
     .asciz "cudaImportExternalSemaphore"
-.Lname75:
+.Lname49:
     .asciz "cudaIpcCloseMemHandle"
-.Lname76:
+.Lname50:
     .asciz "cudaIpcGetEventHandle"
-.Lname77:
+.Lname51:
     .asciz "cudaIpcGetMemHandle"
-.Lname78:
+.Lname52:
     .asciz "cudaIpcOpenMemHandle"
-.Lname79:
+.Lname53:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname80:
-    .asciz "cudaMalloc3D"
-.Lname81:
-    .asciz "cudaMallocFromPoolAsync"
-.Lname82:
-    .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname83:
+.Lname54:
     .asciz "cudaMallocManaged"
-.Lname84:
+.Lname55:
     .asciz "cudaMemPoolExportPointer"
-.Lname85:
+.Lname56:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname86:
+.Lname57:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname87:
+.Lname58:
     .asciz "cudaMemPoolImportPointer"
-.Lname88:
-    .asciz "cudaMemRangeGetAttributes"
-.Lname89:
-    .asciz "cudaMemcpy2DFromArray"
-.Lname90:
-    .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname91:
-    .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname92:
-    .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname93:
-    .asciz "cudaMemcpy2DToArray"
-.Lname94:
-    .asciz "cudaMemcpy2DToArrayAsync"
-.Lname95:
-    .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname96:
-    .asciz "cudaMemcpy2DToArray_ptds"
-.Lname97:
-    .asciz "cudaMemcpy3D"
-.Lname98:
-    .asciz "cudaMemcpy3DAsync"
-.Lname99:
-    .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname100:
-    .asciz "cudaMemcpy3DPeer"
-.Lname101:
-    .asciz "cudaMemcpy3DPeerAsync"
-.Lname102:
-    .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname103:
-    .asciz "cudaMemcpy3DPeer_ptds"
-.Lname104:
-    .asciz "cudaMemcpy3D_ptds"
-.Lname105:
-    .asciz "cudaMemcpyFromArray"
-.Lname106:
-    .asciz "cudaMemcpyFromArrayAsync"
-.Lname107:
-    .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname108:
-    .asciz "cudaMemcpyFromArray_ptds"
-.Lname109:
-    .asciz "cudaMemcpyToArray"
-.Lname110:
-    .asciz "cudaMemcpyToArrayAsync"
-.Lname111:
-    .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname112:
-    .asciz "cudaMemcpyToArray_ptds"
-.Lname113:
-    .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname114:
+.Lname59:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname115:
+.Lname60:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname116:
+.Lname61:
     .asciz "cudaProfilerInitialize"
-.Lname117:
+.Lname62:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname118:
+.Lname63:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname119:
+.Lname64:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname120:
+.Lname65:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname121:
+.Lname66:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname122:
+.Lname67:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname123:
+.Lname68:
     .asciz "cudaStreamUpdateCaptureDependencies_ptsz"
-.Lname124:
+.Lname69:
     .asciz "cudaUserObjectCreate"
-.Lname125:
+.Lname70:
     .asciz "cudaVDPAUGetDevice"
-.Lname126:
+.Lname71:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname127:
+.Lname72:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname128:
+.Lname73:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname129:
+.Lname74:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname130:
+.Lname75:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

@@ -102,10 +102,7 @@ cudaChooseDevice:
     .globl cudaCreateChannelDesc
     .type cudaCreateChannelDesc, @function
 cudaCreateChannelDesc:
-    leaq .Lname1(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateChannelDesc@PLT
     .size cudaCreateChannelDesc, .-cudaCreateChannelDesc
     .globl cudaCreateSurfaceObject
     .type cudaCreateSurfaceObject, @function
@@ -200,7 +197,7 @@ cudaDeviceGetMemPool:
     .globl cudaDeviceGetNvSciSyncAttributes
     .type cudaDeviceGetNvSciSyncAttributes, @function
 cudaDeviceGetNvSciSyncAttributes:
-    leaq .Lname2(%rip), %rdi
+    leaq .Lname1(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -238,7 +235,7 @@ cudaDeviceGraphMemTrim:
     .globl cudaDeviceRegisterAsyncNotification
     .type cudaDeviceRegisterAsyncNotification, @function
 cudaDeviceRegisterAsyncNotification:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -291,7 +288,7 @@ cudaDriverGetVersion:
     .globl cudaEGLStreamConsumerAcquireFrame
     .type cudaEGLStreamConsumerAcquireFrame, @function
 cudaEGLStreamConsumerAcquireFrame:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -299,7 +296,7 @@ cudaEGLStreamConsumerAcquireFrame:
     .globl cudaEGLStreamConsumerConnect
     .type cudaEGLStreamConsumerConnect, @function
 cudaEGLStreamConsumerConnect:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -307,7 +304,7 @@ cudaEGLStreamConsumerConnect:
     .globl cudaEGLStreamConsumerConnectWithFlags
     .type cudaEGLStreamConsumerConnectWithFlags, @function
 cudaEGLStreamConsumerConnectWithFlags:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -315,7 +312,7 @@ cudaEGLStreamConsumerConnectWithFlags:
     .globl cudaEGLStreamConsumerDisconnect
     .type cudaEGLStreamConsumerDisconnect, @function
 cudaEGLStreamConsumerDisconnect:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -323,7 +320,7 @@ cudaEGLStreamConsumerDisconnect:
     .globl cudaEGLStreamConsumerReleaseFrame
     .type cudaEGLStreamConsumerReleaseFrame, @function
 cudaEGLStreamConsumerReleaseFrame:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -331,7 +328,7 @@ cudaEGLStreamConsumerReleaseFrame:
     .globl cudaEGLStreamProducerConnect
     .type cudaEGLStreamProducerConnect, @function
 cudaEGLStreamProducerConnect:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -339,7 +336,7 @@ cudaEGLStreamProducerConnect:
     .globl cudaEGLStreamProducerDisconnect
     .type cudaEGLStreamProducerDisconnect, @function
 cudaEGLStreamProducerDisconnect:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -347,7 +344,7 @@ cudaEGLStreamProducerDisconnect:
     .globl cudaEGLStreamProducerPresentFrame
     .type cudaEGLStreamProducerPresentFrame, @function
 cudaEGLStreamProducerPresentFrame:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -355,7 +352,7 @@ cudaEGLStreamProducerPresentFrame:
     .globl cudaEGLStreamProducerReturnFrame
     .type cudaEGLStreamProducerReturnFrame, @function
 cudaEGLStreamProducerReturnFrame:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -368,7 +365,7 @@ cudaEventCreate:
     .globl cudaEventCreateFromEGLSync
     .type cudaEventCreateFromEGLSync, @function
 cudaEventCreateFromEGLSync:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -426,7 +423,7 @@ cudaEventSynchronize:
     .globl cudaExternalMemoryGetMappedBuffer
     .type cudaExternalMemoryGetMappedBuffer, @function
 cudaExternalMemoryGetMappedBuffer:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -474,18 +471,12 @@ cudaFuncGetAttributes:
     .globl cudaFuncGetName
     .type cudaFuncGetName, @function
 cudaFuncGetName:
-    leaq .Lname15(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetName@PLT
     .size cudaFuncGetName, .-cudaFuncGetName
     .globl cudaFuncGetParamInfo
     .type cudaFuncGetParamInfo, @function
 cudaFuncGetParamInfo:
-    leaq .Lname16(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetParamInfo@PLT
     .size cudaFuncGetParamInfo, .-cudaFuncGetParamInfo
     .globl cudaFuncSetAttribute
     .type cudaFuncSetAttribute, @function
@@ -500,15 +491,12 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname17(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncSetSharedMemConfig@PLT
     .size cudaFuncSetSharedMemConfig, .-cudaFuncSetSharedMemConfig
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -516,7 +504,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -524,7 +512,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -532,7 +520,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname21(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -540,7 +528,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname22(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -548,7 +536,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname23(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -556,7 +544,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -564,7 +552,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -572,7 +560,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -600,7 +588,7 @@ cudaGetDeviceFlags:
     .globl cudaGetDeviceProperties
     .type cudaGetDeviceProperties, @function
 cudaGetDeviceProperties:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -643,7 +631,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -651,10 +639,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname29(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetFuncBySymbol@PLT
     .size cudaGetFuncBySymbol, .-cudaGetFuncBySymbol
     .globl cudaGetKernel
     .type cudaGetKernel, @function
@@ -714,7 +699,7 @@ cudaGraphAddDependencies:
     .globl cudaGraphAddDependencies_v2
     .type cudaGraphAddDependencies_v2, @function
 cudaGraphAddDependencies_v2:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -737,7 +722,7 @@ cudaGraphAddEventWaitNode:
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -745,7 +730,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -753,26 +738,17 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname33(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddHostNode@PLT
     .size cudaGraphAddHostNode, .-cudaGraphAddHostNode
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname34(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddKernelNode@PLT
     .size cudaGraphAddKernelNode, .-cudaGraphAddKernelNode
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname35(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemAllocNode__cu126@PLT
     .size cudaGraphAddMemAllocNode, .-cudaGraphAddMemAllocNode
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
@@ -782,34 +758,22 @@ cudaGraphAddMemFreeNode:
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname36(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode@PLT
     .size cudaGraphAddMemcpyNode, .-cudaGraphAddMemcpyNode
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname37(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode1D@PLT
     .size cudaGraphAddMemcpyNode1D, .-cudaGraphAddMemcpyNode1D
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol@PLT
     .size cudaGraphAddMemcpyNodeFromSymbol, .-cudaGraphAddMemcpyNodeFromSymbol
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname39(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol@PLT
     .size cudaGraphAddMemcpyNodeToSymbol, .-cudaGraphAddMemcpyNodeToSymbol
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
@@ -819,15 +783,12 @@ cudaGraphAddMemsetNode:
     .globl cudaGraphAddNode
     .type cudaGraphAddNode, @function
 cudaGraphAddNode:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddNode__cu126@PLT
     .size cudaGraphAddNode, .-cudaGraphAddNode
     .globl cudaGraphAddNode_v2
     .type cudaGraphAddNode_v2, @function
 cudaGraphAddNode_v2:
-    leaq .Lname41(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -855,7 +816,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname42(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -913,7 +874,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname43(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -921,7 +882,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname44(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -934,50 +895,32 @@ cudaGraphExecGetFlags:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname45(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecHostNodeSetParams@PLT
     .size cudaGraphExecHostNodeSetParams, .-cudaGraphExecHostNodeSetParams
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname46(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecKernelNodeSetParams@PLT
     .size cudaGraphExecKernelNodeSetParams, .-cudaGraphExecKernelNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname47(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams@PLT
     .size cudaGraphExecMemcpyNodeSetParams, .-cudaGraphExecMemcpyNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D@PLT
     .size cudaGraphExecMemcpyNodeSetParams1D, .-cudaGraphExecMemcpyNodeSetParams1D
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsFromSymbol, .-cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsToSymbol, .-cudaGraphExecMemcpyNodeSetParamsToSymbol
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
@@ -987,10 +930,7 @@ cudaGraphExecMemsetNodeSetParams:
     .globl cudaGraphExecNodeSetParams
     .type cudaGraphExecNodeSetParams, @function
 cudaGraphExecNodeSetParams:
-    leaq .Lname51(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecNodeSetParams@PLT
     .size cudaGraphExecNodeSetParams, .-cudaGraphExecNodeSetParams
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
@@ -1000,7 +940,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname52(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1008,7 +948,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname53(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1016,7 +956,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname54(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1024,7 +964,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1037,7 +977,7 @@ cudaGraphGetEdges:
     .globl cudaGraphGetEdges_v2
     .type cudaGraphGetEdges_v2, @function
 cudaGraphGetEdges_v2:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1055,18 +995,12 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname57(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeGetParams@PLT
     .size cudaGraphHostNodeGetParams, .-cudaGraphHostNodeGetParams
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname58(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeSetParams@PLT
     .size cudaGraphHostNodeSetParams, .-cudaGraphHostNodeSetParams
     .globl cudaGraphInstantiate
     .type cudaGraphInstantiate, @function
@@ -1101,10 +1035,7 @@ cudaGraphKernelNodeGetAttribute:
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname59(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetParams@PLT
     .size cudaGraphKernelNodeGetParams, .-cudaGraphKernelNodeGetParams
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
@@ -1114,10 +1045,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname60(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeSetParams@PLT
     .size cudaGraphKernelNodeSetParams, .-cudaGraphKernelNodeSetParams
     .globl cudaGraphLaunch
     .type cudaGraphLaunch, @function
@@ -1132,10 +1060,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname61(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu126@PLT
     .size cudaGraphMemAllocNodeGetParams, .-cudaGraphMemAllocNodeGetParams
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
@@ -1145,42 +1070,27 @@ cudaGraphMemFreeNodeGetParams:
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname62(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeGetParams@PLT
     .size cudaGraphMemcpyNodeGetParams, .-cudaGraphMemcpyNodeGetParams
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname63(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams@PLT
     .size cudaGraphMemcpyNodeSetParams, .-cudaGraphMemcpyNodeSetParams
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname64(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams1D@PLT
     .size cudaGraphMemcpyNodeSetParams1D, .-cudaGraphMemcpyNodeSetParams1D
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname65(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsFromSymbol, .-cudaGraphMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname66(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsToSymbol, .-cudaGraphMemcpyNodeSetParamsToSymbol
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
@@ -1205,7 +1115,7 @@ cudaGraphNodeGetDependencies:
     .globl cudaGraphNodeGetDependencies_v2
     .type cudaGraphNodeGetDependencies_v2, @function
 cudaGraphNodeGetDependencies_v2:
-    leaq .Lname67(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1218,7 +1128,7 @@ cudaGraphNodeGetDependentNodes:
     .globl cudaGraphNodeGetDependentNodes_v2
     .type cudaGraphNodeGetDependentNodes_v2, @function
 cudaGraphNodeGetDependentNodes_v2:
-    leaq .Lname68(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1241,10 +1151,7 @@ cudaGraphNodeSetEnabled:
     .globl cudaGraphNodeSetParams
     .type cudaGraphNodeSetParams, @function
 cudaGraphNodeSetParams:
-    leaq .Lname69(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeSetParams@PLT
     .size cudaGraphNodeSetParams, .-cudaGraphNodeSetParams
     .globl cudaGraphReleaseUserObject
     .type cudaGraphReleaseUserObject, @function
@@ -1259,7 +1166,7 @@ cudaGraphRemoveDependencies:
     .globl cudaGraphRemoveDependencies_v2
     .type cudaGraphRemoveDependencies_v2, @function
 cudaGraphRemoveDependencies_v2:
-    leaq .Lname70(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1282,7 +1189,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname71(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1290,7 +1197,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname72(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1298,7 +1205,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1311,7 +1218,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1324,7 +1231,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1352,7 +1259,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1360,7 +1267,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1393,7 +1300,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1401,7 +1308,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1414,7 +1321,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1422,7 +1329,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1430,7 +1337,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1443,7 +1350,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1461,7 +1368,7 @@ cudaLaunchCooperativeKernel:
     .globl cudaLaunchCooperativeKernelMultiDevice
     .type cudaLaunchCooperativeKernelMultiDevice, @function
 cudaLaunchCooperativeKernelMultiDevice:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1509,7 +1416,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1527,7 +1434,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1535,7 +1442,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1543,7 +1450,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1551,7 +1458,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1569,10 +1476,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname90(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMalloc3D@PLT
     .size cudaMalloc3D, .-cudaMalloc3D
     .globl cudaMalloc3DArray
     .type cudaMalloc3DArray, @function
@@ -1597,18 +1501,12 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname91(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync@PLT
     .size cudaMallocFromPoolAsync, .-cudaMallocFromPoolAsync
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname92(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync_ptsz@PLT
     .size cudaMallocFromPoolAsync_ptsz, .-cudaMallocFromPoolAsync_ptsz
     .globl cudaMallocHost
     .type cudaMallocHost, @function
@@ -1618,7 +1516,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1641,7 +1539,7 @@ cudaMemAdvise:
     .globl cudaMemAdvise_v2
     .type cudaMemAdvise_v2, @function
 cudaMemAdvise_v2:
-    leaq .Lname94(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1664,7 +1562,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname95(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1672,7 +1570,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname96(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1690,7 +1588,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1698,7 +1596,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1731,7 +1629,7 @@ cudaMemPrefetchAsync_ptsz:
     .globl cudaMemPrefetchAsync_v2
     .type cudaMemPrefetchAsync_v2, @function
 cudaMemPrefetchAsync_v2:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1739,7 +1637,7 @@ cudaMemPrefetchAsync_v2:
     .globl cudaMemPrefetchAsync_v2_ptsz
     .type cudaMemPrefetchAsync_v2_ptsz, @function
 cudaMemPrefetchAsync_v2_ptsz:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1752,10 +1650,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname101(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttributes@PLT
     .size cudaMemRangeGetAttributes, .-cudaMemRangeGetAttributes
     .globl cudaMemcpy
     .type cudaMemcpy, @function
@@ -1790,66 +1685,42 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname102(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray@PLT
     .size cudaMemcpy2DFromArray, .-cudaMemcpy2DFromArray
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname103(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync@PLT
     .size cudaMemcpy2DFromArrayAsync, .-cudaMemcpy2DFromArrayAsync
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname104(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz@PLT
     .size cudaMemcpy2DFromArrayAsync_ptsz, .-cudaMemcpy2DFromArrayAsync_ptsz
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname105(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray_ptds@PLT
     .size cudaMemcpy2DFromArray_ptds, .-cudaMemcpy2DFromArray_ptds
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname106(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray@PLT
     .size cudaMemcpy2DToArray, .-cudaMemcpy2DToArray
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname107(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync@PLT
     .size cudaMemcpy2DToArrayAsync, .-cudaMemcpy2DToArrayAsync
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname108(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz@PLT
     .size cudaMemcpy2DToArrayAsync_ptsz, .-cudaMemcpy2DToArrayAsync_ptsz
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname109(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray_ptds@PLT
     .size cudaMemcpy2DToArray_ptds, .-cudaMemcpy2DToArray_ptds
     .globl cudaMemcpy2D_ptds
     .type cudaMemcpy2D_ptds, @function
@@ -1859,82 +1730,52 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname110(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D@PLT
     .size cudaMemcpy3D, .-cudaMemcpy3D
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname111(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync@PLT
     .size cudaMemcpy3DAsync, .-cudaMemcpy3DAsync
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname112(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync_ptsz@PLT
     .size cudaMemcpy3DAsync_ptsz, .-cudaMemcpy3DAsync_ptsz
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname113(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DBatchAsync__cu128@PLT
     .size cudaMemcpy3DBatchAsync, .-cudaMemcpy3DBatchAsync
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname114(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu128@PLT
     .size cudaMemcpy3DBatchAsync_ptsz, .-cudaMemcpy3DBatchAsync_ptsz
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname115(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer@PLT
     .size cudaMemcpy3DPeer, .-cudaMemcpy3DPeer
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname116(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync@PLT
     .size cudaMemcpy3DPeerAsync, .-cudaMemcpy3DPeerAsync
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname117(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz@PLT
     .size cudaMemcpy3DPeerAsync_ptsz, .-cudaMemcpy3DPeerAsync_ptsz
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname118(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer_ptds@PLT
     .size cudaMemcpy3DPeer_ptds, .-cudaMemcpy3DPeer_ptds
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname119(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D_ptds@PLT
     .size cudaMemcpy3D_ptds, .-cudaMemcpy3D_ptds
     .globl cudaMemcpyArrayToArray
     .type cudaMemcpyArrayToArray, @function
@@ -1959,50 +1800,32 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname120(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyBatchAsync__cu128@PLT
     .size cudaMemcpyBatchAsync, .-cudaMemcpyBatchAsync
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname121(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu128@PLT
     .size cudaMemcpyBatchAsync_ptsz, .-cudaMemcpyBatchAsync_ptsz
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname122(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray@PLT
     .size cudaMemcpyFromArray, .-cudaMemcpyFromArray
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname123(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync@PLT
     .size cudaMemcpyFromArrayAsync, .-cudaMemcpyFromArrayAsync
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname124(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz@PLT
     .size cudaMemcpyFromArrayAsync_ptsz, .-cudaMemcpyFromArrayAsync_ptsz
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname125(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray_ptds@PLT
     .size cudaMemcpyFromArray_ptds, .-cudaMemcpyFromArray_ptds
     .globl cudaMemcpyFromSymbol
     .type cudaMemcpyFromSymbol, @function
@@ -2037,34 +1860,22 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname126(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray@PLT
     .size cudaMemcpyToArray, .-cudaMemcpyToArray
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync@PLT
     .size cudaMemcpyToArrayAsync, .-cudaMemcpyToArrayAsync
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname128(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync_ptsz@PLT
     .size cudaMemcpyToArrayAsync_ptsz, .-cudaMemcpyToArrayAsync_ptsz
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname129(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray_ptds@PLT
     .size cudaMemcpyToArray_ptds, .-cudaMemcpyToArray_ptds
     .globl cudaMemcpyToSymbol
     .type cudaMemcpyToSymbol, @function
@@ -2164,10 +1975,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBlock@PLT
     .size cudaOccupancyAvailableDynamicSMemPerBlock, .-cudaOccupancyAvailableDynamicSMemPerBlock
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessor
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessor, @function
@@ -2182,7 +1990,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname131(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2190,7 +1998,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2248,7 +2056,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2256,7 +2064,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2264,7 +2072,7 @@ cudaSignalExternalSemaphoresAsync_ptsz:
     .globl cudaSignalExternalSemaphoresAsync_v2
     .type cudaSignalExternalSemaphoresAsync_v2, @function
 cudaSignalExternalSemaphoresAsync_v2:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2272,7 +2080,7 @@ cudaSignalExternalSemaphoresAsync_v2:
     .globl cudaSignalExternalSemaphoresAsync_v2_ptsz
     .type cudaSignalExternalSemaphoresAsync_v2_ptsz, @function
 cudaSignalExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname136(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2305,18 +2113,12 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname137(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamBeginCaptureToGraph@PLT
     .size cudaStreamBeginCaptureToGraph, .-cudaStreamBeginCaptureToGraph
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname138(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamBeginCaptureToGraph_ptsz@PLT
     .size cudaStreamBeginCaptureToGraph_ptsz, .-cudaStreamBeginCaptureToGraph_ptsz
     .globl cudaStreamBeginCapture_ptsz
     .type cudaStreamBeginCapture_ptsz, @function
@@ -2376,7 +2178,7 @@ cudaStreamGetAttribute_ptsz:
     .globl cudaStreamGetCaptureInfo
     .type cudaStreamGetCaptureInfo, @function
 cudaStreamGetCaptureInfo:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2384,7 +2186,7 @@ cudaStreamGetCaptureInfo:
     .globl cudaStreamGetCaptureInfo_ptsz
     .type cudaStreamGetCaptureInfo_ptsz, @function
 cudaStreamGetCaptureInfo_ptsz:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2392,7 +2194,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetCaptureInfo_v2
     .type cudaStreamGetCaptureInfo_v2, @function
 cudaStreamGetCaptureInfo_v2:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2400,7 +2202,7 @@ cudaStreamGetCaptureInfo_v2:
     .globl cudaStreamGetCaptureInfo_v2_ptsz
     .type cudaStreamGetCaptureInfo_v2_ptsz, @function
 cudaStreamGetCaptureInfo_v2_ptsz:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname76(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2408,7 +2210,7 @@ cudaStreamGetCaptureInfo_v2_ptsz:
     .globl cudaStreamGetCaptureInfo_v3
     .type cudaStreamGetCaptureInfo_v3, @function
 cudaStreamGetCaptureInfo_v3:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname77(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2416,7 +2218,7 @@ cudaStreamGetCaptureInfo_v3:
     .globl cudaStreamGetCaptureInfo_v3_ptsz
     .type cudaStreamGetCaptureInfo_v3_ptsz, @function
 cudaStreamGetCaptureInfo_v3_ptsz:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname78(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2514,7 +2316,7 @@ cudaStreamUpdateCaptureDependencies_ptsz:
     .globl cudaStreamUpdateCaptureDependencies_v2
     .type cudaStreamUpdateCaptureDependencies_v2, @function
 cudaStreamUpdateCaptureDependencies_v2:
-    leaq .Lname145(%rip), %rdi
+    leaq .Lname79(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2522,7 +2324,7 @@ cudaStreamUpdateCaptureDependencies_v2:
     .globl cudaStreamUpdateCaptureDependencies_v2_ptsz
     .type cudaStreamUpdateCaptureDependencies_v2_ptsz, @function
 cudaStreamUpdateCaptureDependencies_v2_ptsz:
-    leaq .Lname146(%rip), %rdi
+    leaq .Lname80(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2575,7 +2377,7 @@ cudaThreadSynchronize:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname147(%rip), %rdi
+    leaq .Lname81(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2593,7 +2395,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname148(%rip), %rdi
+    leaq .Lname82(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2601,7 +2403,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname149(%rip), %rdi
+    leaq .Lname83(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2609,7 +2411,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname150(%rip), %rdi
+    leaq .Lname84(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2617,7 +2419,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname151(%rip), %rdi
+    leaq .Lname85(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2625,7 +2427,7 @@ cudaWaitExternalSemaphoresAsync_ptsz:
     .globl cudaWaitExternalSemaphoresAsync_v2
     .type cudaWaitExternalSemaphoresAsync_v2, @function
 cudaWaitExternalSemaphoresAsync_v2:
-    leaq .Lname152(%rip), %rdi
+    leaq .Lname86(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2633,7 +2435,7 @@ cudaWaitExternalSemaphoresAsync_v2:
     .globl cudaWaitExternalSemaphoresAsync_v2_ptsz
     .type cudaWaitExternalSemaphoresAsync_v2_ptsz, @function
 cudaWaitExternalSemaphoresAsync_v2_ptsz:
-    leaq .Lname153(%rip), %rdi
+    leaq .Lname87(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2642,309 +2444,177 @@ cudaWaitExternalSemaphoresAsync_v2_ptsz:
 .Lname0:
     .asciz "__cudaRegisterUnifiedTable"
 .Lname1:
-    .asciz "cudaCreateChannelDesc"
-.Lname2:
     .asciz "cudaDeviceGetNvSciSyncAttributes"
-.Lname3:
+.Lname2:
     .asciz "cudaDeviceRegisterAsyncNotification"
-.Lname4:
+.Lname3:
     .asciz "cudaEGLStreamConsumerAcquireFrame"
-.Lname5:
+.Lname4:
     .asciz "cudaEGLStreamConsumerConnect"
-.Lname6:
+.Lname5:
     .asciz "cudaEGLStreamConsumerConnectWithFlags"
-.Lname7:
+.Lname6:
     .asciz "cudaEGLStreamConsumerDisconnect"
-.Lname8:
+.Lname7:
     .asciz "cudaEGLStreamConsumerReleaseFrame"
-.Lname9:
+.Lname8:
     .asciz "cudaEGLStreamProducerConnect"
-.Lname10:
+.Lname9:
     .asciz "cudaEGLStreamProducerDisconnect"
-.Lname11:
+.Lname10:
     .asciz "cudaEGLStreamProducerPresentFrame"
-.Lname12:
+.Lname11:
     .asciz "cudaEGLStreamProducerReturnFrame"
-.Lname13:
+.Lname12:
     .asciz "cudaEventCreateFromEGLSync"
-.Lname14:
+.Lname13:
     .asciz "cudaExternalMemoryGetMappedBuffer"
-.Lname15:
-    .asciz "cudaFuncGetName"
-.Lname16:
-    .asciz "cudaFuncGetParamInfo"
-.Lname17:
-    .asciz "cudaFuncSetSharedMemConfig"
-.Lname18:
+.Lname14:
     .asciz "cudaGLGetDevices"
-.Lname19:
+.Lname15:
     .asciz "cudaGLMapBufferObject"
-.Lname20:
+.Lname16:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname21:
+.Lname17:
     .asciz "cudaGLRegisterBufferObject"
-.Lname22:
+.Lname18:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname23:
+.Lname19:
     .asciz "cudaGLSetGLDevice"
-.Lname24:
+.Lname20:
     .asciz "cudaGLUnmapBufferObject"
-.Lname25:
+.Lname21:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname26:
+.Lname22:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname27:
+.Lname23:
     .asciz "cudaGetDeviceProperties"
-.Lname28:
+.Lname24:
     .asciz "cudaGetExportTable"
-.Lname29:
-    .asciz "cudaGetFuncBySymbol"
-.Lname30:
+.Lname25:
     .asciz "cudaGraphAddDependencies_v2"
-.Lname31:
+.Lname26:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname32:
+.Lname27:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname33:
-    .asciz "cudaGraphAddHostNode"
-.Lname34:
-    .asciz "cudaGraphAddKernelNode"
-.Lname35:
-    .asciz "cudaGraphAddMemAllocNode"
-.Lname36:
-    .asciz "cudaGraphAddMemcpyNode"
-.Lname37:
-    .asciz "cudaGraphAddMemcpyNode1D"
-.Lname38:
-    .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname39:
-    .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname40:
-    .asciz "cudaGraphAddNode"
-.Lname41:
+.Lname28:
     .asciz "cudaGraphAddNode_v2"
-.Lname42:
+.Lname29:
     .asciz "cudaGraphDebugDotPrint"
-.Lname43:
+.Lname30:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname44:
+.Lname31:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname45:
-    .asciz "cudaGraphExecHostNodeSetParams"
-.Lname46:
-    .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname47:
-    .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname48:
-    .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname49:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname50:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname51:
-    .asciz "cudaGraphExecNodeSetParams"
-.Lname52:
+.Lname32:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname53:
+.Lname33:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname54:
+.Lname34:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname55:
+.Lname35:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname56:
+.Lname36:
     .asciz "cudaGraphGetEdges_v2"
-.Lname57:
-    .asciz "cudaGraphHostNodeGetParams"
-.Lname58:
-    .asciz "cudaGraphHostNodeSetParams"
-.Lname59:
-    .asciz "cudaGraphKernelNodeGetParams"
-.Lname60:
-    .asciz "cudaGraphKernelNodeSetParams"
-.Lname61:
-    .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname62:
-    .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname63:
-    .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname64:
-    .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname65:
-    .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname66:
-    .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname67:
+.Lname37:
     .asciz "cudaGraphNodeGetDependencies_v2"
-.Lname68:
+.Lname38:
     .asciz "cudaGraphNodeGetDependentNodes_v2"
-.Lname69:
-    .asciz "cudaGraphNodeSetParams"
-.Lname70:
+.Lname39:
     .asciz "cudaGraphRemoveDependencies_v2"
-.Lname71:
+.Lname40:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname72:
+.Lname41:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname73:
+.Lname42:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname74:
+.Lname43:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname75:
+.Lname44:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname76:
+.Lname45:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname77:
+.Lname46:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname78:
+.Lname47:
     .asciz "cudaImportExternalMemory"
-.Lname79:
+.Lname48:
     .asciz "cudaImportExternalSemaphore"
-.Lname80:
+.Lname49:
     .asciz "cudaIpcCloseMemHandle"
-.Lname81:
+.Lname50:
     .asciz "cudaIpcGetEventHandle"
-.Lname82:
+.Lname51:
     .asciz "cudaIpcGetMemHandle"
-.Lname83:
+.Lname52:
     .asciz "cudaIpcOpenMemHandle"
-.Lname84:
+.Lname53:
     .asciz "cudaLaunchCooperativeKernelMultiDevice"
-.Lname85:
+.Lname54:
     .asciz "cudaLibraryGetGlobal"
-.Lname86:
+.Lname55:
     .asciz "cudaLibraryGetManaged"
-.Lname87:
+.Lname56:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname88:
+.Lname57:
     .asciz "cudaLibraryLoadData"
-.Lname89:
+.Lname58:
     .asciz "cudaLibraryLoadFromFile"
-.Lname90:
-    .asciz "cudaMalloc3D"
-.Lname91:
-    .asciz "cudaMallocFromPoolAsync"
-.Lname92:
-    .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname93:
+.Lname59:
     .asciz "cudaMallocManaged"
-.Lname94:
+.Lname60:
     .asciz "cudaMemAdvise_v2"
-.Lname95:
+.Lname61:
     .asciz "cudaMemPoolExportPointer"
-.Lname96:
+.Lname62:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname97:
+.Lname63:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname98:
+.Lname64:
     .asciz "cudaMemPoolImportPointer"
-.Lname99:
+.Lname65:
     .asciz "cudaMemPrefetchAsync_v2"
-.Lname100:
+.Lname66:
     .asciz "cudaMemPrefetchAsync_v2_ptsz"
-.Lname101:
-    .asciz "cudaMemRangeGetAttributes"
-.Lname102:
-    .asciz "cudaMemcpy2DFromArray"
-.Lname103:
-    .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname104:
-    .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname105:
-    .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname106:
-    .asciz "cudaMemcpy2DToArray"
-.Lname107:
-    .asciz "cudaMemcpy2DToArrayAsync"
-.Lname108:
-    .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname109:
-    .asciz "cudaMemcpy2DToArray_ptds"
-.Lname110:
-    .asciz "cudaMemcpy3D"
-.Lname111:
-    .asciz "cudaMemcpy3DAsync"
-.Lname112:
-    .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname113:
-    .asciz "cudaMemcpy3DBatchAsync"
-.Lname114:
-    .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname115:
-    .asciz "cudaMemcpy3DPeer"
-.Lname116:
-    .asciz "cudaMemcpy3DPeerAsync"
-.Lname117:
-    .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname118:
-    .asciz "cudaMemcpy3DPeer_ptds"
-.Lname119:
-    .asciz "cudaMemcpy3D_ptds"
-.Lname120:
-    .asciz "cudaMemcpyBatchAsync"
-.Lname121:
-    .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname122:
-    .asciz "cudaMemcpyFromArray"
-.Lname123:
-    .asciz "cudaMemcpyFromArrayAsync"
-.Lname124:
-    .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname125:
-    .asciz "cudaMemcpyFromArray_ptds"
-.Lname126:
-    .asciz "cudaMemcpyToArray"
-.Lname127:
-    .asciz "cudaMemcpyToArrayAsync"
-.Lname128:
-    .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname129:
-    .asciz "cudaMemcpyToArray_ptds"
-.Lname130:
-    .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname131:
+.Lname67:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname132:
+.Lname68:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname133:
+.Lname69:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname134:
+.Lname70:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname135:
+.Lname71:
     .asciz "cudaSignalExternalSemaphoresAsync_v2"
-.Lname136:
+.Lname72:
     .asciz "cudaSignalExternalSemaphoresAsync_v2_ptsz"
-.Lname137:
-    .asciz "cudaStreamBeginCaptureToGraph"
-.Lname138:
-    .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname139:
+.Lname73:
     .asciz "cudaStreamGetCaptureInfo"
-.Lname140:
+.Lname74:
     .asciz "cudaStreamGetCaptureInfo_ptsz"
-.Lname141:
+.Lname75:
     .asciz "cudaStreamGetCaptureInfo_v2"
-.Lname142:
+.Lname76:
     .asciz "cudaStreamGetCaptureInfo_v2_ptsz"
-.Lname143:
+.Lname77:
     .asciz "cudaStreamGetCaptureInfo_v3"
-.Lname144:
+.Lname78:
     .asciz "cudaStreamGetCaptureInfo_v3_ptsz"
-.Lname145:
+.Lname79:
     .asciz "cudaStreamUpdateCaptureDependencies_v2"
-.Lname146:
+.Lname80:
     .asciz "cudaStreamUpdateCaptureDependencies_v2_ptsz"
-.Lname147:
+.Lname81:
     .asciz "cudaUserObjectCreate"
-.Lname148:
+.Lname82:
     .asciz "cudaVDPAUGetDevice"
-.Lname149:
+.Lname83:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname150:
+.Lname84:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname151:
+.Lname85:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
-.Lname152:
+.Lname86:
     .asciz "cudaWaitExternalSemaphoresAsync_v2"
-.Lname153:
+.Lname87:
     .asciz "cudaWaitExternalSemaphoresAsync_v2_ptsz"
     .section .note.GNU-stack,"",@progbits

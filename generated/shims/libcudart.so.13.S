@@ -110,10 +110,7 @@ cudaChooseDevice:
     .globl cudaCreateChannelDesc
     .type cudaCreateChannelDesc, @function
 cudaCreateChannelDesc:
-    leaq .Lname2(%rip), %rdi
-    movq $0, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaCreateChannelDesc@PLT
     .size cudaCreateChannelDesc, .-cudaCreateChannelDesc
     .globl cudaCreateSurfaceObject
     .type cudaCreateSurfaceObject, @function
@@ -153,7 +150,7 @@ cudaDestroyTextureObject:
     .globl cudaDevResourceGenerateDesc
     .type cudaDevResourceGenerateDesc, @function
 cudaDevResourceGenerateDesc:
-    leaq .Lname3(%rip), %rdi
+    leaq .Lname2(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -161,7 +158,7 @@ cudaDevResourceGenerateDesc:
     .globl cudaDevSmResourceSplit
     .type cudaDevSmResourceSplit, @function
 cudaDevSmResourceSplit:
-    leaq .Lname4(%rip), %rdi
+    leaq .Lname3(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -169,7 +166,7 @@ cudaDevSmResourceSplit:
     .globl cudaDevSmResourceSplitByCount
     .type cudaDevSmResourceSplitByCount, @function
 cudaDevSmResourceSplitByCount:
-    leaq .Lname5(%rip), %rdi
+    leaq .Lname4(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -217,7 +214,7 @@ cudaDeviceGetDefaultMemPool:
     .globl cudaDeviceGetDevResource
     .type cudaDeviceGetDevResource, @function
 cudaDeviceGetDevResource:
-    leaq .Lname6(%rip), %rdi
+    leaq .Lname5(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -250,7 +247,7 @@ cudaDeviceGetMemPool:
     .globl cudaDeviceGetNvSciSyncAttributes
     .type cudaDeviceGetNvSciSyncAttributes, @function
 cudaDeviceGetNvSciSyncAttributes:
-    leaq .Lname7(%rip), %rdi
+    leaq .Lname6(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -293,7 +290,7 @@ cudaDeviceGraphMemTrim:
     .globl cudaDeviceRegisterAsyncNotification
     .type cudaDeviceRegisterAsyncNotification, @function
 cudaDeviceRegisterAsyncNotification:
-    leaq .Lname8(%rip), %rdi
+    leaq .Lname7(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -346,7 +343,7 @@ cudaDriverGetVersion:
     .globl cudaEGLStreamConsumerAcquireFrame
     .type cudaEGLStreamConsumerAcquireFrame, @function
 cudaEGLStreamConsumerAcquireFrame:
-    leaq .Lname9(%rip), %rdi
+    leaq .Lname8(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -354,7 +351,7 @@ cudaEGLStreamConsumerAcquireFrame:
     .globl cudaEGLStreamConsumerConnect
     .type cudaEGLStreamConsumerConnect, @function
 cudaEGLStreamConsumerConnect:
-    leaq .Lname10(%rip), %rdi
+    leaq .Lname9(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -362,7 +359,7 @@ cudaEGLStreamConsumerConnect:
     .globl cudaEGLStreamConsumerConnectWithFlags
     .type cudaEGLStreamConsumerConnectWithFlags, @function
 cudaEGLStreamConsumerConnectWithFlags:
-    leaq .Lname11(%rip), %rdi
+    leaq .Lname10(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -370,7 +367,7 @@ cudaEGLStreamConsumerConnectWithFlags:
     .globl cudaEGLStreamConsumerDisconnect
     .type cudaEGLStreamConsumerDisconnect, @function
 cudaEGLStreamConsumerDisconnect:
-    leaq .Lname12(%rip), %rdi
+    leaq .Lname11(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -378,7 +375,7 @@ cudaEGLStreamConsumerDisconnect:
     .globl cudaEGLStreamConsumerReleaseFrame
     .type cudaEGLStreamConsumerReleaseFrame, @function
 cudaEGLStreamConsumerReleaseFrame:
-    leaq .Lname13(%rip), %rdi
+    leaq .Lname12(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -386,7 +383,7 @@ cudaEGLStreamConsumerReleaseFrame:
     .globl cudaEGLStreamProducerConnect
     .type cudaEGLStreamProducerConnect, @function
 cudaEGLStreamProducerConnect:
-    leaq .Lname14(%rip), %rdi
+    leaq .Lname13(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -394,7 +391,7 @@ cudaEGLStreamProducerConnect:
     .globl cudaEGLStreamProducerDisconnect
     .type cudaEGLStreamProducerDisconnect, @function
 cudaEGLStreamProducerDisconnect:
-    leaq .Lname15(%rip), %rdi
+    leaq .Lname14(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -402,7 +399,7 @@ cudaEGLStreamProducerDisconnect:
     .globl cudaEGLStreamProducerPresentFrame
     .type cudaEGLStreamProducerPresentFrame, @function
 cudaEGLStreamProducerPresentFrame:
-    leaq .Lname16(%rip), %rdi
+    leaq .Lname15(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -410,7 +407,7 @@ cudaEGLStreamProducerPresentFrame:
     .globl cudaEGLStreamProducerReturnFrame
     .type cudaEGLStreamProducerReturnFrame, @function
 cudaEGLStreamProducerReturnFrame:
-    leaq .Lname17(%rip), %rdi
+    leaq .Lname16(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -423,7 +420,7 @@ cudaEventCreate:
     .globl cudaEventCreateFromEGLSync
     .type cudaEventCreateFromEGLSync, @function
 cudaEventCreateFromEGLSync:
-    leaq .Lname18(%rip), %rdi
+    leaq .Lname17(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -481,7 +478,7 @@ cudaExecutionCtxDestroy:
     .globl cudaExecutionCtxGetDevResource
     .type cudaExecutionCtxGetDevResource, @function
 cudaExecutionCtxGetDevResource:
-    leaq .Lname19(%rip), %rdi
+    leaq .Lname18(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -519,7 +516,7 @@ cudaExecutionCtxWaitEvent:
     .globl cudaExternalMemoryGetMappedBuffer
     .type cudaExternalMemoryGetMappedBuffer, @function
 cudaExternalMemoryGetMappedBuffer:
-    leaq .Lname20(%rip), %rdi
+    leaq .Lname19(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -567,18 +564,12 @@ cudaFuncGetAttributes:
     .globl cudaFuncGetName
     .type cudaFuncGetName, @function
 cudaFuncGetName:
-    leaq .Lname21(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetName@PLT
     .size cudaFuncGetName, .-cudaFuncGetName
     .globl cudaFuncGetParamInfo
     .type cudaFuncGetParamInfo, @function
 cudaFuncGetParamInfo:
-    leaq .Lname22(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncGetParamInfo@PLT
     .size cudaFuncGetParamInfo, .-cudaFuncGetParamInfo
     .globl cudaFuncSetAttribute
     .type cudaFuncSetAttribute, @function
@@ -593,15 +584,12 @@ cudaFuncSetCacheConfig:
     .globl cudaFuncSetSharedMemConfig
     .type cudaFuncSetSharedMemConfig, @function
 cudaFuncSetSharedMemConfig:
-    leaq .Lname23(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaFuncSetSharedMemConfig@PLT
     .size cudaFuncSetSharedMemConfig, .-cudaFuncSetSharedMemConfig
     .globl cudaGLGetDevices
     .type cudaGLGetDevices, @function
 cudaGLGetDevices:
-    leaq .Lname24(%rip), %rdi
+    leaq .Lname20(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -609,7 +597,7 @@ cudaGLGetDevices:
     .globl cudaGLMapBufferObject
     .type cudaGLMapBufferObject, @function
 cudaGLMapBufferObject:
-    leaq .Lname25(%rip), %rdi
+    leaq .Lname21(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -617,7 +605,7 @@ cudaGLMapBufferObject:
     .globl cudaGLMapBufferObjectAsync
     .type cudaGLMapBufferObjectAsync, @function
 cudaGLMapBufferObjectAsync:
-    leaq .Lname26(%rip), %rdi
+    leaq .Lname22(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -625,7 +613,7 @@ cudaGLMapBufferObjectAsync:
     .globl cudaGLRegisterBufferObject
     .type cudaGLRegisterBufferObject, @function
 cudaGLRegisterBufferObject:
-    leaq .Lname27(%rip), %rdi
+    leaq .Lname23(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -633,7 +621,7 @@ cudaGLRegisterBufferObject:
     .globl cudaGLSetBufferObjectMapFlags
     .type cudaGLSetBufferObjectMapFlags, @function
 cudaGLSetBufferObjectMapFlags:
-    leaq .Lname28(%rip), %rdi
+    leaq .Lname24(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -641,7 +629,7 @@ cudaGLSetBufferObjectMapFlags:
     .globl cudaGLSetGLDevice
     .type cudaGLSetGLDevice, @function
 cudaGLSetGLDevice:
-    leaq .Lname29(%rip), %rdi
+    leaq .Lname25(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -649,7 +637,7 @@ cudaGLSetGLDevice:
     .globl cudaGLUnmapBufferObject
     .type cudaGLUnmapBufferObject, @function
 cudaGLUnmapBufferObject:
-    leaq .Lname30(%rip), %rdi
+    leaq .Lname26(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -657,7 +645,7 @@ cudaGLUnmapBufferObject:
     .globl cudaGLUnmapBufferObjectAsync
     .type cudaGLUnmapBufferObjectAsync, @function
 cudaGLUnmapBufferObjectAsync:
-    leaq .Lname31(%rip), %rdi
+    leaq .Lname27(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -665,7 +653,7 @@ cudaGLUnmapBufferObjectAsync:
     .globl cudaGLUnregisterBufferObject
     .type cudaGLUnregisterBufferObject, @function
 cudaGLUnregisterBufferObject:
-    leaq .Lname32(%rip), %rdi
+    leaq .Lname28(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -728,7 +716,7 @@ cudaGetErrorString:
     .globl cudaGetExportTable
     .type cudaGetExportTable, @function
 cudaGetExportTable:
-    leaq .Lname33(%rip), %rdi
+    leaq .Lname29(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -736,10 +724,7 @@ cudaGetExportTable:
     .globl cudaGetFuncBySymbol
     .type cudaGetFuncBySymbol, @function
 cudaGetFuncBySymbol:
-    leaq .Lname34(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGetFuncBySymbol@PLT
     .size cudaGetFuncBySymbol, .-cudaGetFuncBySymbol
     .globl cudaGetKernel
     .type cudaGetKernel, @function
@@ -814,7 +799,7 @@ cudaGraphAddEventWaitNode:
     .globl cudaGraphAddExternalSemaphoresSignalNode
     .type cudaGraphAddExternalSemaphoresSignalNode, @function
 cudaGraphAddExternalSemaphoresSignalNode:
-    leaq .Lname35(%rip), %rdi
+    leaq .Lname30(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -822,7 +807,7 @@ cudaGraphAddExternalSemaphoresSignalNode:
     .globl cudaGraphAddExternalSemaphoresWaitNode
     .type cudaGraphAddExternalSemaphoresWaitNode, @function
 cudaGraphAddExternalSemaphoresWaitNode:
-    leaq .Lname36(%rip), %rdi
+    leaq .Lname31(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -830,26 +815,17 @@ cudaGraphAddExternalSemaphoresWaitNode:
     .globl cudaGraphAddHostNode
     .type cudaGraphAddHostNode, @function
 cudaGraphAddHostNode:
-    leaq .Lname37(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddHostNode@PLT
     .size cudaGraphAddHostNode, .-cudaGraphAddHostNode
     .globl cudaGraphAddKernelNode
     .type cudaGraphAddKernelNode, @function
 cudaGraphAddKernelNode:
-    leaq .Lname38(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddKernelNode@PLT
     .size cudaGraphAddKernelNode, .-cudaGraphAddKernelNode
     .globl cudaGraphAddMemAllocNode
     .type cudaGraphAddMemAllocNode, @function
 cudaGraphAddMemAllocNode:
-    leaq .Lname39(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemAllocNode__cu126@PLT
     .size cudaGraphAddMemAllocNode, .-cudaGraphAddMemAllocNode
     .globl cudaGraphAddMemFreeNode
     .type cudaGraphAddMemFreeNode, @function
@@ -859,34 +835,22 @@ cudaGraphAddMemFreeNode:
     .globl cudaGraphAddMemcpyNode
     .type cudaGraphAddMemcpyNode, @function
 cudaGraphAddMemcpyNode:
-    leaq .Lname40(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode@PLT
     .size cudaGraphAddMemcpyNode, .-cudaGraphAddMemcpyNode
     .globl cudaGraphAddMemcpyNode1D
     .type cudaGraphAddMemcpyNode1D, @function
 cudaGraphAddMemcpyNode1D:
-    leaq .Lname41(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNode1D@PLT
     .size cudaGraphAddMemcpyNode1D, .-cudaGraphAddMemcpyNode1D
     .globl cudaGraphAddMemcpyNodeFromSymbol
     .type cudaGraphAddMemcpyNodeFromSymbol, @function
 cudaGraphAddMemcpyNodeFromSymbol:
-    leaq .Lname42(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeFromSymbol@PLT
     .size cudaGraphAddMemcpyNodeFromSymbol, .-cudaGraphAddMemcpyNodeFromSymbol
     .globl cudaGraphAddMemcpyNodeToSymbol
     .type cudaGraphAddMemcpyNodeToSymbol, @function
 cudaGraphAddMemcpyNodeToSymbol:
-    leaq .Lname43(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddMemcpyNodeToSymbol@PLT
     .size cudaGraphAddMemcpyNodeToSymbol, .-cudaGraphAddMemcpyNodeToSymbol
     .globl cudaGraphAddMemsetNode
     .type cudaGraphAddMemsetNode, @function
@@ -896,10 +860,7 @@ cudaGraphAddMemsetNode:
     .globl cudaGraphAddNode
     .type cudaGraphAddNode, @function
 cudaGraphAddNode:
-    leaq .Lname44(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphAddNode__cu130@PLT
     .size cudaGraphAddNode, .-cudaGraphAddNode
     .globl cudaGraphChildGraphNodeGetGraph
     .type cudaGraphChildGraphNodeGetGraph, @function
@@ -929,7 +890,7 @@ cudaGraphCreate:
     .globl cudaGraphDebugDotPrint
     .type cudaGraphDebugDotPrint, @function
 cudaGraphDebugDotPrint:
-    leaq .Lname45(%rip), %rdi
+    leaq .Lname32(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -987,7 +948,7 @@ cudaGraphExecEventWaitNodeSetEvent:
     .globl cudaGraphExecExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExecExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExecExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname46(%rip), %rdi
+    leaq .Lname33(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -995,7 +956,7 @@ cudaGraphExecExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExecExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExecExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExecExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname47(%rip), %rdi
+    leaq .Lname34(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1013,50 +974,32 @@ cudaGraphExecGetId:
     .globl cudaGraphExecHostNodeSetParams
     .type cudaGraphExecHostNodeSetParams, @function
 cudaGraphExecHostNodeSetParams:
-    leaq .Lname48(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecHostNodeSetParams@PLT
     .size cudaGraphExecHostNodeSetParams, .-cudaGraphExecHostNodeSetParams
     .globl cudaGraphExecKernelNodeSetParams
     .type cudaGraphExecKernelNodeSetParams, @function
 cudaGraphExecKernelNodeSetParams:
-    leaq .Lname49(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecKernelNodeSetParams@PLT
     .size cudaGraphExecKernelNodeSetParams, .-cudaGraphExecKernelNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams
     .type cudaGraphExecMemcpyNodeSetParams, @function
 cudaGraphExecMemcpyNodeSetParams:
-    leaq .Lname50(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams@PLT
     .size cudaGraphExecMemcpyNodeSetParams, .-cudaGraphExecMemcpyNodeSetParams
     .globl cudaGraphExecMemcpyNodeSetParams1D
     .type cudaGraphExecMemcpyNodeSetParams1D, @function
 cudaGraphExecMemcpyNodeSetParams1D:
-    leaq .Lname51(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParams1D@PLT
     .size cudaGraphExecMemcpyNodeSetParams1D, .-cudaGraphExecMemcpyNodeSetParams1D
     .globl cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .type cudaGraphExecMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname52(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsFromSymbol, .-cudaGraphExecMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphExecMemcpyNodeSetParamsToSymbol
     .type cudaGraphExecMemcpyNodeSetParamsToSymbol, @function
 cudaGraphExecMemcpyNodeSetParamsToSymbol:
-    leaq .Lname53(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphExecMemcpyNodeSetParamsToSymbol, .-cudaGraphExecMemcpyNodeSetParamsToSymbol
     .globl cudaGraphExecMemsetNodeSetParams
     .type cudaGraphExecMemsetNodeSetParams, @function
@@ -1066,10 +1009,7 @@ cudaGraphExecMemsetNodeSetParams:
     .globl cudaGraphExecNodeSetParams
     .type cudaGraphExecNodeSetParams, @function
 cudaGraphExecNodeSetParams:
-    leaq .Lname54(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphExecNodeSetParams@PLT
     .size cudaGraphExecNodeSetParams, .-cudaGraphExecNodeSetParams
     .globl cudaGraphExecUpdate
     .type cudaGraphExecUpdate, @function
@@ -1079,7 +1019,7 @@ cudaGraphExecUpdate:
     .globl cudaGraphExternalSemaphoresSignalNodeGetParams
     .type cudaGraphExternalSemaphoresSignalNodeGetParams, @function
 cudaGraphExternalSemaphoresSignalNodeGetParams:
-    leaq .Lname55(%rip), %rdi
+    leaq .Lname35(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1087,7 +1027,7 @@ cudaGraphExternalSemaphoresSignalNodeGetParams:
     .globl cudaGraphExternalSemaphoresSignalNodeSetParams
     .type cudaGraphExternalSemaphoresSignalNodeSetParams, @function
 cudaGraphExternalSemaphoresSignalNodeSetParams:
-    leaq .Lname56(%rip), %rdi
+    leaq .Lname36(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1095,7 +1035,7 @@ cudaGraphExternalSemaphoresSignalNodeSetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeGetParams
     .type cudaGraphExternalSemaphoresWaitNodeGetParams, @function
 cudaGraphExternalSemaphoresWaitNodeGetParams:
-    leaq .Lname57(%rip), %rdi
+    leaq .Lname37(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1103,7 +1043,7 @@ cudaGraphExternalSemaphoresWaitNodeGetParams:
     .globl cudaGraphExternalSemaphoresWaitNodeSetParams
     .type cudaGraphExternalSemaphoresWaitNodeSetParams, @function
 cudaGraphExternalSemaphoresWaitNodeSetParams:
-    leaq .Lname58(%rip), %rdi
+    leaq .Lname38(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1111,10 +1051,7 @@ cudaGraphExternalSemaphoresWaitNodeSetParams:
     .globl cudaGraphGetEdges
     .type cudaGraphGetEdges, @function
 cudaGraphGetEdges:
-    leaq .Lname59(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphGetEdges__cu130@PLT
     .size cudaGraphGetEdges, .-cudaGraphGetEdges
     .globl cudaGraphGetId
     .type cudaGraphGetId, @function
@@ -1134,18 +1071,12 @@ cudaGraphGetRootNodes:
     .globl cudaGraphHostNodeGetParams
     .type cudaGraphHostNodeGetParams, @function
 cudaGraphHostNodeGetParams:
-    leaq .Lname60(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeGetParams@PLT
     .size cudaGraphHostNodeGetParams, .-cudaGraphHostNodeGetParams
     .globl cudaGraphHostNodeSetParams
     .type cudaGraphHostNodeSetParams, @function
 cudaGraphHostNodeSetParams:
-    leaq .Lname61(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphHostNodeSetParams@PLT
     .size cudaGraphHostNodeSetParams, .-cudaGraphHostNodeSetParams
     .globl cudaGraphInstantiate
     .type cudaGraphInstantiate, @function
@@ -1180,10 +1111,7 @@ cudaGraphKernelNodeGetAttribute:
     .globl cudaGraphKernelNodeGetParams
     .type cudaGraphKernelNodeGetParams, @function
 cudaGraphKernelNodeGetParams:
-    leaq .Lname62(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeGetParams@PLT
     .size cudaGraphKernelNodeGetParams, .-cudaGraphKernelNodeGetParams
     .globl cudaGraphKernelNodeSetAttribute
     .type cudaGraphKernelNodeSetAttribute, @function
@@ -1193,10 +1121,7 @@ cudaGraphKernelNodeSetAttribute:
     .globl cudaGraphKernelNodeSetParams
     .type cudaGraphKernelNodeSetParams, @function
 cudaGraphKernelNodeSetParams:
-    leaq .Lname63(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphKernelNodeSetParams@PLT
     .size cudaGraphKernelNodeSetParams, .-cudaGraphKernelNodeSetParams
     .globl cudaGraphLaunch
     .type cudaGraphLaunch, @function
@@ -1211,10 +1136,7 @@ cudaGraphLaunch_ptsz:
     .globl cudaGraphMemAllocNodeGetParams
     .type cudaGraphMemAllocNodeGetParams, @function
 cudaGraphMemAllocNodeGetParams:
-    leaq .Lname64(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemAllocNodeGetParams__cu126@PLT
     .size cudaGraphMemAllocNodeGetParams, .-cudaGraphMemAllocNodeGetParams
     .globl cudaGraphMemFreeNodeGetParams
     .type cudaGraphMemFreeNodeGetParams, @function
@@ -1224,42 +1146,27 @@ cudaGraphMemFreeNodeGetParams:
     .globl cudaGraphMemcpyNodeGetParams
     .type cudaGraphMemcpyNodeGetParams, @function
 cudaGraphMemcpyNodeGetParams:
-    leaq .Lname65(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeGetParams@PLT
     .size cudaGraphMemcpyNodeGetParams, .-cudaGraphMemcpyNodeGetParams
     .globl cudaGraphMemcpyNodeSetParams
     .type cudaGraphMemcpyNodeSetParams, @function
 cudaGraphMemcpyNodeSetParams:
-    leaq .Lname66(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams@PLT
     .size cudaGraphMemcpyNodeSetParams, .-cudaGraphMemcpyNodeSetParams
     .globl cudaGraphMemcpyNodeSetParams1D
     .type cudaGraphMemcpyNodeSetParams1D, @function
 cudaGraphMemcpyNodeSetParams1D:
-    leaq .Lname67(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParams1D@PLT
     .size cudaGraphMemcpyNodeSetParams1D, .-cudaGraphMemcpyNodeSetParams1D
     .globl cudaGraphMemcpyNodeSetParamsFromSymbol
     .type cudaGraphMemcpyNodeSetParamsFromSymbol, @function
 cudaGraphMemcpyNodeSetParamsFromSymbol:
-    leaq .Lname68(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsFromSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsFromSymbol, .-cudaGraphMemcpyNodeSetParamsFromSymbol
     .globl cudaGraphMemcpyNodeSetParamsToSymbol
     .type cudaGraphMemcpyNodeSetParamsToSymbol, @function
 cudaGraphMemcpyNodeSetParamsToSymbol:
-    leaq .Lname69(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphMemcpyNodeSetParamsToSymbol@PLT
     .size cudaGraphMemcpyNodeSetParamsToSymbol, .-cudaGraphMemcpyNodeSetParamsToSymbol
     .globl cudaGraphMemsetNodeGetParams
     .type cudaGraphMemsetNodeGetParams, @function
@@ -1284,18 +1191,12 @@ cudaGraphNodeGetContainingGraph:
     .globl cudaGraphNodeGetDependencies
     .type cudaGraphNodeGetDependencies, @function
 cudaGraphNodeGetDependencies:
-    leaq .Lname70(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeGetDependencies__cu130@PLT
     .size cudaGraphNodeGetDependencies, .-cudaGraphNodeGetDependencies
     .globl cudaGraphNodeGetDependentNodes
     .type cudaGraphNodeGetDependentNodes, @function
 cudaGraphNodeGetDependentNodes:
-    leaq .Lname71(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeGetDependentNodes__cu130@PLT
     .size cudaGraphNodeGetDependentNodes, .-cudaGraphNodeGetDependentNodes
     .globl cudaGraphNodeGetEnabled
     .type cudaGraphNodeGetEnabled, @function
@@ -1325,10 +1226,7 @@ cudaGraphNodeSetEnabled:
     .globl cudaGraphNodeSetParams
     .type cudaGraphNodeSetParams, @function
 cudaGraphNodeSetParams:
-    leaq .Lname72(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaGraphNodeSetParams@PLT
     .size cudaGraphNodeSetParams, .-cudaGraphNodeSetParams
     .globl cudaGraphReleaseUserObject
     .type cudaGraphReleaseUserObject, @function
@@ -1358,7 +1256,7 @@ cudaGraphUpload_ptsz:
     .globl cudaGraphicsEGLRegisterImage
     .type cudaGraphicsEGLRegisterImage, @function
 cudaGraphicsEGLRegisterImage:
-    leaq .Lname73(%rip), %rdi
+    leaq .Lname39(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1366,7 +1264,7 @@ cudaGraphicsEGLRegisterImage:
     .globl cudaGraphicsGLRegisterBuffer
     .type cudaGraphicsGLRegisterBuffer, @function
 cudaGraphicsGLRegisterBuffer:
-    leaq .Lname74(%rip), %rdi
+    leaq .Lname40(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1374,7 +1272,7 @@ cudaGraphicsGLRegisterBuffer:
     .globl cudaGraphicsGLRegisterImage
     .type cudaGraphicsGLRegisterImage, @function
 cudaGraphicsGLRegisterImage:
-    leaq .Lname75(%rip), %rdi
+    leaq .Lname41(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1387,7 +1285,7 @@ cudaGraphicsMapResources:
     .globl cudaGraphicsResourceGetMappedEglFrame
     .type cudaGraphicsResourceGetMappedEglFrame, @function
 cudaGraphicsResourceGetMappedEglFrame:
-    leaq .Lname76(%rip), %rdi
+    leaq .Lname42(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1400,7 +1298,7 @@ cudaGraphicsResourceGetMappedMipmappedArray:
     .globl cudaGraphicsResourceGetMappedPointer
     .type cudaGraphicsResourceGetMappedPointer, @function
 cudaGraphicsResourceGetMappedPointer:
-    leaq .Lname77(%rip), %rdi
+    leaq .Lname43(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1428,7 +1326,7 @@ cudaGraphicsUnregisterResource:
     .globl cudaGraphicsVDPAURegisterOutputSurface
     .type cudaGraphicsVDPAURegisterOutputSurface, @function
 cudaGraphicsVDPAURegisterOutputSurface:
-    leaq .Lname78(%rip), %rdi
+    leaq .Lname44(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1436,7 +1334,7 @@ cudaGraphicsVDPAURegisterOutputSurface:
     .globl cudaGraphicsVDPAURegisterVideoSurface
     .type cudaGraphicsVDPAURegisterVideoSurface, @function
 cudaGraphicsVDPAURegisterVideoSurface:
-    leaq .Lname79(%rip), %rdi
+    leaq .Lname45(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1474,7 +1372,7 @@ cudaHostUnregister:
     .globl cudaImportExternalMemory
     .type cudaImportExternalMemory, @function
 cudaImportExternalMemory:
-    leaq .Lname80(%rip), %rdi
+    leaq .Lname46(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1482,7 +1380,7 @@ cudaImportExternalMemory:
     .globl cudaImportExternalSemaphore
     .type cudaImportExternalSemaphore, @function
 cudaImportExternalSemaphore:
-    leaq .Lname81(%rip), %rdi
+    leaq .Lname47(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1495,7 +1393,7 @@ cudaInitDevice:
     .globl cudaIpcCloseMemHandle
     .type cudaIpcCloseMemHandle, @function
 cudaIpcCloseMemHandle:
-    leaq .Lname82(%rip), %rdi
+    leaq .Lname48(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1503,7 +1401,7 @@ cudaIpcCloseMemHandle:
     .globl cudaIpcGetEventHandle
     .type cudaIpcGetEventHandle, @function
 cudaIpcGetEventHandle:
-    leaq .Lname83(%rip), %rdi
+    leaq .Lname49(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1511,7 +1409,7 @@ cudaIpcGetEventHandle:
     .globl cudaIpcGetMemHandle
     .type cudaIpcGetMemHandle, @function
 cudaIpcGetMemHandle:
-    leaq .Lname84(%rip), %rdi
+    leaq .Lname50(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1524,7 +1422,7 @@ cudaIpcOpenEventHandle:
     .globl cudaIpcOpenMemHandle
     .type cudaIpcOpenMemHandle, @function
 cudaIpcOpenMemHandle:
-    leaq .Lname85(%rip), %rdi
+    leaq .Lname51(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1582,7 +1480,7 @@ cudaLibraryEnumerateKernels:
     .globl cudaLibraryGetGlobal
     .type cudaLibraryGetGlobal, @function
 cudaLibraryGetGlobal:
-    leaq .Lname86(%rip), %rdi
+    leaq .Lname52(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1600,7 +1498,7 @@ cudaLibraryGetKernelCount:
     .globl cudaLibraryGetManaged
     .type cudaLibraryGetManaged, @function
 cudaLibraryGetManaged:
-    leaq .Lname87(%rip), %rdi
+    leaq .Lname53(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1608,7 +1506,7 @@ cudaLibraryGetManaged:
     .globl cudaLibraryGetUnifiedFunction
     .type cudaLibraryGetUnifiedFunction, @function
 cudaLibraryGetUnifiedFunction:
-    leaq .Lname88(%rip), %rdi
+    leaq .Lname54(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1616,7 +1514,7 @@ cudaLibraryGetUnifiedFunction:
     .globl cudaLibraryLoadData
     .type cudaLibraryLoadData, @function
 cudaLibraryLoadData:
-    leaq .Lname89(%rip), %rdi
+    leaq .Lname55(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1624,7 +1522,7 @@ cudaLibraryLoadData:
     .globl cudaLibraryLoadFromFile
     .type cudaLibraryLoadFromFile, @function
 cudaLibraryLoadFromFile:
-    leaq .Lname90(%rip), %rdi
+    leaq .Lname56(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1642,7 +1540,7 @@ cudaLogsCurrent:
     .globl cudaLogsDumpToFile
     .type cudaLogsDumpToFile, @function
 cudaLogsDumpToFile:
-    leaq .Lname91(%rip), %rdi
+    leaq .Lname57(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1650,7 +1548,7 @@ cudaLogsDumpToFile:
     .globl cudaLogsDumpToMemory
     .type cudaLogsDumpToMemory, @function
 cudaLogsDumpToMemory:
-    leaq .Lname92(%rip), %rdi
+    leaq .Lname58(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1658,7 +1556,7 @@ cudaLogsDumpToMemory:
     .globl cudaLogsRegisterCallback
     .type cudaLogsRegisterCallback, @function
 cudaLogsRegisterCallback:
-    leaq .Lname93(%rip), %rdi
+    leaq .Lname59(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1676,10 +1574,7 @@ cudaMalloc:
     .globl cudaMalloc3D
     .type cudaMalloc3D, @function
 cudaMalloc3D:
-    leaq .Lname94(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMalloc3D@PLT
     .size cudaMalloc3D, .-cudaMalloc3D
     .globl cudaMalloc3DArray
     .type cudaMalloc3DArray, @function
@@ -1704,18 +1599,12 @@ cudaMallocAsync_ptsz:
     .globl cudaMallocFromPoolAsync
     .type cudaMallocFromPoolAsync, @function
 cudaMallocFromPoolAsync:
-    leaq .Lname95(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync@PLT
     .size cudaMallocFromPoolAsync, .-cudaMallocFromPoolAsync
     .globl cudaMallocFromPoolAsync_ptsz
     .type cudaMallocFromPoolAsync_ptsz, @function
 cudaMallocFromPoolAsync_ptsz:
-    leaq .Lname96(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMallocFromPoolAsync_ptsz@PLT
     .size cudaMallocFromPoolAsync_ptsz, .-cudaMallocFromPoolAsync_ptsz
     .globl cudaMallocHost
     .type cudaMallocHost, @function
@@ -1725,7 +1614,7 @@ cudaMallocHost:
     .globl cudaMallocManaged
     .type cudaMallocManaged, @function
 cudaMallocManaged:
-    leaq .Lname97(%rip), %rdi
+    leaq .Lname60(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1793,7 +1682,7 @@ cudaMemPoolDestroy:
     .globl cudaMemPoolExportPointer
     .type cudaMemPoolExportPointer, @function
 cudaMemPoolExportPointer:
-    leaq .Lname98(%rip), %rdi
+    leaq .Lname61(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1801,7 +1690,7 @@ cudaMemPoolExportPointer:
     .globl cudaMemPoolExportToShareableHandle
     .type cudaMemPoolExportToShareableHandle, @function
 cudaMemPoolExportToShareableHandle:
-    leaq .Lname99(%rip), %rdi
+    leaq .Lname62(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1819,7 +1708,7 @@ cudaMemPoolGetAttribute:
     .globl cudaMemPoolImportFromShareableHandle
     .type cudaMemPoolImportFromShareableHandle, @function
 cudaMemPoolImportFromShareableHandle:
-    leaq .Lname100(%rip), %rdi
+    leaq .Lname63(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1827,7 +1716,7 @@ cudaMemPoolImportFromShareableHandle:
     .globl cudaMemPoolImportPointer
     .type cudaMemPoolImportPointer, @function
 cudaMemPoolImportPointer:
-    leaq .Lname101(%rip), %rdi
+    leaq .Lname64(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -1875,10 +1764,7 @@ cudaMemRangeGetAttribute:
     .globl cudaMemRangeGetAttributes
     .type cudaMemRangeGetAttributes, @function
 cudaMemRangeGetAttributes:
-    leaq .Lname102(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemRangeGetAttributes@PLT
     .size cudaMemRangeGetAttributes, .-cudaMemRangeGetAttributes
     .globl cudaMemSetMemPool
     .type cudaMemSetMemPool, @function
@@ -1918,66 +1804,42 @@ cudaMemcpy2DAsync_ptsz:
     .globl cudaMemcpy2DFromArray
     .type cudaMemcpy2DFromArray, @function
 cudaMemcpy2DFromArray:
-    leaq .Lname103(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray@PLT
     .size cudaMemcpy2DFromArray, .-cudaMemcpy2DFromArray
     .globl cudaMemcpy2DFromArrayAsync
     .type cudaMemcpy2DFromArrayAsync, @function
 cudaMemcpy2DFromArrayAsync:
-    leaq .Lname104(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync@PLT
     .size cudaMemcpy2DFromArrayAsync, .-cudaMemcpy2DFromArrayAsync
     .globl cudaMemcpy2DFromArrayAsync_ptsz
     .type cudaMemcpy2DFromArrayAsync_ptsz, @function
 cudaMemcpy2DFromArrayAsync_ptsz:
-    leaq .Lname105(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArrayAsync_ptsz@PLT
     .size cudaMemcpy2DFromArrayAsync_ptsz, .-cudaMemcpy2DFromArrayAsync_ptsz
     .globl cudaMemcpy2DFromArray_ptds
     .type cudaMemcpy2DFromArray_ptds, @function
 cudaMemcpy2DFromArray_ptds:
-    leaq .Lname106(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DFromArray_ptds@PLT
     .size cudaMemcpy2DFromArray_ptds, .-cudaMemcpy2DFromArray_ptds
     .globl cudaMemcpy2DToArray
     .type cudaMemcpy2DToArray, @function
 cudaMemcpy2DToArray:
-    leaq .Lname107(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray@PLT
     .size cudaMemcpy2DToArray, .-cudaMemcpy2DToArray
     .globl cudaMemcpy2DToArrayAsync
     .type cudaMemcpy2DToArrayAsync, @function
 cudaMemcpy2DToArrayAsync:
-    leaq .Lname108(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync@PLT
     .size cudaMemcpy2DToArrayAsync, .-cudaMemcpy2DToArrayAsync
     .globl cudaMemcpy2DToArrayAsync_ptsz
     .type cudaMemcpy2DToArrayAsync_ptsz, @function
 cudaMemcpy2DToArrayAsync_ptsz:
-    leaq .Lname109(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArrayAsync_ptsz@PLT
     .size cudaMemcpy2DToArrayAsync_ptsz, .-cudaMemcpy2DToArrayAsync_ptsz
     .globl cudaMemcpy2DToArray_ptds
     .type cudaMemcpy2DToArray_ptds, @function
 cudaMemcpy2DToArray_ptds:
-    leaq .Lname110(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy2DToArray_ptds@PLT
     .size cudaMemcpy2DToArray_ptds, .-cudaMemcpy2DToArray_ptds
     .globl cudaMemcpy2D_ptds
     .type cudaMemcpy2D_ptds, @function
@@ -1987,82 +1849,52 @@ cudaMemcpy2D_ptds:
     .globl cudaMemcpy3D
     .type cudaMemcpy3D, @function
 cudaMemcpy3D:
-    leaq .Lname111(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D@PLT
     .size cudaMemcpy3D, .-cudaMemcpy3D
     .globl cudaMemcpy3DAsync
     .type cudaMemcpy3DAsync, @function
 cudaMemcpy3DAsync:
-    leaq .Lname112(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync@PLT
     .size cudaMemcpy3DAsync, .-cudaMemcpy3DAsync
     .globl cudaMemcpy3DAsync_ptsz
     .type cudaMemcpy3DAsync_ptsz, @function
 cudaMemcpy3DAsync_ptsz:
-    leaq .Lname113(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DAsync_ptsz@PLT
     .size cudaMemcpy3DAsync_ptsz, .-cudaMemcpy3DAsync_ptsz
     .globl cudaMemcpy3DBatchAsync
     .type cudaMemcpy3DBatchAsync, @function
 cudaMemcpy3DBatchAsync:
-    leaq .Lname114(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DBatchAsync__cu130@PLT
     .size cudaMemcpy3DBatchAsync, .-cudaMemcpy3DBatchAsync
     .globl cudaMemcpy3DBatchAsync_ptsz
     .type cudaMemcpy3DBatchAsync_ptsz, @function
 cudaMemcpy3DBatchAsync_ptsz:
-    leaq .Lname115(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DBatchAsync_ptsz__cu130@PLT
     .size cudaMemcpy3DBatchAsync_ptsz, .-cudaMemcpy3DBatchAsync_ptsz
     .globl cudaMemcpy3DPeer
     .type cudaMemcpy3DPeer, @function
 cudaMemcpy3DPeer:
-    leaq .Lname116(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer@PLT
     .size cudaMemcpy3DPeer, .-cudaMemcpy3DPeer
     .globl cudaMemcpy3DPeerAsync
     .type cudaMemcpy3DPeerAsync, @function
 cudaMemcpy3DPeerAsync:
-    leaq .Lname117(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync@PLT
     .size cudaMemcpy3DPeerAsync, .-cudaMemcpy3DPeerAsync
     .globl cudaMemcpy3DPeerAsync_ptsz
     .type cudaMemcpy3DPeerAsync_ptsz, @function
 cudaMemcpy3DPeerAsync_ptsz:
-    leaq .Lname118(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeerAsync_ptsz@PLT
     .size cudaMemcpy3DPeerAsync_ptsz, .-cudaMemcpy3DPeerAsync_ptsz
     .globl cudaMemcpy3DPeer_ptds
     .type cudaMemcpy3DPeer_ptds, @function
 cudaMemcpy3DPeer_ptds:
-    leaq .Lname119(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3DPeer_ptds@PLT
     .size cudaMemcpy3DPeer_ptds, .-cudaMemcpy3DPeer_ptds
     .globl cudaMemcpy3D_ptds
     .type cudaMemcpy3D_ptds, @function
 cudaMemcpy3D_ptds:
-    leaq .Lname120(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpy3D_ptds@PLT
     .size cudaMemcpy3D_ptds, .-cudaMemcpy3D_ptds
     .globl cudaMemcpyArrayToArray
     .type cudaMemcpyArrayToArray, @function
@@ -2087,50 +1919,32 @@ cudaMemcpyAsync_ptsz:
     .globl cudaMemcpyBatchAsync
     .type cudaMemcpyBatchAsync, @function
 cudaMemcpyBatchAsync:
-    leaq .Lname121(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyBatchAsync__cu130@PLT
     .size cudaMemcpyBatchAsync, .-cudaMemcpyBatchAsync
     .globl cudaMemcpyBatchAsync_ptsz
     .type cudaMemcpyBatchAsync_ptsz, @function
 cudaMemcpyBatchAsync_ptsz:
-    leaq .Lname122(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyBatchAsync_ptsz__cu130@PLT
     .size cudaMemcpyBatchAsync_ptsz, .-cudaMemcpyBatchAsync_ptsz
     .globl cudaMemcpyFromArray
     .type cudaMemcpyFromArray, @function
 cudaMemcpyFromArray:
-    leaq .Lname123(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray@PLT
     .size cudaMemcpyFromArray, .-cudaMemcpyFromArray
     .globl cudaMemcpyFromArrayAsync
     .type cudaMemcpyFromArrayAsync, @function
 cudaMemcpyFromArrayAsync:
-    leaq .Lname124(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync@PLT
     .size cudaMemcpyFromArrayAsync, .-cudaMemcpyFromArrayAsync
     .globl cudaMemcpyFromArrayAsync_ptsz
     .type cudaMemcpyFromArrayAsync_ptsz, @function
 cudaMemcpyFromArrayAsync_ptsz:
-    leaq .Lname125(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArrayAsync_ptsz@PLT
     .size cudaMemcpyFromArrayAsync_ptsz, .-cudaMemcpyFromArrayAsync_ptsz
     .globl cudaMemcpyFromArray_ptds
     .type cudaMemcpyFromArray_ptds, @function
 cudaMemcpyFromArray_ptds:
-    leaq .Lname126(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyFromArray_ptds@PLT
     .size cudaMemcpyFromArray_ptds, .-cudaMemcpyFromArray_ptds
     .globl cudaMemcpyFromSymbol
     .type cudaMemcpyFromSymbol, @function
@@ -2165,34 +1979,22 @@ cudaMemcpyPeerAsync:
     .globl cudaMemcpyToArray
     .type cudaMemcpyToArray, @function
 cudaMemcpyToArray:
-    leaq .Lname127(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray@PLT
     .size cudaMemcpyToArray, .-cudaMemcpyToArray
     .globl cudaMemcpyToArrayAsync
     .type cudaMemcpyToArrayAsync, @function
 cudaMemcpyToArrayAsync:
-    leaq .Lname128(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync@PLT
     .size cudaMemcpyToArrayAsync, .-cudaMemcpyToArrayAsync
     .globl cudaMemcpyToArrayAsync_ptsz
     .type cudaMemcpyToArrayAsync_ptsz, @function
 cudaMemcpyToArrayAsync_ptsz:
-    leaq .Lname129(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArrayAsync_ptsz@PLT
     .size cudaMemcpyToArrayAsync_ptsz, .-cudaMemcpyToArrayAsync_ptsz
     .globl cudaMemcpyToArray_ptds
     .type cudaMemcpyToArray_ptds, @function
 cudaMemcpyToArray_ptds:
-    leaq .Lname130(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaMemcpyToArray_ptds@PLT
     .size cudaMemcpyToArray_ptds, .-cudaMemcpyToArray_ptds
     .globl cudaMemcpyToSymbol
     .type cudaMemcpyToSymbol, @function
@@ -2292,10 +2094,7 @@ cudaMipmappedArrayGetSparseProperties:
     .globl cudaOccupancyAvailableDynamicSMemPerBlock
     .type cudaOccupancyAvailableDynamicSMemPerBlock, @function
 cudaOccupancyAvailableDynamicSMemPerBlock:
-    leaq .Lname131(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaOccupancyAvailableDynamicSMemPerBlock@PLT
     .size cudaOccupancyAvailableDynamicSMemPerBlock, .-cudaOccupancyAvailableDynamicSMemPerBlock
     .globl cudaOccupancyMaxActiveBlocksPerMultiprocessor
     .type cudaOccupancyMaxActiveBlocksPerMultiprocessor, @function
@@ -2310,7 +2109,7 @@ cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
     .globl cudaOccupancyMaxActiveClusters
     .type cudaOccupancyMaxActiveClusters, @function
 cudaOccupancyMaxActiveClusters:
-    leaq .Lname132(%rip), %rdi
+    leaq .Lname65(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2318,7 +2117,7 @@ cudaOccupancyMaxActiveClusters:
     .globl cudaOccupancyMaxPotentialClusterSize
     .type cudaOccupancyMaxPotentialClusterSize, @function
 cudaOccupancyMaxPotentialClusterSize:
-    leaq .Lname133(%rip), %rdi
+    leaq .Lname66(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2366,7 +2165,7 @@ cudaSetValidDevices:
     .globl cudaSignalExternalSemaphoresAsync
     .type cudaSignalExternalSemaphoresAsync, @function
 cudaSignalExternalSemaphoresAsync:
-    leaq .Lname134(%rip), %rdi
+    leaq .Lname67(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2374,7 +2173,7 @@ cudaSignalExternalSemaphoresAsync:
     .globl cudaSignalExternalSemaphoresAsync_ptsz
     .type cudaSignalExternalSemaphoresAsync_ptsz, @function
 cudaSignalExternalSemaphoresAsync_ptsz:
-    leaq .Lname135(%rip), %rdi
+    leaq .Lname68(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2407,18 +2206,12 @@ cudaStreamBeginCapture:
     .globl cudaStreamBeginCaptureToGraph
     .type cudaStreamBeginCaptureToGraph, @function
 cudaStreamBeginCaptureToGraph:
-    leaq .Lname136(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamBeginCaptureToGraph@PLT
     .size cudaStreamBeginCaptureToGraph, .-cudaStreamBeginCaptureToGraph
     .globl cudaStreamBeginCaptureToGraph_ptsz
     .type cudaStreamBeginCaptureToGraph_ptsz, @function
 cudaStreamBeginCaptureToGraph_ptsz:
-    leaq .Lname137(%rip), %rdi
-    movq $801, %rsi
-    movl $0, %edx
-    jmp __chidori_unsupported@PLT
+    jmp __chidori_cudart_cudaStreamBeginCaptureToGraph_ptsz@PLT
     .size cudaStreamBeginCaptureToGraph_ptsz, .-cudaStreamBeginCaptureToGraph_ptsz
     .globl cudaStreamBeginCapture_ptsz
     .type cudaStreamBeginCapture_ptsz, @function
@@ -2488,7 +2281,7 @@ cudaStreamGetCaptureInfo_ptsz:
     .globl cudaStreamGetDevResource
     .type cudaStreamGetDevResource, @function
 cudaStreamGetDevResource:
-    leaq .Lname138(%rip), %rdi
+    leaq .Lname69(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2496,7 +2289,7 @@ cudaStreamGetDevResource:
     .globl cudaStreamGetDevResource_ptsz
     .type cudaStreamGetDevResource_ptsz, @function
 cudaStreamGetDevResource_ptsz:
-    leaq .Lname139(%rip), %rdi
+    leaq .Lname70(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2609,7 +2402,7 @@ cudaThreadExchangeStreamCaptureMode:
     .globl cudaUserObjectCreate
     .type cudaUserObjectCreate, @function
 cudaUserObjectCreate:
-    leaq .Lname140(%rip), %rdi
+    leaq .Lname71(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2627,7 +2420,7 @@ cudaUserObjectRetain:
     .globl cudaVDPAUGetDevice
     .type cudaVDPAUGetDevice, @function
 cudaVDPAUGetDevice:
-    leaq .Lname141(%rip), %rdi
+    leaq .Lname72(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2635,7 +2428,7 @@ cudaVDPAUGetDevice:
     .globl cudaVDPAUSetVDPAUDevice
     .type cudaVDPAUSetVDPAUDevice, @function
 cudaVDPAUSetVDPAUDevice:
-    leaq .Lname142(%rip), %rdi
+    leaq .Lname73(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2643,7 +2436,7 @@ cudaVDPAUSetVDPAUDevice:
     .globl cudaWaitExternalSemaphoresAsync
     .type cudaWaitExternalSemaphoresAsync, @function
 cudaWaitExternalSemaphoresAsync:
-    leaq .Lname143(%rip), %rdi
+    leaq .Lname74(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2651,7 +2444,7 @@ cudaWaitExternalSemaphoresAsync:
     .globl cudaWaitExternalSemaphoresAsync_ptsz
     .type cudaWaitExternalSemaphoresAsync_ptsz, @function
 cudaWaitExternalSemaphoresAsync_ptsz:
-    leaq .Lname144(%rip), %rdi
+    leaq .Lname75(%rip), %rdi
     movq $801, %rsi
     movl $0, %edx
     jmp __chidori_unsupported@PLT
@@ -2662,289 +2455,151 @@ cudaWaitExternalSemaphoresAsync_ptsz:
 .Lname1:
     .asciz "__cudaRegisterUnifiedTable"
 .Lname2:
-    .asciz "cudaCreateChannelDesc"
-.Lname3:
     .asciz "cudaDevResourceGenerateDesc"
-.Lname4:
+.Lname3:
     .asciz "cudaDevSmResourceSplit"
-.Lname5:
+.Lname4:
     .asciz "cudaDevSmResourceSplitByCount"
-.Lname6:
+.Lname5:
     .asciz "cudaDeviceGetDevResource"
-.Lname7:
+.Lname6:
     .asciz "cudaDeviceGetNvSciSyncAttributes"
-.Lname8:
+.Lname7:
     .asciz "cudaDeviceRegisterAsyncNotification"
-.Lname9:
+.Lname8:
     .asciz "cudaEGLStreamConsumerAcquireFrame"
-.Lname10:
+.Lname9:
     .asciz "cudaEGLStreamConsumerConnect"
-.Lname11:
+.Lname10:
     .asciz "cudaEGLStreamConsumerConnectWithFlags"
-.Lname12:
+.Lname11:
     .asciz "cudaEGLStreamConsumerDisconnect"
-.Lname13:
+.Lname12:
     .asciz "cudaEGLStreamConsumerReleaseFrame"
-.Lname14:
+.Lname13:
     .asciz "cudaEGLStreamProducerConnect"
-.Lname15:
+.Lname14:
     .asciz "cudaEGLStreamProducerDisconnect"
-.Lname16:
+.Lname15:
     .asciz "cudaEGLStreamProducerPresentFrame"
-.Lname17:
+.Lname16:
     .asciz "cudaEGLStreamProducerReturnFrame"
-.Lname18:
+.Lname17:
     .asciz "cudaEventCreateFromEGLSync"
-.Lname19:
+.Lname18:
     .asciz "cudaExecutionCtxGetDevResource"
-.Lname20:
+.Lname19:
     .asciz "cudaExternalMemoryGetMappedBuffer"
-.Lname21:
-    .asciz "cudaFuncGetName"
-.Lname22:
-    .asciz "cudaFuncGetParamInfo"
-.Lname23:
-    .asciz "cudaFuncSetSharedMemConfig"
-.Lname24:
+.Lname20:
     .asciz "cudaGLGetDevices"
-.Lname25:
+.Lname21:
     .asciz "cudaGLMapBufferObject"
-.Lname26:
+.Lname22:
     .asciz "cudaGLMapBufferObjectAsync"
-.Lname27:
+.Lname23:
     .asciz "cudaGLRegisterBufferObject"
-.Lname28:
+.Lname24:
     .asciz "cudaGLSetBufferObjectMapFlags"
-.Lname29:
+.Lname25:
     .asciz "cudaGLSetGLDevice"
-.Lname30:
+.Lname26:
     .asciz "cudaGLUnmapBufferObject"
-.Lname31:
+.Lname27:
     .asciz "cudaGLUnmapBufferObjectAsync"
-.Lname32:
+.Lname28:
     .asciz "cudaGLUnregisterBufferObject"
-.Lname33:
+.Lname29:
     .asciz "cudaGetExportTable"
-.Lname34:
-    .asciz "cudaGetFuncBySymbol"
-.Lname35:
+.Lname30:
     .asciz "cudaGraphAddExternalSemaphoresSignalNode"
-.Lname36:
+.Lname31:
     .asciz "cudaGraphAddExternalSemaphoresWaitNode"
-.Lname37:
-    .asciz "cudaGraphAddHostNode"
-.Lname38:
-    .asciz "cudaGraphAddKernelNode"
-.Lname39:
-    .asciz "cudaGraphAddMemAllocNode"
-.Lname40:
-    .asciz "cudaGraphAddMemcpyNode"
-.Lname41:
-    .asciz "cudaGraphAddMemcpyNode1D"
-.Lname42:
-    .asciz "cudaGraphAddMemcpyNodeFromSymbol"
-.Lname43:
-    .asciz "cudaGraphAddMemcpyNodeToSymbol"
-.Lname44:
-    .asciz "cudaGraphAddNode"
-.Lname45:
+.Lname32:
     .asciz "cudaGraphDebugDotPrint"
-.Lname46:
+.Lname33:
     .asciz "cudaGraphExecExternalSemaphoresSignalNodeSetParams"
-.Lname47:
+.Lname34:
     .asciz "cudaGraphExecExternalSemaphoresWaitNodeSetParams"
-.Lname48:
-    .asciz "cudaGraphExecHostNodeSetParams"
-.Lname49:
-    .asciz "cudaGraphExecKernelNodeSetParams"
-.Lname50:
-    .asciz "cudaGraphExecMemcpyNodeSetParams"
-.Lname51:
-    .asciz "cudaGraphExecMemcpyNodeSetParams1D"
-.Lname52:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsFromSymbol"
-.Lname53:
-    .asciz "cudaGraphExecMemcpyNodeSetParamsToSymbol"
-.Lname54:
-    .asciz "cudaGraphExecNodeSetParams"
-.Lname55:
+.Lname35:
     .asciz "cudaGraphExternalSemaphoresSignalNodeGetParams"
-.Lname56:
+.Lname36:
     .asciz "cudaGraphExternalSemaphoresSignalNodeSetParams"
-.Lname57:
+.Lname37:
     .asciz "cudaGraphExternalSemaphoresWaitNodeGetParams"
-.Lname58:
+.Lname38:
     .asciz "cudaGraphExternalSemaphoresWaitNodeSetParams"
-.Lname59:
-    .asciz "cudaGraphGetEdges"
-.Lname60:
-    .asciz "cudaGraphHostNodeGetParams"
-.Lname61:
-    .asciz "cudaGraphHostNodeSetParams"
-.Lname62:
-    .asciz "cudaGraphKernelNodeGetParams"
-.Lname63:
-    .asciz "cudaGraphKernelNodeSetParams"
-.Lname64:
-    .asciz "cudaGraphMemAllocNodeGetParams"
-.Lname65:
-    .asciz "cudaGraphMemcpyNodeGetParams"
-.Lname66:
-    .asciz "cudaGraphMemcpyNodeSetParams"
-.Lname67:
-    .asciz "cudaGraphMemcpyNodeSetParams1D"
-.Lname68:
-    .asciz "cudaGraphMemcpyNodeSetParamsFromSymbol"
-.Lname69:
-    .asciz "cudaGraphMemcpyNodeSetParamsToSymbol"
-.Lname70:
-    .asciz "cudaGraphNodeGetDependencies"
-.Lname71:
-    .asciz "cudaGraphNodeGetDependentNodes"
-.Lname72:
-    .asciz "cudaGraphNodeSetParams"
-.Lname73:
+.Lname39:
     .asciz "cudaGraphicsEGLRegisterImage"
-.Lname74:
+.Lname40:
     .asciz "cudaGraphicsGLRegisterBuffer"
-.Lname75:
+.Lname41:
     .asciz "cudaGraphicsGLRegisterImage"
-.Lname76:
+.Lname42:
     .asciz "cudaGraphicsResourceGetMappedEglFrame"
-.Lname77:
+.Lname43:
     .asciz "cudaGraphicsResourceGetMappedPointer"
-.Lname78:
+.Lname44:
     .asciz "cudaGraphicsVDPAURegisterOutputSurface"
-.Lname79:
+.Lname45:
     .asciz "cudaGraphicsVDPAURegisterVideoSurface"
-.Lname80:
+.Lname46:
     .asciz "cudaImportExternalMemory"
-.Lname81:
+.Lname47:
     .asciz "cudaImportExternalSemaphore"
-.Lname82:
+.Lname48:
     .asciz "cudaIpcCloseMemHandle"
-.Lname83:
+.Lname49:
     .asciz "cudaIpcGetEventHandle"
-.Lname84:
+.Lname50:
     .asciz "cudaIpcGetMemHandle"
-.Lname85:
+.Lname51:
     .asciz "cudaIpcOpenMemHandle"
-.Lname86:
+.Lname52:
     .asciz "cudaLibraryGetGlobal"
-.Lname87:
+.Lname53:
     .asciz "cudaLibraryGetManaged"
-.Lname88:
+.Lname54:
     .asciz "cudaLibraryGetUnifiedFunction"
-.Lname89:
+.Lname55:
     .asciz "cudaLibraryLoadData"
-.Lname90:
+.Lname56:
     .asciz "cudaLibraryLoadFromFile"
-.Lname91:
+.Lname57:
     .asciz "cudaLogsDumpToFile"
-.Lname92:
+.Lname58:
     .asciz "cudaLogsDumpToMemory"
-.Lname93:
+.Lname59:
     .asciz "cudaLogsRegisterCallback"
-.Lname94:
-    .asciz "cudaMalloc3D"
-.Lname95:
-    .asciz "cudaMallocFromPoolAsync"
-.Lname96:
-    .asciz "cudaMallocFromPoolAsync_ptsz"
-.Lname97:
+.Lname60:
     .asciz "cudaMallocManaged"
-.Lname98:
+.Lname61:
     .asciz "cudaMemPoolExportPointer"
-.Lname99:
+.Lname62:
     .asciz "cudaMemPoolExportToShareableHandle"
-.Lname100:
+.Lname63:
     .asciz "cudaMemPoolImportFromShareableHandle"
-.Lname101:
+.Lname64:
     .asciz "cudaMemPoolImportPointer"
-.Lname102:
-    .asciz "cudaMemRangeGetAttributes"
-.Lname103:
-    .asciz "cudaMemcpy2DFromArray"
-.Lname104:
-    .asciz "cudaMemcpy2DFromArrayAsync"
-.Lname105:
-    .asciz "cudaMemcpy2DFromArrayAsync_ptsz"
-.Lname106:
-    .asciz "cudaMemcpy2DFromArray_ptds"
-.Lname107:
-    .asciz "cudaMemcpy2DToArray"
-.Lname108:
-    .asciz "cudaMemcpy2DToArrayAsync"
-.Lname109:
-    .asciz "cudaMemcpy2DToArrayAsync_ptsz"
-.Lname110:
-    .asciz "cudaMemcpy2DToArray_ptds"
-.Lname111:
-    .asciz "cudaMemcpy3D"
-.Lname112:
-    .asciz "cudaMemcpy3DAsync"
-.Lname113:
-    .asciz "cudaMemcpy3DAsync_ptsz"
-.Lname114:
-    .asciz "cudaMemcpy3DBatchAsync"
-.Lname115:
-    .asciz "cudaMemcpy3DBatchAsync_ptsz"
-.Lname116:
-    .asciz "cudaMemcpy3DPeer"
-.Lname117:
-    .asciz "cudaMemcpy3DPeerAsync"
-.Lname118:
-    .asciz "cudaMemcpy3DPeerAsync_ptsz"
-.Lname119:
-    .asciz "cudaMemcpy3DPeer_ptds"
-.Lname120:
-    .asciz "cudaMemcpy3D_ptds"
-.Lname121:
-    .asciz "cudaMemcpyBatchAsync"
-.Lname122:
-    .asciz "cudaMemcpyBatchAsync_ptsz"
-.Lname123:
-    .asciz "cudaMemcpyFromArray"
-.Lname124:
-    .asciz "cudaMemcpyFromArrayAsync"
-.Lname125:
-    .asciz "cudaMemcpyFromArrayAsync_ptsz"
-.Lname126:
-    .asciz "cudaMemcpyFromArray_ptds"
-.Lname127:
-    .asciz "cudaMemcpyToArray"
-.Lname128:
-    .asciz "cudaMemcpyToArrayAsync"
-.Lname129:
-    .asciz "cudaMemcpyToArrayAsync_ptsz"
-.Lname130:
-    .asciz "cudaMemcpyToArray_ptds"
-.Lname131:
-    .asciz "cudaOccupancyAvailableDynamicSMemPerBlock"
-.Lname132:
+.Lname65:
     .asciz "cudaOccupancyMaxActiveClusters"
-.Lname133:
+.Lname66:
     .asciz "cudaOccupancyMaxPotentialClusterSize"
-.Lname134:
+.Lname67:
     .asciz "cudaSignalExternalSemaphoresAsync"
-.Lname135:
+.Lname68:
     .asciz "cudaSignalExternalSemaphoresAsync_ptsz"
-.Lname136:
-    .asciz "cudaStreamBeginCaptureToGraph"
-.Lname137:
-    .asciz "cudaStreamBeginCaptureToGraph_ptsz"
-.Lname138:
+.Lname69:
     .asciz "cudaStreamGetDevResource"
-.Lname139:
+.Lname70:
     .asciz "cudaStreamGetDevResource_ptsz"
-.Lname140:
+.Lname71:
     .asciz "cudaUserObjectCreate"
-.Lname141:
+.Lname72:
     .asciz "cudaVDPAUGetDevice"
-.Lname142:
+.Lname73:
     .asciz "cudaVDPAUSetVDPAUDevice"
-.Lname143:
+.Lname74:
     .asciz "cudaWaitExternalSemaphoresAsync"
-.Lname144:
+.Lname75:
     .asciz "cudaWaitExternalSemaphoresAsync_ptsz"
     .section .note.GNU-stack,"",@progbits

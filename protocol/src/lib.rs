@@ -19,4 +19,4 @@ pub mod mirror;
 pub use rkyv;
 
 /// Bumped on any incompatible change to frames or messages.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;

@@ -409,6 +409,40 @@ impl<'a> Emitter<'a> {
                 }
             }
         }
+        // Values a wire form fixes: (function, form, parameter index, value).
+        let mut fixed = BTreeMap::new();
+        for lib in &self.model.libraries {
+            for (name, f) in &lib.functions {
+                let base = name.strip_suffix("_ptsz").or_else(|| name.strip_suffix("_ptds"));
+                let spec = lib.spec.function.get(name).or_else(|| base.and_then(|b| lib.spec.function.get(b)));
+                let hidden = lib.spec.hidden.get(name);
+                let forms = hidden.map(|h| &h.wire).or(spec.map(|s| &s.wire));
+                for (form, w) in forms.into_iter().flatten() {
+                    for (param, enumerator) in &w.fixed {
+                        for v in &f.variants {
+                            let env = self.env(v.versions.last().expect("variant has versions"));
+                            let Some(i) = v.decl.params.iter().position(|p| &p.name == param) else {
+                                bail!(
+                                    "specs/{}.toml: {name}: wire.{form}.fixed names parameter {param}, which it does not have",
+                                    lib.lib.name
+                                );
+                            };
+                            let value = *env.values.get(enumerator).with_context(|| {
+                                format!(
+                                    "specs/{}.toml: {name}: wire.{form}.fixed: no enumerator {enumerator}",
+                                    lib.lib.name
+                                )
+                            })? as u64;
+                            fixed.insert((name.clone(), form.clone(), i as u8), value);
+                        }
+                    }
+                }
+            }
+        }
+        let fixed = fixed.into_iter().map(|((name, form, i), value)| {
+            let (name, form) = (lit_str(&name), lit_str(&form));
+            quote!((#name, #form, #i, #value))
+        });
         let records = records.into_values();
         let params = params.into_iter().map(|((name, i), values)| {
             let name = lit_str(&name);
@@ -434,6 +468,12 @@ impl<'a> Emitter<'a> {
                 /// The restricted parameters of `function`: (index, allowed values).
                 pub fn params(function: &str) -> impl Iterator<Item = (u8, &'static [u64])> + '_ {
                     PARAMS.iter().filter(move |(f, _, _)| *f == function).map(|(_, i, v)| (*i, *v))
+                }
+                /// (function, wire form, parameter index, the value the worker passes), sorted.
+                pub static FIXED: &[(&str, &str, u8, u64)] = &[#(#fixed),*];
+                /// The parameters wire form `form` of `function` fixes: (index, value).
+                pub fn fixed<'a>(function: &'a str, form: &'a str) -> impl Iterator<Item = (u8, u64)> + 'a {
+                    FIXED.iter().filter(move |(f, w, _, _)| *f == function && *w == form).map(|(_, _, i, v)| (*i, *v))
                 }
             },
         )
@@ -983,6 +1023,16 @@ impl<'a> Emitter<'a> {
                         quote!(crate::custom::#lib_ident::#func(#(#names),*))
                     }
                     Disposition::Custom { implementation: Some(path), .. } => {
+                        // Variants that take different numbers of parameters (13.0 added edge
+                        // data to graph calls) call `<impl>_<n>`, n their parameter count.
+                        let arities: BTreeSet<usize> = f
+                            .variants
+                            .iter()
+                            .filter(|w| matches!(w.disposition, Disposition::Custom { .. }))
+                            .map(|w| w.decl.params.len())
+                            .collect();
+                        let path =
+                            if arities.len() > 1 { format!("{path}_{}", v.decl.params.len()) } else { path.clone() };
                         let path: Vec<_> = path.split("::").map(ident).collect();
                         let name = lit_str(&f.name);
                         let version = lit_str(v.versions.last().expect("versions"));

@@ -25,6 +25,7 @@
 //! class = "custom"                 # the hand-written code picks a wire form per call:
 //! wire.h2d.params = { dst = "device", src = "in[count]" }
 //! wire.d2h.params = { dst = "out[count]", src = "device" }
+//! wire.d2h.fixed = { kind = "cudaMemcpyDeviceToHost" }   # the worker passes this value
 //!
 //! [function.cudaStreamSynchronize]
 //! only_waits = true                # blocks for earlier work only: later calls may start
@@ -137,9 +138,12 @@ pub struct RecordSpec {
     pub allow: BTreeMap<String, Vec<String>>,
 }
 
+/// A condition on a record's field: (field path, the enumerators it holds).
+pub type FieldCondition = (String, Vec<String>);
+
 /// A parsed handle field of a record spec: its kind and the condition under which the field
-/// holds a handle (field path, enumerators).
-pub fn parse_record_handle(s: &str) -> Result<(String, Option<(String, Vec<String>)>)> {
+/// holds a handle.
+pub fn parse_record_handle(s: &str) -> Result<(String, Option<FieldCondition>)> {
     let (kind, when) = match s.split_once(" if ") {
         Some((k, w)) => (k.trim(), Some(w)),
         None => (s.trim(), None),
@@ -198,7 +202,9 @@ pub struct FnSpec {
     pub class: Option<Class>,
     #[serde(default)]
     pub params: BTreeMap<String, String>,
-    /// A generated local implementation (`error_name`, `error_string`).
+    /// A generated local implementation (`error_name`, `error_string`), or the hand-written
+    /// `module::function` under `crate::custom` that receives the call's context (called
+    /// `module::function_<n>`, n its parameter count, where versions differ in arity).
     #[serde(rename = "impl")]
     pub implementation: Option<String>,
     pub reason: Option<String>,
@@ -231,6 +237,10 @@ pub struct WireForm {
     pub class: Option<Class>,
     #[serde(default)]
     pub params: BTreeMap<String, String>,
+    /// Parameter → the enumerator the worker passes, whatever the client sent (a copy's
+    /// direction is what its form says: `fixed = { kind = "cudaMemcpyHostToDevice" }`).
+    #[serde(default)]
+    pub fixed: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -1830,3 +1830,75 @@ pub static PARAMS: &[(&str, u8, &[u64])] = &[
 pub fn params(function: &str) -> impl Iterator<Item = (u8, &'static [u64])> + '_ {
     PARAMS.iter().filter(move |(f, _, _)| *f == function).map(|(_, i, v)| (*i, *v))
 }
+/// (function, wire form, parameter index, the value the worker passes), sorted.
+pub static FIXED: &[(&str, &str, u8, u64)] = &[
+    ("cudaGraphAddMemcpyNode1D", "call", 7u8, 3u64),
+    ("cudaGraphExecMemcpyNodeSetParams1D", "call", 5u8, 3u64),
+    ("cudaGraphMemcpyNodeSetParams1D", "call", 4u8, 3u64),
+    ("cudaMemcpy", "d2d", 3u8, 3u64),
+    ("cudaMemcpy", "d2h", 3u8, 2u64),
+    ("cudaMemcpy", "h2d", 3u8, 1u64),
+    ("cudaMemcpy2D", "d2d", 6u8, 3u64),
+    ("cudaMemcpy2D", "d2h", 6u8, 2u64),
+    ("cudaMemcpy2D", "h2d", 6u8, 1u64),
+    ("cudaMemcpy2DAsync", "d2d", 6u8, 3u64),
+    ("cudaMemcpy2DAsync", "d2h", 6u8, 2u64),
+    ("cudaMemcpy2DAsync", "h2d", 6u8, 1u64),
+    ("cudaMemcpy2DAsync_ptsz", "d2d", 6u8, 3u64),
+    ("cudaMemcpy2DAsync_ptsz", "d2h", 6u8, 2u64),
+    ("cudaMemcpy2DAsync_ptsz", "h2d", 6u8, 1u64),
+    ("cudaMemcpy2DFromArray", "a2d", 7u8, 3u64),
+    ("cudaMemcpy2DFromArray", "a2h", 7u8, 2u64),
+    ("cudaMemcpy2DFromArrayAsync", "a2d", 7u8, 3u64),
+    ("cudaMemcpy2DFromArrayAsync", "a2h", 7u8, 2u64),
+    ("cudaMemcpy2DFromArrayAsync_ptsz", "a2d", 7u8, 3u64),
+    ("cudaMemcpy2DFromArrayAsync_ptsz", "a2h", 7u8, 2u64),
+    ("cudaMemcpy2DFromArray_ptds", "a2d", 7u8, 3u64),
+    ("cudaMemcpy2DFromArray_ptds", "a2h", 7u8, 2u64),
+    ("cudaMemcpy2DToArray", "d2a", 7u8, 3u64),
+    ("cudaMemcpy2DToArray", "h2a", 7u8, 1u64),
+    ("cudaMemcpy2DToArrayAsync", "d2a", 7u8, 3u64),
+    ("cudaMemcpy2DToArrayAsync", "h2a", 7u8, 1u64),
+    ("cudaMemcpy2DToArrayAsync_ptsz", "d2a", 7u8, 3u64),
+    ("cudaMemcpy2DToArrayAsync_ptsz", "h2a", 7u8, 1u64),
+    ("cudaMemcpy2DToArray_ptds", "d2a", 7u8, 3u64),
+    ("cudaMemcpy2DToArray_ptds", "h2a", 7u8, 1u64),
+    ("cudaMemcpy2D_ptds", "d2d", 6u8, 3u64),
+    ("cudaMemcpy2D_ptds", "d2h", 6u8, 2u64),
+    ("cudaMemcpy2D_ptds", "h2d", 6u8, 1u64),
+    ("cudaMemcpyAsync", "d2d", 3u8, 3u64),
+    ("cudaMemcpyAsync", "d2h", 3u8, 2u64),
+    ("cudaMemcpyAsync", "h2d", 3u8, 1u64),
+    ("cudaMemcpyAsync_ptsz", "d2d", 3u8, 3u64),
+    ("cudaMemcpyAsync_ptsz", "d2h", 3u8, 2u64),
+    ("cudaMemcpyAsync_ptsz", "h2d", 3u8, 1u64),
+    ("cudaMemcpyFromArray", "a2d", 5u8, 3u64),
+    ("cudaMemcpyFromArray", "a2h", 5u8, 2u64),
+    ("cudaMemcpyFromArrayAsync", "a2d", 5u8, 3u64),
+    ("cudaMemcpyFromArrayAsync", "a2h", 5u8, 2u64),
+    ("cudaMemcpyFromArrayAsync_ptsz", "a2d", 5u8, 3u64),
+    ("cudaMemcpyFromArrayAsync_ptsz", "a2h", 5u8, 2u64),
+    ("cudaMemcpyFromArray_ptds", "a2d", 5u8, 3u64),
+    ("cudaMemcpyFromArray_ptds", "a2h", 5u8, 2u64),
+    ("cudaMemcpyToArray", "d2a", 5u8, 3u64),
+    ("cudaMemcpyToArray", "h2a", 5u8, 1u64),
+    ("cudaMemcpyToArrayAsync", "d2a", 5u8, 3u64),
+    ("cudaMemcpyToArrayAsync", "h2a", 5u8, 1u64),
+    ("cudaMemcpyToArrayAsync_ptsz", "d2a", 5u8, 3u64),
+    ("cudaMemcpyToArrayAsync_ptsz", "h2a", 5u8, 1u64),
+    ("cudaMemcpyToArray_ptds", "d2a", 5u8, 3u64),
+    ("cudaMemcpyToArray_ptds", "h2a", 5u8, 1u64),
+    ("cudaMemcpy_ptds", "d2d", 3u8, 3u64),
+    ("cudaMemcpy_ptds", "d2h", 3u8, 2u64),
+    ("cudaMemcpy_ptds", "h2d", 3u8, 1u64),
+];
+/// The parameters wire form `form` of `function` fixes: (index, value).
+pub fn fixed<'a>(
+    function: &'a str,
+    form: &'a str,
+) -> impl Iterator<Item = (u8, u64)> + 'a {
+    FIXED
+        .iter()
+        .filter(move |(f, w, _, _)| *f == function && *w == form)
+        .map(|(_, _, i, v)| (*i, *v))
+}

@@ -118,6 +118,23 @@ const _: () = {
 };
 #[repr(C)]
 #[derive(Clone, Copy)]
+pub struct cudaChannelFormatDesc {
+    pub x: i32,
+    pub y: i32,
+    pub z: i32,
+    pub w: i32,
+    pub f: u32,
+}
+const _: () = {
+    assert!(core::mem::size_of:: < cudaChannelFormatDesc > () == 20usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, x) == 0usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, y) == 4usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, z) == 8usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, w) == 12usize);
+    assert!(core::mem::offset_of!(cudaChannelFormatDesc, f) == 16usize);
+};
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct CUmemLocation_st {
     pub r#type: u32,
     pub id: i32,
