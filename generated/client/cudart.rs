@@ -4342,6 +4342,26 @@ pub unsafe extern "C" fn __chidori_cudart_cudaLibraryEnumerateKernels(
         ) as u32
     }
 }
+///`cudaLibraryGetGlobal` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetGlobal(
+    dptr: *mut c_void,
+    bytes: *mut c_void,
+    library: *mut c_void,
+    name: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::cudart::cudaLibraryGetGlobal,
+            &[
+                (dptr) as usize as u64,
+                (bytes) as usize as u64,
+                (library) as usize as u64,
+                (name) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cudaLibraryGetKernel` for CUDA 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_cudart_cudaLibraryGetKernel(

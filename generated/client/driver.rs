@@ -4463,6 +4463,50 @@ pub unsafe extern "C" fn __chidori_driver_cuMemAlloc_v2(
 ) -> u32 {
     unsafe { crate::custom::driver::cuMemAlloc_v2(dptr, bytesize) }
 }
+///`cuMemBatchDecompressAsync` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemBatchDecompressAsync(
+    paramsArray: *mut c_void,
+    count: usize,
+    flags: u32,
+    errorIndex: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemBatchDecompressAsync,
+            &[
+                (paramsArray) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (errorIndex) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
+///`cuMemBatchDecompressAsync_ptsz` for CUDA 12.8, 13.0, 13.1 (sync).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemBatchDecompressAsync_ptsz(
+    paramsArray: *mut c_void,
+    count: usize,
+    flags: u32,
+    errorIndex: *mut c_void,
+    stream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemBatchDecompressAsync_ptsz,
+            &[
+                (paramsArray) as usize as u64,
+                (count) as u64,
+                (flags) as u64,
+                (errorIndex) as usize as u64,
+                (stream) as usize as u64,
+            ],
+        ) as u32
+    }
+}
 ///`cuMemCreate` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemCreate(
@@ -4836,6 +4880,34 @@ pub unsafe extern "C" fn __chidori_driver_cuMemMap(
         crate::custom::driver::mem_map(&CTX, ptr, size, offset, handle, flags)
     }
 }
+///`cuMemMapArrayAsync` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemMapArrayAsync(
+    mapInfoList: *mut c_void,
+    count: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemMapArrayAsync,
+            &[(mapInfoList) as usize as u64, (count) as u64, (hStream) as usize as u64],
+        ) as u32
+    }
+}
+///`cuMemMapArrayAsync_ptsz` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (async).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemMapArrayAsync_ptsz(
+    mapInfoList: *mut c_void,
+    count: u32,
+    hStream: *mut c_void,
+) -> u32 {
+    unsafe {
+        crate::runtime::call(
+            &chidori_cuda::calls::driver::cuMemMapArrayAsync_ptsz,
+            &[(mapInfoList) as usize as u64, (count) as u64, (hStream) as usize as u64],
+        ) as u32
+    }
+}
 ///`cuMemPoolCreate` for CUDA 11.8, 12.1 (sync).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn __chidori_driver_cuMemPoolCreate__cu118(
@@ -5105,6 +5177,41 @@ pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttribute(
                 (count) as u64,
             ],
         ) as u32
+    }
+}
+///`cuMemRangeGetAttributes` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (custom).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __chidori_driver_cuMemRangeGetAttributes(
+    data: *mut c_void,
+    dataSizes: *mut c_void,
+    attributes: *mut c_void,
+    numAttributes: usize,
+    devPtr: u64,
+    count: usize,
+) -> u32 {
+    unsafe {
+        static CTX: chidori_cuda::desc::Ctx = chidori_cuda::desc::Ctx {
+            name: "cuMemRangeGetAttributes",
+            version: "13.1",
+            library: "driver",
+            forms: &[],
+            codes: chidori_cuda::desc::Codes {
+                success: 0i64,
+                not_supported: 801i64,
+                unavailable: 100i64,
+                invalid_handle: 400i64,
+                invalid_value: 1i64,
+            },
+        };
+        crate::custom::driver::mem_range_get_attributes(
+            &CTX,
+            data,
+            dataSizes,
+            attributes,
+            numAttributes,
+            devPtr,
+            count,
+        )
     }
 }
 ///`cuMemRelease` for CUDA 11.8, 12.1, 12.6, 12.8, 13.0, 13.1 (sync).

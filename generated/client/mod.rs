@@ -845,6 +845,14 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemAllocPitch_v2 as *const c_void)
         }
         "cuMemAlloc_v2" => Some(driver::__chidori_driver_cuMemAlloc_v2 as *const c_void),
+        "cuMemBatchDecompressAsync" => {
+            Some(driver::__chidori_driver_cuMemBatchDecompressAsync as *const c_void)
+        }
+        "cuMemBatchDecompressAsync_ptsz" => {
+            Some(
+                driver::__chidori_driver_cuMemBatchDecompressAsync_ptsz as *const c_void,
+            )
+        }
         "cuMemCreate" => Some(driver::__chidori_driver_cuMemCreate as *const c_void),
         "cuMemDiscardAndPrefetchBatchAsync" => {
             Some(
@@ -917,6 +925,12 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
             Some(driver::__chidori_driver_cuMemHostUnregister as *const c_void)
         }
         "cuMemMap" => Some(driver::__chidori_driver_cuMemMap as *const c_void),
+        "cuMemMapArrayAsync" => {
+            Some(driver::__chidori_driver_cuMemMapArrayAsync as *const c_void)
+        }
+        "cuMemMapArrayAsync_ptsz" => {
+            Some(driver::__chidori_driver_cuMemMapArrayAsync_ptsz as *const c_void)
+        }
         "cuMemPoolCreate" => {
             Some(driver::__chidori_driver_cuMemPoolCreate__cu126 as *const c_void)
         }
@@ -958,6 +972,9 @@ pub fn driver_symbol(name: &str) -> Option<*const c_void> {
         }
         "cuMemRangeGetAttribute" => {
             Some(driver::__chidori_driver_cuMemRangeGetAttribute as *const c_void)
+        }
+        "cuMemRangeGetAttributes" => {
+            Some(driver::__chidori_driver_cuMemRangeGetAttributes as *const c_void)
         }
         "cuMemRelease" => Some(driver::__chidori_driver_cuMemRelease as *const c_void),
         "cuMemRetainAllocationHandle" => {

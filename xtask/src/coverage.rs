@@ -82,6 +82,7 @@ pub fn report(root: &Path, model: &Model) -> Result<String> {
                                 Disposition::Unsupported { reason } => Some(reason.clone()),
                                 _ => None,
                             })
+                            .or_else(|| lib.spec.undeclared_reason(name).map(str::to_owned))
                             .unwrap_or_else(|| "declared in no header".into());
                         by_lib.entry(lib.lib.name.clone()).or_default().push(format!("{name} ({reason})"));
                     }
@@ -118,7 +119,8 @@ pub fn unsupported(model: &Model, library: &str, cuda: &str) -> Result<String> {
         }
     }
     for name in lib.undeclared.get(&shim.soname).into_iter().flatten() {
-        rows.push(format!("  {name}: declared in no header"));
+        let reason = lib.spec.undeclared_reason(name).unwrap_or("declared in no header");
+        rows.push(format!("  {name}: {reason}"));
     }
     let mut out = format!("\n{library} {cuda} ({}): {} NOT_SUPPORTED\n", shim.soname, rows.len());
     for row in rows {

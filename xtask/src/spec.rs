@@ -53,6 +53,9 @@
 //! handles = { "res.array.array" = "cudaArray if resType == cudaResourceTypeArray" }
 //! allow = { resType = ["cudaResourceTypeArray", "cudaResourceTypeLinear"] }
 //!
+//! [undeclared]                    # why real exports no header declares answer NOT_SUPPORTED
+//! 'cudaGL.*' = "graphics interop: the OpenGL objects live on the client's machine"
+//!
 //! [hidden.__cudaRegisterFatBinary] # exported but declared in no public header
 //! ret = "*mut *mut void"
 //! params = [["fatCubin", "*mut void"]]
@@ -123,6 +126,20 @@ pub struct SpecFile {
     /// What the worker checks inside input records of a type, wherever they travel.
     #[serde(default)]
     pub record: BTreeMap<String, RecordSpec>,
+    /// Why exports of the real library that no header declares answer NOT_SUPPORTED: a regex
+    /// over their names → the reason (`cargo xtask coverage` lists it).
+    #[serde(default)]
+    pub undeclared: BTreeMap<String, String>,
+}
+
+impl SpecFile {
+    /// The reason the spec gives for the undeclared export `name`.
+    pub fn undeclared_reason(&self, name: &str) -> Option<&str> {
+        self.undeclared
+            .iter()
+            .find(|(re, _)| regex::Regex::new(&format!("^(?:{re})$")).is_ok_and(|r| r.is_match(name)))
+            .map(|(_, reason)| reason.as_str())
+    }
 }
 
 /// The checks of a record type: handle fields (checked and mapped like handle arguments,

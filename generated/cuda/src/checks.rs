@@ -164,6 +164,34 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "11.8",
+        "CUarrayMapInfo_st",
+        RecordChecks {
+            size: 96u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 20u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "11.8",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -428,6 +456,34 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         "CUDA_RESOURCE_DESC_st",
         RecordChecks {
             size: 144u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 20u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.1",
+        "CUarrayMapInfo_st",
+        RecordChecks {
+            size: 96u32,
             handles: &[
                 FieldHandle {
                     offset: 8u32,
@@ -757,6 +813,34 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "12.6",
+        "CUarrayMapInfo_st",
+        RecordChecks {
+            size: 96u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 20u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.6",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -1036,6 +1120,34 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         "CUDA_RESOURCE_DESC_st",
         RecordChecks {
             size: 144u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 20u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "12.8",
+        "CUarrayMapInfo_st",
+        RecordChecks {
+            size: 96u32,
             handles: &[
                 FieldHandle {
                     offset: 8u32,
@@ -1365,6 +1477,34 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
     ),
     (
         "13.0",
+        "CUarrayMapInfo_st",
+        RecordChecks {
+            size: 96u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 20u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.0",
         "CUmemAllocationProp_st",
         RecordChecks {
             size: 32u32,
@@ -1644,6 +1784,34 @@ pub static RECORDS: &[(&str, &str, RecordChecks)] = &[
         "CUDA_RESOURCE_DESC_st",
         RecordChecks {
             size: 144u32,
+            handles: &[
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 0u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[0u64],
+                    }),
+                },
+                FieldHandle {
+                    offset: 8u32,
+                    kind: 20u16,
+                    when: Some(FieldIs {
+                        offset: 0u32,
+                        size: 4u8,
+                        values: &[1u64],
+                    }),
+                },
+            ],
+            allow: &[],
+        },
+    ),
+    (
+        "13.1",
+        "CUarrayMapInfo_st",
+        RecordChecks {
+            size: 96u32,
             handles: &[
                 FieldHandle {
                     offset: 8u32,

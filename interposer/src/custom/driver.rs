@@ -1140,3 +1140,37 @@ pub unsafe fn stream_add_callback(
 }
 
 pub use crate::custom::context::{cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4};
+
+/// cuMemRangeGetAttributes: one cuMemRangeGetAttribute per attribute, in one round trip.
+pub unsafe fn mem_range_get_attributes(
+    ctx: &Ctx,
+    data: *mut c_void,
+    data_sizes: *mut c_void,
+    attributes: *mut c_void,
+    count: usize,
+    dev_ptr: u64,
+    len: usize,
+) -> u32 {
+    driver(ctx.name, || {
+        if data.is_null() || data_sizes.is_null() || attributes.is_null() || count == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let conn = connection()?;
+        // SAFETY: the caller's three arrays of `count` elements.
+        let arg_lists: Vec<Vec<u64>> = unsafe {
+            (0..count)
+                .map(|i| {
+                    vec![
+                        *(data as *const u64).add(i),
+                        *(data_sizes as *const u64).add(i),
+                        u64::from(*(attributes as *const u32).add(i)),
+                        dev_ptr,
+                        len as u64,
+                    ]
+                })
+                .collect()
+        };
+        // SAFETY: each call writes dataSizes[i] bytes into data[i].
+        Ok(unsafe { crate::runtime::call_pipelined(&conn, &calls::cuMemRangeGetAttribute, &arg_lists) } as u32)
+    })
+}
