@@ -53,6 +53,8 @@ struct State {
     current_pool: u64,
     stream_attributes: HashMap<(u64, u32), Vec<u8>>,
     next_object: u64,
+    primary_context: Option<u64>,
+    current_context: Option<u64>,
     next: u64,
     used: u64,
     streams: HashSet<u64>,
@@ -198,6 +200,18 @@ impl Emulated {
             HandleSet::Context => s.contexts.insert(h),
         };
         h
+    }
+
+    /// The device's primary context (made on first use).
+    fn primary_context(&self) -> u64 {
+        let mut s = self.state();
+        if let Some(p) = s.primary_context {
+            return p;
+        }
+        let p = s.handle();
+        s.contexts.insert(p);
+        s.primary_context = Some(p);
+        p
     }
 
     fn stream_ok(&self, stream: u64) -> bool {
@@ -495,11 +509,39 @@ impl Backend for Emulated {
                 }
                 ("cudart", "cudaDeviceSynchronize" | "cudaSetDevice" | "cudaDeviceReset" | "cudaFree0")
                 | ("driver", "cuInit" | "cuCtxSynchronize") => SUCCESS,
-                ("driver", "cuDevicePrimaryCtxRetain" | "cuCtxCreate_v2") => {
-                    put_u64(a[0], self.new_handle(HandleSet::Context));
+                ("driver", "cuDevicePrimaryCtxRetain") => {
+                    put_u64(a[0], self.primary_context());
                     SUCCESS
                 }
-                ("driver", "cuCtxSetCurrent" | "cuCtxPushCurrent_v2" | "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
+                // A new context becomes the thread's current one (one current context for
+                // the emulation: its threads share it).
+                ("driver", "cuCtxCreate_v2" | "cuCtxCreate_v3") => {
+                    let ctx = self.new_handle(HandleSet::Context);
+                    self.state().current_context = Some(ctx);
+                    put_u64(a[0], ctx);
+                    SUCCESS
+                }
+                ("driver", "cuCtxSetCurrent" | "cuCtxPushCurrent_v2") => {
+                    let mut s = self.state();
+                    if a[0] != 0 && !s.contexts.contains(&a[0]) {
+                        INVALID_HANDLE
+                    } else {
+                        s.current_context = (a[0] != 0).then_some(a[0]);
+                        SUCCESS
+                    }
+                }
+                ("driver", "cuDevicePrimaryCtxRelease_v2") => SUCCESS,
+                ("driver", "cuCtxDestroy_v2") => {
+                    let mut s = self.state();
+                    if !s.contexts.remove(&a[0]) {
+                        INVALID_HANDLE
+                    } else {
+                        if s.current_context == Some(a[0]) {
+                            s.current_context = None;
+                        }
+                        SUCCESS
+                    }
+                }
                 ("cudart", "cudaDeviceGetStreamPriorityRange") | ("driver", "cuCtxGetStreamPriorityRange") => {
                     // (least, greatest) of every GPU since Volta.
                     if a[0] != 0 {
@@ -674,18 +716,10 @@ impl Backend for Emulated {
                     }
                 }
                 ("driver", "cuCtxGetCurrent") => {
-                    // The primary context, which the real worker creates when the session
-                    // starts, unless the program made one of its own.
-                    let mut s = self.state();
-                    let ctx = match s.contexts.iter().next().copied() {
-                        Some(c) => c,
-                        None => {
-                            let c = s.handle();
-                            s.contexts.insert(c);
-                            c
-                        }
-                    };
-                    put_u64(a[0], ctx);
+                    // The primary context, which the real worker makes current when the
+                    // session starts, unless the program made one of its own current.
+                    let current = self.state().current_context;
+                    put_u64(a[0], current.unwrap_or_else(|| self.primary_context()));
                     SUCCESS
                 }
                 _ => {

@@ -58,7 +58,8 @@ unsafe fn call(conn: &Conn, desc: &'static CallDesc, args: &[u64]) -> u32 {
 // ---- Channel descriptors and 3D allocations ----
 
 /// cudaCreateChannelDesc: the record of its arguments, as cudart makes it.
-pub unsafe fn create_channel_desc(_ctx: &Ctx, x: i32, y: i32, z: i32, w: i32, f: u32) -> cudaChannelFormatDesc {
+pub unsafe fn create_channel_desc(ctx: &Ctx, x: i32, y: i32, z: i32, w: i32, f: u32) -> cudaChannelFormatDesc {
+    crate::trace::local(ctx.name);
     cudaChannelFormatDesc { x, y, z, w, f }
 }
 

@@ -245,6 +245,31 @@ impl Emulated {
         SUCCESS
     }
 
+    /// `count` bytes between an array, from (x bytes, row y) on as one run, and memory.
+    fn array_linear(
+        &self,
+        array: u64,
+        (x, y): (u64, u64),
+        mem: u64,
+        mem_device: bool,
+        count: u64,
+        to_array: bool,
+    ) -> u64 {
+        let Some(info) = self.array(array) else { return INVALID_HANDLE };
+        let start = y * info.pitch() + x;
+        if start.checked_add(count).is_none_or(|end| end > info.bytes()) {
+            return INVALID_VALUE;
+        }
+        // SAFETY: the array is an allocation; a host side is the session's buffer of `count` bytes.
+        unsafe {
+            if to_array {
+                self.copy(array + start, true, mem, mem_device, count)
+            } else {
+                self.copy(mem, mem_device, array + start, true, count)
+            }
+        }
+    }
+
     fn graph_status(&self, r: Result<u64, u64>, out: u64) -> u64 {
         match r {
             Ok(h) => {
@@ -405,16 +430,16 @@ impl Emulated {
                     }
                     // (dst array, wOffset, hOffset, src, count, kind[, stream]): one run of bytes.
                     ("cudart", "cudaMemcpyToArray" | "cudaMemcpyToArrayAsync") => {
-                        self.array_rows(a[0], (a[1], a[2]), a[3], device(3), a[4], (a[4], 1), true)
+                        self.array_linear(a[0], (a[1], a[2]), a[3], device(3), a[4], true)
                     }
                     ("cudart", "cudaMemcpyFromArray" | "cudaMemcpyFromArrayAsync") => {
-                        self.array_rows(a[1], (a[2], a[3]), a[0], device(0), a[4], (a[4], 1), false)
+                        self.array_linear(a[1], (a[2], a[3]), a[0], device(0), a[4], false)
                     }
                     ("driver", "cuMemcpyHtoA_v2" | "cuMemcpyHtoAAsync_v2") => {
-                        self.array_rows(a[0], (a[1], 0), a[2], false, a[3], (a[3], 1), true)
+                        self.array_linear(a[0], (a[1], 0), a[2], false, a[3], true)
                     }
                     ("driver", "cuMemcpyAtoH_v2" | "cuMemcpyAtoHAsync_v2") => {
-                        self.array_rows(a[1], (a[2], 0), a[0], false, a[3], (a[3], 1), false)
+                        self.array_linear(a[1], (a[2], 0), a[0], false, a[3], false)
                     }
                     ("cudart", "cudaMemcpy3D" | "cudaMemcpy3DAsync" | "cudaMemcpy3DPeer" | "cudaMemcpy3DPeerAsync") => {
                         let peer = name.contains("Peer");
