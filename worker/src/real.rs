@@ -614,14 +614,17 @@ impl Backend for Real {
             (&mut size as *mut usize).cast(),
             LAUNCH_PARAM_END as *mut c_void,
         ];
-        let add_v2 = |kind: u32, bytes: &[u8], node: &mut u64| -> Result<(), (i64, String)> {
+        // The parameters as the driver left them (a conditional node's body graphs are an
+        // array it points to from them).
+        let add_v2 = |kind: u32, bytes: &[u8], node: &mut u64| -> Result<[u8; 232], (i64, String)> {
             let f: NodeV2Fn = self.driver_fn("cuGraphAddNode_v2")?;
             let mut p = NodeParamsUnion { kind, reserved0: [0; 3], params: [0; 232], reserved2: 0 };
             p.params[..bytes.len()].copy_from_slice(bytes);
             let edge_ptr = if edges.is_empty() { std::ptr::null() } else { edges.as_ptr() };
             // SAFETY: handles of the session, arrays of deps.len() elements, parameters laid
             // out for `kind`.
-            rc(unsafe { f(node, graph, deps.as_ptr(), edge_ptr, deps.len(), &mut p) }, "cuGraphAddNode_v2")
+            rc(unsafe { f(node, graph, deps.as_ptr(), edge_ptr, deps.len(), &mut p) }, "cuGraphAddNode_v2")?;
+            Ok(p.params)
         };
         match &request.params {
             NodeParams::Kernel { function, grid, block, shared_mem } => {
@@ -698,19 +701,26 @@ impl Backend for Real {
                 if !matches!(request.target, NodeTarget::Add { .. }) {
                     return Err((NOT_SUPPORTED_RT, "a conditional node's parameters cannot change".into()));
                 }
-                let mut bodies = vec![0u64; *size as usize];
                 let ctx = self.current_context()?;
-                // CUDA_CONDITIONAL_NODE_PARAMS: handle, type, size, phGraph_out, ctx.
+                // CUDA_CONDITIONAL_NODE_PARAMS: handle, type, size, phGraph_out (which the
+                // driver sets to an array of its own), ctx.
                 let mut bytes = Vec::with_capacity(32);
                 bytes.extend_from_slice(&handle.to_le_bytes());
                 bytes.extend_from_slice(&kind.to_le_bytes());
                 bytes.extend_from_slice(&size.to_le_bytes());
-                bytes.extend_from_slice(&(bodies.as_mut_ptr() as u64).to_le_bytes());
+                bytes.extend_from_slice(&0u64.to_le_bytes());
                 bytes.extend_from_slice(&ctx.to_le_bytes());
                 let mut node = 0u64;
-                add_v2(NODE_CONDITIONAL, &bytes, &mut node)?;
+                let after = add_v2(NODE_CONDITIONAL, &bytes, &mut node)?;
+                let mut at = [0u8; 8];
+                at.copy_from_slice(&after[16..24]);
+                let bodies = u64::from_le_bytes(at) as *const u64;
+                if bodies.is_null() {
+                    return Err((1, "the driver made a conditional node without body graphs".into()));
+                }
                 made.node = node;
-                made.graphs = bodies;
+                // SAFETY: the driver's array of `size` body graphs, valid while the node is.
+                made.graphs = unsafe { std::slice::from_raw_parts(bodies, *size as usize) }.to_vec();
             }
             NodeParams::MemAlloc { alloc_type, location, max_size, access, bytesize } => {
                 if !matches!(request.target, NodeTarget::Add { .. }) || !edges.is_empty() {

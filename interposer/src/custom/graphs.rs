@@ -48,6 +48,10 @@ pub enum NodeRecord {
         record: Vec<u8>,
         address: u64,
     },
+    /// A conditional node's body graphs: the array its parameters point the program at.
+    Conditional {
+        bodies: Arc<[u64]>,
+    },
 }
 
 /// Packed kernel arguments and a pointer per parameter into them.
@@ -1003,15 +1007,16 @@ fn plain_node(ctx: &Ctx, conn: &Conn, target: Target, kind: u32, p: *const c_voi
     Ok(s)
 }
 
-/// A conditional node: its body graphs come back from the worker into `phGraph_out`.
+/// A conditional node: its body graphs come back from the worker, and the parameters'
+/// `phGraph_out` is set to an array of them (CUDA's is its own, living as long as the node;
+/// the client's lives as long as its record of the node).
 fn conditional_node(ctx: &Ctx, conn: &Conn, target: Target, p: *const c_void) -> Result<u32, u32> {
     let Target::Add { out, .. } = target else {
         return Err(not_supported(ctx, "changing a conditional node"));
     };
     // SAFETY: the caller's record: handle@16, type@24, size@28, phGraph_out@32.
-    let (handle, kind, size, bodies) =
-        unsafe { (get::<u64>(p, 16), get::<u32>(p, 24), get::<u32>(p, 28), get::<u64>(p, 32)) };
-    if bodies == 0 || size == 0 || size > 64 {
+    let (handle, kind, size) = unsafe { (get::<u64>(p, 16), get::<u32>(p, 24), get::<u32>(p, 28)) };
+    if size == 0 || size > 64 {
         return Err(invalid(ctx));
     }
     let (deps, later) = target.plain_deps()?;
@@ -1021,10 +1026,13 @@ fn conditional_node(ctx: &Ctx, conn: &Conn, target: Target, p: *const c_void) ->
         api: api(ctx),
     };
     let (node, graphs, _) = graph_node(conn, request, &[], out)?;
-    for (i, g) in graphs.iter().take(size as usize).enumerate() {
-        // SAFETY: the caller's array of `size` graphs.
-        unsafe { put((bodies as *mut u64).add(i).cast(), *g) };
+    if graphs.len() != size as usize {
+        return Err(invalid(ctx));
     }
+    let bodies: Arc<[u64]> = graphs.into();
+    // SAFETY: the caller's record (CUDA writes phGraph_out into it: it is not const).
+    unsafe { put((p as *mut u8).add(32).cast(), bodies.as_ptr() as u64) };
+    records().insert(node, NodeRecord::Conditional { bodies });
     if later {
         return Ok(add_edges(conn, ctx, target, node));
     }
