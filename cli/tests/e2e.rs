@@ -1625,3 +1625,14 @@ fn driver_api_contexts_arrays_pools_and_graphs_on_the_emulated_gpu() {
     assert!(stdout.contains("OK"), "{stdout}\n{stderr}");
     assert_eq!(trace_row(&stderr, "cuPointerGetAttributes")[1], "0", "{stderr}");
 }
+
+/// The CUDA suite's programs of issue 20 keep their host code in plain C++: it must compile
+/// against the 13.0 headers here, so that the GPU round (which builds with nvcc) finds no
+/// surprise in it.
+#[test]
+fn cuda_suite_host_code_compiles_against_the_headers() {
+    let include = chidori_tests::runtime_headers("13.0");
+    let script = chidori_tests::root().join("gpu/cuda-suite/check.sh");
+    let out = Command::new("bash").arg(&script).arg(&include).output().expect("running check.sh");
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
